@@ -1,0 +1,98 @@
+//! Cluster endpoints: `GET /v1/cluster`, `/readyz` and `/metrics` (SPEC §3).
+//!
+//! Owns: how this node describes its Raft state. Must never: block on Raft; everything comes from
+//! openraft's metrics channel and the store's counters.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::{json, AppState};
+use crate::raft::NodeId;
+
+#[derive(Serialize)]
+struct Member {
+    id: NodeId,
+    addr: String,
+    voter: bool,
+    matched_index: Option<u64>,
+}
+
+/// This node's view of the cluster. `snapshot_index` and `purged_index` go beyond SPEC §3: the
+/// log index covered by this node's latest snapshot and the last one purged from its log.
+#[derive(Serialize)]
+struct ClusterJson {
+    node_id: NodeId,
+    leader_id: Option<NodeId>,
+    state: String,
+    term: u64,
+    commit_index: u64,
+    applied_index: u64,
+    last_log_index: Option<u64>,
+    snapshot_index: Option<u64>,
+    purged_index: Option<u64>,
+    members: Vec<Member>,
+}
+
+fn view_of(s: &AppState) -> ClusterJson {
+    let m = s.raft.metrics().borrow().clone();
+    let membership = m.membership_config.membership();
+    let matched = |id: &NodeId| -> Option<u64> {
+        if m.current_leader != Some(s.node_id) {
+            return None;
+        }
+        if *id == s.node_id {
+            return m.last_log_index;
+        }
+        m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map(|l| l.index)
+    };
+    let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+    let members = membership
+        .nodes()
+        .map(|(id, node)| Member { id: *id, addr: node.addr.clone(), voter: voters.contains(id), matched_index: matched(id) })
+        .collect();
+    let applied = s.store.applied_index();
+    ClusterJson {
+        node_id: s.node_id,
+        leader_id: m.current_leader,
+        state: format!("{:?}", m.state),
+        term: m.current_term,
+        commit_index: s.store.committed_index().max(applied),
+        applied_index: applied,
+        last_log_index: m.last_log_index,
+        snapshot_index: m.snapshot.map(|l| l.index),
+        purged_index: m.purged.map(|l| l.index),
+        members,
+    }
+}
+
+/// `GET /v1/cluster`.
+pub(super) async fn view(State(s): State<AppState>) -> Response {
+    json(StatusCode::OK, &view_of(&s))
+}
+
+/// `GET /readyz`: 200 when this node knows a leader and has applied all it knows is committed.
+pub(super) async fn ready(State(s): State<AppState>) -> Response {
+    let v = view_of(&s);
+    match v.leader_id {
+        Some(_) if v.applied_index >= v.commit_index => (StatusCode::OK, "ready\n").into_response(),
+        Some(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("applying: {} of {} committed\n", v.applied_index, v.commit_index),
+        )
+            .into_response(),
+        None => (StatusCode::SERVICE_UNAVAILABLE, "no leader known\n").into_response(),
+    }
+}
+
+/// `GET /metrics`: Prometheus text format.
+pub(super) async fn metrics(State(s): State<AppState>) -> Response {
+    let v = view_of(&s);
+    metrics::gauge!("runnev_raft_term").set(v.term as f64);
+    metrics::gauge!("runnev_raft_commit_index").set(v.commit_index as f64);
+    metrics::gauge!("runnev_raft_applied_index").set(v.applied_index as f64);
+    metrics::gauge!("runnev_raft_is_leader").set(if v.leader_id == Some(s.node_id) { 1.0 } else { 0.0 });
+    let body = s.prometheus.as_ref().map(|p| p.render()).unwrap_or_default();
+    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}

@@ -1,0 +1,46 @@
+//! The server side of the Raft transport ([`crate::raft::network`]): decode a peer's RPC, hand
+//! it to openraft, encode the answer.
+//!
+//! Owns: nothing but the translation. Must never: panic on a peer's bytes; a body that does not
+//! decode gets `400` and reaches no Raft state.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{read_body, AppState};
+use crate::error::ApiError;
+use crate::limits::RAFT_RPC_BYTES_MAX;
+
+async fn decode_rpc<T: DeserializeOwned>(body: Body) -> Result<T, ApiError> {
+    let bytes = read_body(body, RAFT_RPC_BYTES_MAX).await?;
+    postcard::from_bytes(&bytes).map_err(|e| ApiError::InvalidBody(format!("not a Raft RPC: {e}")))
+}
+
+fn encode_answer<T: Serialize>(answer: &T) -> Response {
+    match postcard::to_stdvec(answer) {
+        Ok(bytes) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
+        Err(e) => ApiError::Internal(format!("encoding a Raft answer: {e}")).into_response(),
+    }
+}
+
+/// `POST /raft/append`: append-entries (Raft paper §5.3).
+pub async fn append(State(s): State<AppState>, body: Body) -> Result<Response, ApiError> {
+    let req = decode_rpc(body).await?;
+    Ok(encode_answer(&s.raft.append_entries(req).await))
+}
+
+/// `POST /raft/vote`: request-vote (Raft paper §5.2).
+pub async fn vote(State(s): State<AppState>, body: Body) -> Result<Response, ApiError> {
+    let req = decode_rpc(body).await?;
+    Ok(encode_answer(&s.raft.vote(req).await))
+}
+
+/// `POST /raft/snapshot`: one chunk of install-snapshot (Raft paper §7).
+pub async fn snapshot(State(s): State<AppState>, body: Body) -> Result<Response, ApiError> {
+    let req = decode_rpc(body).await?;
+    Ok(encode_answer(&s.raft.install_snapshot(req).await))
+}

@@ -1,0 +1,302 @@
+//! Stream endpoints of SPEC §3: create/update, info, list, delete, publish and read.
+//!
+//! Owns: parsing and validating these requests and shaping their answers. Must never: change
+//! state before every check on the request has passed (bad input changes nothing), or read a
+//! batch that is not applied on this node.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::write::{write, Forwardable, Written};
+use super::{json, read_body, AppState};
+use crate::error::ApiError;
+use crate::limits::{
+    ADMIN_BODY_BYTES_MAX, MIN_INDEX_WAIT_MS, READ_ANSWER_BYTES_MAX, READ_BATCHES_DEFAULT, READ_BATCHES_MAX,
+    READ_WAIT_MS_MAX,
+};
+use crate::raft::{Command, Outcome};
+use crate::storage::{blocking, BatchesView};
+use crate::stream::{self, Retention, StreamMeta};
+
+/// Stream info as SPEC §3 shows it.
+#[derive(Serialize)]
+struct InfoJson<'a> {
+    name: &'a str,
+    first_seq: u64,
+    last_seq: u64,
+    evicted_through: u64,
+    batches: u64,
+    bytes: u64,
+    retention: &'a Retention,
+}
+
+fn info_json<'a>(name: &'a str, m: &'a StreamMeta) -> InfoJson<'a> {
+    InfoJson {
+        name,
+        first_seq: m.first_seq,
+        last_seq: m.last_seq,
+        evicted_through: m.evicted_through,
+        batches: m.batches,
+        bytes: m.bytes,
+        retention: &m.retention,
+    }
+}
+
+fn stream_name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    let Path(name) = path.map_err(|_| stream::NameError::Undecodable)?;
+    stream::validate_name(&name)?;
+    Ok(name)
+}
+
+fn query(q: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<HashMap<String, String>, ApiError> {
+    q.map(|Query(m)| m).map_err(|e| ApiError::InvalidParameter(format!("bad query string: {e}")))
+}
+
+/// Parses an optional integer parameter within `min..=max`.
+fn param(q: &HashMap<String, String>, key: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
+    let Some(raw) = q.get(key) else { return Ok(None) };
+    match raw.parse::<i64>() {
+        Ok(v) if (min..=max).contains(&v) => Ok(Some(v)),
+        _ => Err(ApiError::InvalidParameter(format!("{key}={raw:?} must be an integer from {min} to {max}"))),
+    }
+}
+
+/// Parses an optional u64 parameter (cursor or log index); `-1` reads as 0 where allowed.
+fn param_u64(q: &HashMap<String, String>, key: &str, minus_one_is_zero: bool) -> Result<Option<u64>, ApiError> {
+    let Some(raw) = q.get(key) else { return Ok(None) };
+    if minus_one_is_zero && raw == "-1" {
+        return Ok(Some(0));
+    }
+    raw.parse::<u64>()
+        .map(Some)
+        .map_err(|_| ApiError::InvalidParameter(format!("{key}={raw:?} must be a non-negative integer")))
+}
+
+fn forwardable(method: Method, uri: &Uri, headers: HeaderMap, body: bytes::Bytes) -> Forwardable {
+    let path_and_query = uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| uri.path().to_string());
+    Forwardable { method, path_and_query, headers, body }
+}
+
+/// Maps an applied outcome to its answer (SPEC §3).
+fn answer(name: &str, outcome: Outcome, index: u64) -> Result<Response, ApiError> {
+    match outcome {
+        Outcome::Stream { created, info } => {
+            let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+            Ok(json(status, &info_json(&info.name, &info.meta)))
+        }
+        Outcome::Deleted => Ok(StatusCode::NO_CONTENT.into_response()),
+        Outcome::Published { seq, ts, duplicate, index } => {
+            let status = if duplicate { StatusCode::OK } else { StatusCode::CREATED };
+            Ok(json(status, &serde_json::json!({"seq": seq, "ts": ts, "duplicate": duplicate, "index": index})))
+        }
+        Outcome::StreamNotFound => Err(ApiError::StreamNotFound(name.to_string())),
+        Outcome::Rejected(r) => Err(r.into()),
+        Outcome::Nothing => Err(ApiError::Internal(format!("log index {index} applied with no outcome"))),
+    }
+}
+
+async fn decide(s: &AppState, name: &str, req: Forwardable, make: impl Fn(u64) -> Command) -> Result<Response, ApiError> {
+    match write(s, &req, make).await? {
+        Written::Applied { outcome, index } => answer(name, outcome, index),
+        Written::Forwarded(resp) => Ok(resp),
+    }
+}
+
+/// Body of `PUT /v1/streams/{name}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PutBody {
+    #[serde(default)]
+    retention: Retention,
+}
+
+/// `PUT /v1/streams/{name}`: create, or replace the retention.
+pub(super) async fn put(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let name = stream_name(path)?;
+    let body = read_body(body, ADMIN_BODY_BYTES_MAX).await?;
+    let retention = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        let b: PutBody =
+            serde_json::from_slice(&body).map_err(|e| ApiError::InvalidBody(format!("expected {{\"retention\": {{…}}}}: {e}")))?;
+        b.retention
+            .validate()
+            .map_err(|field| ApiError::InvalidBody(format!("retention.{field} must be at least 1 (omit it for no limit)")))?;
+        Some(b.retention)
+    };
+    let req = forwardable(method, &uri, headers, body);
+    decide(&s, &name, req, |ts| Command::PutStream { name: name.clone(), retention, ts }).await
+}
+
+/// `DELETE /v1/streams/{name}`.
+pub(super) async fn delete(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let name = stream_name(path)?;
+    let req = forwardable(method, &uri, headers, bytes::Bytes::new());
+    decide(&s, &name, req, |_| Command::DeleteStream { name: name.clone() }).await
+}
+
+/// `GET /v1/streams/{name}`: this node's applied view of the stream.
+pub(super) async fn info(State(s): State<AppState>, path: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+    let name = stream_name(path)?;
+    let store = s.store.clone();
+    let n = name.clone();
+    match blocking(move || store.stream(&n)).await? {
+        Some(meta) => Ok(json(StatusCode::OK, &info_json(&name, &meta))),
+        None => Err(ApiError::StreamNotFound(name)),
+    }
+}
+
+/// `GET /v1/streams`.
+pub(super) async fn list(State(s): State<AppState>) -> Result<Response, ApiError> {
+    let store = s.store.clone();
+    let all = blocking(move || store.streams()).await?;
+    let items: Vec<_> = all.iter().map(|i| info_json(&i.name, &i.meta)).collect();
+    Ok(json(StatusCode::OK, &serde_json::json!({ "streams": items })))
+}
+
+/// `POST /v1/streams/{name}/batches[?seq=N]`: publish one batch.
+pub(super) async fn publish(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    q: Result<Query<HashMap<String, String>>, QueryRejection>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let name = stream_name(path)?;
+    let q = query(q)?;
+    let seq = match q.get("seq") {
+        None => None,
+        Some(raw) => match raw.parse::<u64>() {
+            Ok(v) if v >= 1 => Some(v),
+            _ => return Err(ApiError::InvalidSeq(format!("seq={raw:?} must be an integer from 1 to {}", u64::MAX))),
+        },
+    };
+    let limit = s.max_batch_bytes;
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::PayloadTooLarge { limit_bytes: limit });
+    }
+    let body = read_body(body, limit).await?;
+    let auto_create = s.auto_create_streams;
+    let req = forwardable(method, &uri, headers, body.clone());
+    let stream = name.clone();
+    decide(&s, &name, req, move |ts| Command::Publish {
+        stream: stream.clone(),
+        seq,
+        ts,
+        auto_create,
+        data: body.to_vec(),
+    })
+    .await
+}
+
+#[derive(Serialize)]
+struct BatchJson {
+    seq: u64,
+    ts: u64,
+    data: String,
+}
+
+#[derive(Serialize)]
+struct GapJson {
+    from: u64,
+    to: u64,
+}
+
+#[derive(Serialize)]
+struct ReadJson {
+    batches: Vec<BatchJson>,
+    gap: Option<GapJson>,
+    last_seq: u64,
+    next_after: u64,
+}
+
+fn read_json(view: BatchesView, after: u64) -> ReadJson {
+    let gap = stream::gap_for(&view.meta, after).map(|(from, to)| GapJson { from, to });
+    let next_after = match (view.batches.last(), &gap) {
+        (Some(b), _) => b.seq,
+        (None, Some(g)) => g.to,
+        (None, None) => after,
+    };
+    let b64 = base64::engine::general_purpose::STANDARD;
+    ReadJson {
+        batches: view.batches.into_iter().map(|b| BatchJson { seq: b.seq, ts: b.ts, data: b64.encode(&b.data) }).collect(),
+        gap,
+        last_seq: view.meta.last_seq,
+        next_after,
+    }
+}
+
+/// Waits until this node has applied `index`, for at most [`MIN_INDEX_WAIT_MS`].
+async fn wait_applied(s: &AppState, index: u64) -> Result<(), ApiError> {
+    let mut rx = s.store.watch_applied();
+    let reached = tokio::time::timeout(Duration::from_millis(MIN_INDEX_WAIT_MS), async {
+        rx.wait_for(|applied| *applied >= index).await.is_ok()
+    })
+    .await;
+    match reached {
+        Ok(true) => Ok(()),
+        _ => Err(ApiError::NotReady(format!(
+            "this node has applied up to log index {}, not yet {index}, after {MIN_INDEX_WAIT_MS} ms; retry or ask another node",
+            s.store.applied_index()
+        ))),
+    }
+}
+
+/// `GET /v1/streams/{name}/batches?after=C&limit=L&wait_ms=W&min_index=I`.
+pub(super) async fn read(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    q: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let name = stream_name(path)?;
+    let q = query(q)?;
+    let after = param_u64(&q, "after", true)?.unwrap_or(0);
+    let limit = param(&q, "limit", 1, READ_BATCHES_MAX as i64)?.map_or(READ_BATCHES_DEFAULT, |v| v as usize);
+    let wait_ms = param(&q, "wait_ms", 0, READ_WAIT_MS_MAX as i64)?.unwrap_or(0) as u64;
+    let min_index = param_u64(&q, "min_index", false)?;
+    if let Some(index) = min_index {
+        wait_applied(&s, index).await?;
+    }
+    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    let mut applied = s.store.watch_applied();
+    loop {
+        applied.borrow_and_update();
+        let store = s.store.clone();
+        let n = name.clone();
+        let view = blocking(move || store.read_batches(&n, after, limit, READ_ANSWER_BYTES_MAX))
+            .await?
+            .ok_or_else(|| ApiError::StreamNotFound(name.clone()))?;
+        let has_news = !view.batches.is_empty() || stream::gap_for(&view.meta, after).is_some();
+        let now = Instant::now();
+        if has_news || now >= deadline {
+            return Ok(json(StatusCode::OK, &read_json(view, after)));
+        }
+        // Long poll: a node behind the cursor waits rather than answering a false "empty".
+        let _ = tokio::time::timeout(deadline - now, applied.changed()).await;
+    }
+}

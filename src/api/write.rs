@@ -1,0 +1,149 @@
+//! The write path: find the leader, propose there, or forward the client's request to it.
+//!
+//! Owns: the bounded wait for a leader (`503 no_leader` with `Retry-After` after
+//! [`LEADER_WAIT_MS`]) and forwarding (SPEC §2.6: the client sees the leader's answer). Must
+//! never: propose on a node that is not leader, or retry a request whose outcome is unknown
+//! (only a forward that could not connect is retried; the request never reached the leader).
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, Method};
+use axum::response::Response;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use openraft::error::{ClientWriteError, RaftError};
+use tokio::time::Instant;
+
+use super::AppState;
+use crate::error::ApiError;
+use crate::limits::{FORWARD_HOPS_MAX, FORWARD_TIMEOUT_MS, LEADER_WAIT_MS};
+use crate::raft::{Command, Outcome};
+
+/// Header counting how many times a request has been forwarded.
+const HOPS_HEADER: &str = "runnev-forward-hops";
+/// Largest forwarded answer read back, in bytes (answers to writes are small JSON documents).
+const FORWARDED_ANSWER_BYTES_MAX: usize = 1024 * 1024;
+
+/// The client request as received, kept so it can be forwarded to the leader verbatim.
+pub(crate) struct Forwardable {
+    pub method: Method,
+    pub path_and_query: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Forwardable {
+    fn hops(&self) -> u32 {
+        self.headers.get(HOPS_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0)
+    }
+}
+
+/// What a write produced.
+pub(crate) enum Written {
+    /// Applied here, as leader: the outcome and the log index of the entry.
+    Applied { outcome: Outcome, index: u64 },
+    /// Decided by the leader; its answer, to be returned as is.
+    Forwarded(Response),
+}
+
+enum ForwardError {
+    /// The leader could not be reached; the request was not delivered.
+    Unreachable(String),
+    /// The request may have been delivered; its outcome is unknown.
+    Unknown(String),
+}
+
+/// Proposes `make(now_ms)` if this node is leader, else forwards `req` to the leader, waiting up
+/// to [`LEADER_WAIT_MS`] for one to be known and reachable.
+///
+/// Errors: `503 no_leader` when no leader answered in time or the leader failed mid-request
+/// (outcome unknown: retry, with the same seq to stay idempotent); `500 internal` when Raft
+/// stopped.
+pub(crate) async fn write(s: &AppState, req: &Forwardable, make: impl Fn(u64) -> Command) -> Result<Written, ApiError> {
+    let deadline = Instant::now() + Duration::from_millis(LEADER_WAIT_MS);
+    let mut metrics = s.raft.metrics();
+    let mut last_problem = String::from("no leader is known");
+    loop {
+        let (leader, leader_addr) = {
+            let m = metrics.borrow_and_update();
+            let leader = m.current_leader;
+            let addr = leader.and_then(|l| m.membership_config.membership().get_node(&l).map(|n| n.addr.clone()));
+            (leader, addr)
+        };
+        match (leader, leader_addr) {
+            (Some(l), _) if l == s.node_id => match s.raft.client_write(make((s.clock)())).await {
+                Ok(r) => return Ok(Written::Applied { outcome: r.data, index: r.log_id.index }),
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                    last_problem = "leadership moved while proposing".into();
+                }
+                Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                    return Err(ApiError::Internal(format!("unexpected membership error: {e}")))
+                }
+                Err(RaftError::Fatal(e)) => return Err(ApiError::Internal(format!("raft stopped: {e}"))),
+            },
+            (Some(l), Some(addr)) if req.hops() < FORWARD_HOPS_MAX => match forward(s, &addr, req).await {
+                Ok(resp) => return Ok(Written::Forwarded(resp)),
+                Err(ForwardError::Unreachable(e)) => last_problem = format!("leader {l} at {addr} is unreachable: {e}"),
+                Err(ForwardError::Unknown(e)) => {
+                    return Err(ApiError::NoLeader(format!(
+                        "leader {l} failed while handling the request ({e}); its outcome is unknown: retry, with the same seq"
+                    )))
+                }
+            },
+            (Some(l), _) => last_problem = format!("leader {l} is not reachable from here"),
+            (None, _) => {}
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(ApiError::NoLeader(format!(
+                "no leader could take the write within {LEADER_WAIT_MS} ms ({last_problem}); retry later"
+            )));
+        }
+        // Wake on any Raft state change, and re-check at least every 100 ms.
+        let pause = (deadline - now).min(Duration::from_millis(100));
+        let _ = tokio::time::timeout(pause, metrics.changed()).await;
+    }
+}
+
+async fn forward(s: &AppState, addr: &str, req: &Forwardable) -> Result<Response, ForwardError> {
+    let mut builder = hyper::Request::builder()
+        .method(req.method.clone())
+        .uri(format!("http://{addr}{}", req.path_and_query))
+        .header(HOPS_HEADER, HeaderValue::from(req.hops() + 1));
+    if let Some(ct) = req.headers.get(axum::http::header::CONTENT_TYPE) {
+        builder = builder.header(axum::http::header::CONTENT_TYPE, ct);
+    }
+    let request = builder.body(Full::new(req.body.clone())).map_err(|e| ForwardError::Unknown(e.to_string()))?;
+    let exchange = async {
+        let resp = s.http.request(request).await.map_err(|e| {
+            if e.is_connect() {
+                ForwardError::Unreachable(e.to_string())
+            } else {
+                ForwardError::Unknown(e.to_string())
+            }
+        })?;
+        let (parts, body) = resp.into_parts();
+        let bytes = Limited::new(body, FORWARDED_ANSWER_BYTES_MAX)
+            .collect()
+            .await
+            .map_err(|e| ForwardError::Unknown(format!("reading the leader's answer: {e}")))?
+            .to_bytes();
+        let mut out = Response::new(Body::from(bytes));
+        *out.status_mut() = parts.status;
+        for name in [axum::http::header::CONTENT_TYPE, axum::http::header::RETRY_AFTER] {
+            if let Some(v) = parts.headers.get(&name) {
+                out.headers_mut().insert(name, v.clone());
+            }
+        }
+        if let Some(v) = parts.headers.get("runnev-node") {
+            out.headers_mut().insert("runnev-node", v.clone());
+        }
+        Ok(out)
+    };
+    match tokio::time::timeout(Duration::from_millis(FORWARD_TIMEOUT_MS), exchange).await {
+        Ok(r) => r,
+        Err(_) => Err(ForwardError::Unknown(format!("no answer within {FORWARD_TIMEOUT_MS} ms"))),
+    }
+}
+

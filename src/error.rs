@@ -1,0 +1,141 @@
+//! The client-facing error type and its one mapping to the HTTP error body of SPEC §3.
+//!
+//! Owns: every `{"error": {"code", "message"}}` a client sees, with its status. Must never: let a
+//! library's own error text or status reach a client unmapped, or answer `500` for bad input.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::limits::RETRY_AFTER_SECS;
+use crate::storage::StoreError;
+use crate::stream::{NameError, PublishRejection};
+
+/// An error answered to a client (SPEC §3, "Errors"). Each variant's message says what was wrong
+/// and how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// `400 invalid_stream_name`.
+    #[error("{0}")]
+    InvalidStreamName(#[from] NameError),
+    /// `400 invalid_seq`: `seq` is not an integer ≥ 1.
+    #[error("{0}")]
+    InvalidSeq(String),
+    /// `400 invalid_parameter`: a query parameter out of range or not an integer.
+    #[error("{0}")]
+    InvalidParameter(String),
+    /// `400 invalid_body`: the request body is not what the endpoint takes.
+    #[error("{0}")]
+    InvalidBody(String),
+    /// `404 stream_not_found`.
+    #[error("stream {0:?} does not exist; create it with PUT /v1/streams/{0}")]
+    StreamNotFound(String),
+    /// `404 not_found`: no such route or resource.
+    #[error("{0}")]
+    NotFound(String),
+    /// `409 seq_conflict`, `seq_not_increasing` or `seq_evicted` (SPEC §2.3).
+    #[error("{0}")]
+    Rejected(#[from] PublishRejection),
+    /// `413 payload_too_large`.
+    #[error("the body is larger than {limit_bytes} bytes, the most this node accepts")]
+    PayloadTooLarge {
+        /// The limit, in bytes.
+        limit_bytes: usize,
+    },
+    /// `503 no_leader`, with `Retry-After`.
+    #[error("{0}")]
+    NoLeader(String),
+    /// `503 not_ready`.
+    #[error("{0}")]
+    NotReady(String),
+    /// `507 storage_full`.
+    #[error("{0}")]
+    StorageFull(String),
+    /// `500 internal`: a fault of this node, never of the request.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        let text = e.to_string();
+        // ENOSPC surfaces through redb and std::io as "No space left on device".
+        if text.contains("No space left") {
+            ApiError::StorageFull(format!("this node's disk is full: {text}"))
+        } else {
+            tracing::error!(error = %text, "storage failure");
+            ApiError::Internal(format!("storage failure: {text}"))
+        }
+    }
+}
+
+impl ApiError {
+    /// The HTTP status and SPEC §3 code of this error.
+    pub fn status_and_code(&self) -> (StatusCode, &'static str) {
+        use ApiError::*;
+        match self {
+            InvalidStreamName(_) => (StatusCode::BAD_REQUEST, "invalid_stream_name"),
+            InvalidSeq(_) => (StatusCode::BAD_REQUEST, "invalid_seq"),
+            InvalidParameter(_) => (StatusCode::BAD_REQUEST, "invalid_parameter"),
+            InvalidBody(_) => (StatusCode::BAD_REQUEST, "invalid_body"),
+            StreamNotFound(_) => (StatusCode::NOT_FOUND, "stream_not_found"),
+            NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            Rejected(PublishRejection::SeqConflict { .. }) => (StatusCode::CONFLICT, "seq_conflict"),
+            Rejected(PublishRejection::SeqNotIncreasing { .. } | PublishRejection::SeqExhausted) => {
+                (StatusCode::CONFLICT, "seq_not_increasing")
+            }
+            Rejected(PublishRejection::SeqEvicted { .. }) => (StatusCode::CONFLICT, "seq_evicted"),
+            PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            NoLeader(_) => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
+            NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
+            StorageFull(_) => (StatusCode::INSUFFICIENT_STORAGE, "storage_full"),
+            Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Detail<'a>,
+}
+
+#[derive(Serialize)]
+struct Detail<'a> {
+    code: &'a str,
+    message: String,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        let body = Body { error: Detail { code, message: self.to_string() } };
+        let mut resp = (status, axum::Json(body)).into_response();
+        if matches!(self, ApiError::NoLeader(_)) {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rejection_maps_to_its_409_code() {
+        let code = |r| ApiError::Rejected(r).status_and_code();
+        assert_eq!(code(PublishRejection::SeqConflict { seq: 1 }), (StatusCode::CONFLICT, "seq_conflict"));
+        assert_eq!(
+            code(PublishRejection::SeqNotIncreasing { seq: 1, last_seq: 2 }),
+            (StatusCode::CONFLICT, "seq_not_increasing")
+        );
+        assert_eq!(code(PublishRejection::SeqEvicted { seq: 1, evicted_through: 2 }), (StatusCode::CONFLICT, "seq_evicted"));
+    }
+
+    #[test]
+    fn no_leader_carries_retry_after() {
+        let resp = ApiError::NoLeader("x".into()).into_response();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+    }
+}

@@ -1,0 +1,25 @@
+//! Runnev: a Raft-replicated, clustered log service (see `README.md` and `../shared/SPEC.md`).
+//!
+//! How a publish flows, module by module:
+//! 1. [`api`] parses `POST /v1/streams/{name}/batches` and validates it (names and rules from
+//!    [`stream`], limits from [`limits`], errors from [`error`]);
+//! 2. on a follower, [`api`] forwards the request to the leader over [`net`]; on the leader it
+//!    proposes a [`raft::Command`] through openraft;
+//! 3. [`raft::network`] replicates the entry; each node's [`storage::log_store`] fsyncs it before
+//!    openraft counts it, and the entry commits on a majority (Raft paper §5.3);
+//! 4. [`storage::state_machine`] applies it, deciding seq and dedup with [`stream`]'s pure rules,
+//!    and the outcome returns to the client.
+//!
+//! Reads and subscriptions are served by any node from its applied state in [`storage`].
+//! [`node`] wires one node together; [`local`] runs a three-node cluster on one machine.
+#![deny(missing_docs)]
+
+pub mod api;
+pub mod error;
+pub mod limits;
+pub mod local;
+pub mod net;
+pub mod node;
+pub mod raft;
+pub mod storage;
+pub mod stream;

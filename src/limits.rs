@@ -1,0 +1,68 @@
+//! Every bound Runnev enforces, in one place, each with its unit in the name.
+//!
+//! Owns: the numbers. Must never: hold logic; a limit lives here so a reader can audit them together.
+
+/// Longest stream name, in characters (SPEC §1).
+pub const STREAM_NAME_CHARS_MAX: usize = 128;
+
+/// Default largest batch payload, in bytes (SPEC §1; `--max-batch-bytes`).
+pub const BATCH_BYTES_DEFAULT: usize = 1024 * 1024;
+
+/// Largest body accepted by `PUT /v1/streams/{name}` (a retention document), in bytes.
+pub const ADMIN_BODY_BYTES_MAX: usize = 64 * 1024;
+
+/// Default and largest `limit` of `GET …/batches`, in batches (SPEC §3).
+pub const READ_BATCHES_DEFAULT: usize = 100;
+/// See [`READ_BATCHES_DEFAULT`].
+pub const READ_BATCHES_MAX: usize = 10_000;
+
+/// Soft cap on the payload bytes one read answer carries; at least one batch is always returned,
+/// so a consumer makes progress whatever the batch size. Keeps a read's memory bounded.
+pub const READ_ANSWER_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// Largest `wait_ms` of a long-poll read, in ms (SPEC §3).
+pub const READ_WAIT_MS_MAX: u64 = 60_000;
+
+/// How long a read with `min_index` waits for this node to apply that log index, in ms (SPEC §3).
+pub const MIN_INDEX_WAIT_MS: u64 = 10_000;
+
+/// How long a write waits for a leader to be known (or reachable) before `503 no_leader`, in ms.
+pub const LEADER_WAIT_MS: u64 = 5_000;
+
+/// `Retry-After` sent with `503 no_leader`, in seconds (RFC 9110 §10.2.3).
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+/// How many times a write may be forwarded between nodes before it stops hopping.
+pub const FORWARD_HOPS_MAX: u32 = 2;
+
+/// Deadline of one forwarded client request, in ms.
+pub const FORWARD_TIMEOUT_MS: u64 = 15_000;
+
+/// Largest body of a Raft RPC between nodes, in bytes: `RAFT_ENTRIES_PER_APPEND_MAX` batches of
+/// at most the batch limit, plus framing. Checked before decoding.
+pub const RAFT_RPC_BYTES_MAX: usize = 256 * 1024 * 1024;
+
+/// Most log entries in one append-entries RPC (openraft `max_payload_entries`).
+pub const RAFT_ENTRIES_PER_APPEND_MAX: u64 = 64;
+
+/// Raft heartbeat interval, in ms (Raft paper §5.2).
+pub const RAFT_HEARTBEAT_MS: u64 = 100;
+/// Election timeout range, in ms (Raft paper §5.2: randomised to split votes rarely).
+pub const RAFT_ELECTION_TIMEOUT_MIN_MS: u64 = 400;
+/// See [`RAFT_ELECTION_TIMEOUT_MIN_MS`].
+pub const RAFT_ELECTION_TIMEOUT_MAX_MS: u64 = 800;
+
+/// Default number of applied log entries between two snapshots (`--snapshot-logs`).
+pub const SNAPSHOT_LOGS_DEFAULT: u64 = 5_000;
+/// Default number of log entries kept behind a snapshot when purging (`--snapshot-keep-logs`),
+/// so a follower slightly behind catches up from the log rather than a whole snapshot.
+pub const SNAPSHOT_KEEP_LOGS_DEFAULT: u64 = 1_000;
+/// Largest snapshot chunk sent in one install-snapshot RPC, in bytes (Raft paper §7).
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 1024 * 1024;
+
+/// Period at which the leader proposes a clock tick while any stream has `max_age_ms`, in ms
+/// (SPEC §2.7: idle streams age out too).
+pub const RETENTION_TICK_MS: u64 = 1_000;
+
+/// Interval between probes of the peers while a fresh node waits to form the cluster, in ms.
+pub const FORMATION_PROBE_MS: u64 = 300;

@@ -1,0 +1,114 @@
+//! The socket seam: how a node accepts connections and dials its peers.
+//!
+//! Owns: the [`Dialer`] trait, its TCP implementation, and the HTTP client built on any dialer.
+//! Production passes a `tokio::net::TcpListener` and [`TcpDialer`]; the simulation passes
+//! turmoil's listener and a dialer over turmoil's TCP, so the same router, Raft transport and
+//! forwarding code run in both. Must never: name a concrete socket type outside this module and
+//! `main`.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::Uri;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+/// A bidirectional byte stream to a peer.
+pub trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
+
+/// A boxed future, as dialers return.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Opens byte streams to `host:port` addresses.
+pub trait Dialer: Send + Sync + 'static {
+    /// Connects to `addr` (`host:port`).
+    ///
+    /// Errors: the connection could not be established.
+    fn dial(&self, addr: String) -> BoxFuture<io::Result<Box<dyn Io>>>;
+}
+
+/// Dials over the operating system's TCP, with Nagle off (Raft and publish answers are small).
+pub struct TcpDialer;
+
+impl Dialer for TcpDialer {
+    fn dial(&self, addr: String) -> BoxFuture<io::Result<Box<dyn Io>>> {
+        Box::pin(async move {
+            let s = tokio::net::TcpStream::connect(addr).await?;
+            s.set_nodelay(true)?;
+            Ok(Box::new(s) as Box<dyn Io>)
+        })
+    }
+}
+
+/// A hyper connector over any [`Dialer`].
+#[derive(Clone)]
+pub struct DialConnector(Arc<dyn Dialer>);
+
+/// A connection made by [`DialConnector`].
+pub struct DialedIo(TokioIo<Box<dyn Io>>);
+
+impl Connection for DialedIo {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+impl hyper::rt::Read for DialedIo {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: hyper::rt::ReadBufCursor<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for DialedIo {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+}
+
+impl tower::Service<Uri> for DialConnector {
+    type Response = DialedIo;
+    type Error = io::Error;
+    type Future = BoxFuture<io::Result<DialedIo>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let dialer = self.0.clone();
+        Box::pin(async move {
+            let auth = uri
+                .authority()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("no host in {uri}")))?;
+            let port = auth.port_u16().unwrap_or(80);
+            let io = dialer.dial(format!("{}:{port}", auth.host())).await?;
+            Ok(DialedIo(TokioIo::new(io)))
+        })
+    }
+}
+
+/// The HTTP/1.1 client nodes use for Raft RPCs and forwarding, with pooled keep-alive connections.
+pub type HttpClient = hyper_util::client::legacy::Client<DialConnector, Full<Bytes>>;
+
+/// Builds an [`HttpClient`] over `dialer`. Idle pooled connections close after 30 s.
+pub fn http_client(dialer: Arc<dyn Dialer>) -> HttpClient {
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(DialConnector(dialer))
+}
+

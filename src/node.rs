@@ -1,0 +1,146 @@
+//! A Runnev node: opens storage, starts Raft, forms or rejoins the cluster, serves the router.
+//!
+//! Owns: wiring and lifecycle. Takes its listener, dialer, clock and shutdown signal from the
+//! caller (`main` in production, the simulation under turmoil), so the same code runs in both.
+//! Must never: pick a socket type or read a clock itself.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use openraft::SnapshotPolicy;
+
+use crate::api::{self, AppState, Clock};
+use crate::limits::*;
+use crate::net::{self, Dialer};
+use crate::raft::network::Network;
+use crate::raft::{formation, Command, NodeId, Raft};
+use crate::storage::log_store::LogStore;
+use crate::storage::state_machine::StateMachine;
+use crate::storage::{Store, StoreError};
+
+/// A node's configuration (the flags of `runnev serve`, SPEC §5).
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// This node's id (`--id`).
+    pub id: NodeId,
+    /// Where the database and snapshot live (`--data-dir`).
+    pub data_dir: PathBuf,
+    /// Initial cluster members, id → `host:port` (`--peers`).
+    pub peers: BTreeMap<NodeId, String>,
+    /// The address peers reach this node at, if it is not in `peers` (a joining node).
+    pub advertise: String,
+    /// Largest publish payload, in bytes (`--max-batch-bytes`).
+    pub max_batch_bytes: usize,
+    /// Create streams on first publish (`--auto-create-streams`).
+    pub auto_create_streams: bool,
+    /// Applied log entries between snapshots (`--snapshot-logs`).
+    pub snapshot_logs: u64,
+    /// Log entries kept behind a snapshot (`--snapshot-keep-logs`).
+    pub snapshot_keep_logs: u64,
+}
+
+/// Why a node could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// Storage could not be opened.
+    #[error("opening storage in the data dir: {0}")]
+    Storage(#[from] StoreError),
+    /// The Raft configuration is invalid.
+    #[error("raft configuration: {0}")]
+    Config(String),
+    /// Raft failed to start.
+    #[error("starting raft: {0}")]
+    Raft(String),
+    /// The listener failed.
+    #[error("serving: {0}")]
+    Serve(#[from] std::io::Error),
+}
+
+fn raft_config(cfg: &NodeConfig) -> Result<openraft::Config, NodeError> {
+    let c = openraft::Config {
+        cluster_name: "runnev".into(),
+        heartbeat_interval: RAFT_HEARTBEAT_MS,
+        election_timeout_min: RAFT_ELECTION_TIMEOUT_MIN_MS,
+        election_timeout_max: RAFT_ELECTION_TIMEOUT_MAX_MS,
+        max_payload_entries: RAFT_ENTRIES_PER_APPEND_MAX,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_logs.max(1)),
+        max_in_snapshot_log_to_keep: cfg.snapshot_keep_logs,
+        snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+        ..Default::default()
+    };
+    c.validate().map_err(|e| NodeError::Config(e.to_string()))
+}
+
+/// Runs a node until `shutdown` resolves, serving on `listener` and dialing peers with `dialer`.
+///
+/// Errors: storage cannot be opened, the Raft config is invalid, or the listener fails.
+pub async fn run<L>(
+    cfg: NodeConfig,
+    listener: L,
+    dialer: Arc<dyn Dialer>,
+    clock: Clock,
+    prometheus: Option<PrometheusHandle>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), NodeError>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    let store = Store::open(&cfg.data_dir)?;
+    let http = net::http_client(dialer);
+    let config = Arc::new(raft_config(&cfg)?);
+    let sm = StateMachine::new(store.clone());
+    metrics::counter!("runnev_snapshots_installed_total").absolute(0);
+    let raft = Raft::new(cfg.id, config, Network::new(http.clone()), LogStore::new(store.clone()), sm)
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
+
+    let state = AppState {
+        node_id: cfg.id,
+        raft: raft.clone(),
+        store: store.clone(),
+        http: http.clone(),
+        max_batch_bytes: cfg.max_batch_bytes,
+        auto_create_streams: cfg.auto_create_streams,
+        clock: clock.clone(),
+        prometheus,
+    };
+    let formation = tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http));
+    let ticker = tokio::spawn(retention_ticks(raft.clone(), store.clone(), cfg.id, clock));
+    tracing::info!(id = cfg.id, data_dir = %cfg.data_dir.display(), "node serving");
+    let served = axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown).await;
+    formation.abort();
+    ticker.abort();
+    if let Err(e) = raft.shutdown().await {
+        tracing::warn!(error = %e, "raft shutdown");
+    }
+    tracing::info!(id = cfg.id, "node stopped");
+    served.map_err(NodeError::Serve)
+}
+
+/// While leader, proposes the leader's clock every [`RETENTION_TICK_MS`] if any stream has
+/// `max_age_ms`, so idle streams age out too (SPEC §2.7).
+async fn retention_ticks(raft: Raft, store: Arc<Store>, id: NodeId, clock: Clock) {
+    let mut every = tokio::time::interval(Duration::from_millis(RETENTION_TICK_MS));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if raft.metrics().borrow().current_leader != Some(id) {
+            continue;
+        }
+        let s = store.clone();
+        let aging = crate::storage::blocking(move || s.streams())
+            .await
+            .map(|all| all.iter().any(|i| i.meta.retention.max_age_ms.is_some() && i.meta.batches > 0))
+            .unwrap_or(false);
+        if aging {
+            if let Err(e) = raft.client_write(Command::Tick { ts: clock() }).await {
+                tracing::debug!(error = %e, "retention tick not committed");
+            }
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Cluster formation (SPEC §5): three fresh nodes given the same `--peers` form one cluster
+//! exactly once, whatever the start order.
+//!
+//! A fresh node that is listed in `--peers` probes the other peers; once a majority (itself
+//! included) answers and none of them is already part of a cluster, it calls openraft's
+//! `initialize` with every listed peer as a voter. Several nodes may do this at once: they all
+//! write the same membership entry at log index 0, which openraft documents as safe. Must never:
+//! initialise a node that holds Raft state (a restarted node rejoins on its log), or one whose
+//! peers already formed a cluster (a wiped node waits to be caught up by the leader).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Limited};
+use openraft::error::{InitializeError, RaftError};
+use openraft::BasicNode;
+
+use super::{NodeId, Raft};
+use crate::limits::FORMATION_PROBE_MS;
+use crate::net::HttpClient;
+
+/// What a probe learned about one peer.
+enum Peer {
+    Down,
+    Fresh,
+    InCluster,
+}
+
+async fn probe(http: &HttpClient, addr: &str) -> Peer {
+    let uri: hyper::Uri = match format!("http://{addr}/v1/cluster").parse() {
+        Ok(u) => u,
+        Err(_) => return Peer::Down,
+    };
+    let exchange = async {
+        let resp = http.get(uri).await.ok()?;
+        let bytes = Limited::new(resp.into_body(), 1 << 20).collect().await.ok()?.to_bytes();
+        serde_json::from_slice::<serde_json::Value>(&bytes).ok()
+    };
+    match tokio::time::timeout(Duration::from_secs(1), exchange).await {
+        Ok(Some(v)) => match v.get("members").and_then(|m| m.as_array()) {
+            Some(m) if !m.is_empty() => Peer::InCluster,
+            Some(_) => Peer::Fresh,
+            None => Peer::Down,
+        },
+        _ => Peer::Down,
+    }
+}
+
+/// Forms the cluster if this node is fresh and listed in `peers`; returns once the node is
+/// initialised or has learned it must wait to be caught up by an existing cluster.
+pub async fn form(raft: Raft, self_id: NodeId, peers: BTreeMap<NodeId, String>, http: HttpClient) {
+    match raft.is_initialized().await {
+        Ok(true) => {
+            tracing::info!("raft state found on disk: rejoining the cluster");
+            return;
+        }
+        Ok(false) => {}
+        Err(e) => {
+            tracing::error!(error = %e, "raft stopped before cluster formation");
+            return;
+        }
+    }
+    if !peers.contains_key(&self_id) {
+        tracing::info!("this node is not in --peers: waiting to be added with POST /v1/cluster/members");
+        return;
+    }
+    let majority = peers.len() / 2 + 1;
+    let mut attempt: u64 = 0;
+    loop {
+        if matches!(raft.is_initialized().await, Ok(true)) {
+            return;
+        }
+        let mut up = 1;
+        for (id, addr) in peers.iter().filter(|(id, _)| **id != self_id) {
+            match probe(&http, addr).await {
+                Peer::Down => {}
+                Peer::Fresh => up += 1,
+                Peer::InCluster => {
+                    tracing::info!(peer = id, "peer already belongs to a cluster: waiting for its leader to catch this node up");
+                    return;
+                }
+            }
+        }
+        if up >= majority {
+            let members: BTreeMap<NodeId, BasicNode> =
+                peers.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
+            match raft.initialize(members).await {
+                Ok(()) => tracing::info!(voters = peers.len(), "initialised the cluster"),
+                Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
+                    tracing::info!("already initialised by a peer's leader")
+                }
+                Err(e) => tracing::error!(error = %e, "cluster initialisation failed"),
+            }
+            return;
+        }
+        attempt += 1;
+        if attempt % 10 == 1 {
+            tracing::info!(up, majority, "waiting for a majority of peers to form the cluster");
+        }
+        tokio::time::sleep(Duration::from_millis(FORMATION_PROBE_MS)).await;
+    }
+}

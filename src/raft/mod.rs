@@ -1,0 +1,116 @@
+//! Raft: the openraft type configuration, the commands that travel in the log, the transport
+//! between nodes and cluster formation.
+//!
+//! Owns: what is replicated and how it reaches the other nodes. Must never: decide stream rules
+//! (that is [`crate::stream`]) or touch disk (that is [`crate::storage`]).
+
+pub mod formation;
+pub mod network;
+
+use serde::{Deserialize, Serialize};
+
+use crate::stream::{PublishRejection, Retention, StreamMeta};
+
+/// A node's id in the cluster (`--id`).
+pub type NodeId = u64;
+
+openraft::declare_raft_types!(
+    /// Runnev's openraft type configuration. Snapshots travel as files, so installing one needs
+    /// memory bounded by the chunk size, not the state size.
+    pub TypeConfig:
+        D = Command,
+        R = Outcome,
+        NodeId = NodeId,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = tokio::fs::File,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// The Raft handle of a Runnev node.
+pub type Raft = openraft::Raft<TypeConfig>;
+/// A log id (term and log index) in Runnev's configuration.
+pub type LogId = openraft::LogId<NodeId>;
+/// Openraft's storage error in Runnev's configuration.
+pub type StorageError = openraft::StorageError<NodeId>;
+
+/// A command in the Raft log: the only way replicated state changes. Everything that must be the
+/// same on every replica (seq, `ts`, whether to auto-create) is decided before proposing or
+/// while applying, never from a follower's clock or flags.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Create a stream, or replace its retention. `retention: None` creates it with no limits or
+    /// leaves an existing one unchanged (SPEC §3, `PUT` without a body).
+    PutStream {
+        /// Stream name, already validated.
+        name: String,
+        /// New retention, if a body was given.
+        retention: Option<Retention>,
+        /// Leader time when proposed, ms since the Unix epoch; used for age retention.
+        ts: u64,
+    },
+    /// Delete a stream and all its batches.
+    DeleteStream {
+        /// Stream name.
+        name: String,
+    },
+    /// Publish one batch (SPEC §2.3).
+    Publish {
+        /// Stream name.
+        stream: String,
+        /// The publisher's seq, or `None` for server-assigned.
+        seq: Option<u64>,
+        /// Leader time when proposed, ms since the Unix epoch: the batch's `ts`.
+        ts: u64,
+        /// Create the stream if missing (the leader's `--auto-create-streams`).
+        auto_create: bool,
+        /// The payload, byte for byte.
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// The leader's clock, so age retention evicts from idle streams too (SPEC §2.7).
+    Tick {
+        /// Leader time, ms since the Unix epoch.
+        ts: u64,
+    },
+}
+
+/// A stream as the API shows it (SPEC §3, stream info).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamInfo {
+    /// Stream name.
+    pub name: String,
+    /// Its metadata.
+    pub meta: StreamMeta,
+}
+
+/// What applying one log entry did; returned to the client that proposed it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// A blank, membership or tick entry: nothing for a client.
+    Nothing,
+    /// `PutStream` applied.
+    Stream {
+        /// True when the stream did not exist before.
+        created: bool,
+        /// The stream after the change.
+        info: StreamInfo,
+    },
+    /// `DeleteStream` applied.
+    Deleted,
+    /// A publish was accepted, or recognised as a duplicate.
+    Published {
+        /// The batch's seq.
+        seq: u64,
+        /// The batch's ts, ms since the Unix epoch.
+        ts: u64,
+        /// True when the batch was already stored; nothing was written.
+        duplicate: bool,
+        /// Raft log index of the entry that stored the batch (for a duplicate: of the original).
+        index: u64,
+    },
+    /// The stream does not exist (and was not auto-created).
+    StreamNotFound,
+    /// The publish broke a rule of SPEC §2.3; nothing was written.
+    Rejected(PublishRejection),
+}

@@ -1,0 +1,144 @@
+//! The Raft transport: append-entries, vote and install-snapshot RPCs as HTTP POSTs to the peer's
+//! one listen address (`/raft/append`, `/raft/vote`, `/raft/snapshot`), bodies postcard-encoded.
+//!
+//! Owns: the client side (openraft's [`RaftNetworkFactory`]) and the wire encoding; the server
+//! side is [`crate::api::raft_rpc`]. Must never: wait without a deadline (every RPC carries
+//! openraft's TTL and a timed-out connection is dropped), or trust a peer's bytes (they are
+//! decoded with a size cap and a decode error is an error, not a panic).
+
+use std::error::Error;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
+use openraft::BasicNode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{NodeId, TypeConfig};
+use crate::limits::RAFT_RPC_BYTES_MAX;
+use crate::net::HttpClient;
+
+/// Path of the append-entries RPC (Raft paper §5.3).
+pub const APPEND_PATH: &str = "/raft/append";
+/// Path of the request-vote RPC (Raft paper §5.2).
+pub const VOTE_PATH: &str = "/raft/vote";
+/// Path of the install-snapshot RPC (Raft paper §7), one chunk per call.
+pub const SNAPSHOT_PATH: &str = "/raft/snapshot";
+
+/// Makes a [`PeerConnection`] per target for openraft.
+#[derive(Clone)]
+pub struct Network {
+    http: HttpClient,
+}
+
+impl Network {
+    /// A transport over `http`.
+    pub fn new(http: HttpClient) -> Self {
+        Network { http }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerConnection;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerConnection {
+        PeerConnection { target, addr: node.addr.clone(), http: self.http.clone() }
+    }
+}
+
+/// The RPC client to one peer.
+pub struct PeerConnection {
+    target: NodeId,
+    addr: String,
+    http: HttpClient,
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+
+/// Why an RPC failed below Raft.
+#[derive(Debug, thiserror::Error)]
+enum TransportError {
+    #[error("connecting to {addr}: {source}")]
+    Connect { addr: String, source: hyper_util::client::legacy::Error },
+    #[error("rpc to {addr} failed: {source}")]
+    Request { addr: String, source: hyper_util::client::legacy::Error },
+    #[error("rpc to {addr} timed out after {ms} ms")]
+    Timeout { addr: String, ms: u128 },
+    #[error("rpc to {addr}: {what}")]
+    Protocol { addr: String, what: String },
+}
+
+impl PeerConnection {
+    async fn call<Req, Resp, E>(&self, path: &str, req: &Req, ttl: Duration) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: Error + DeserializeOwned,
+    {
+        let addr = &self.addr;
+        let proto = |what: String| RPCError::Network(NetworkError::new(&TransportError::Protocol { addr: addr.clone(), what }));
+        let body = postcard::to_stdvec(req).map_err(|e| proto(format!("encoding: {e}")))?;
+        let request = hyper::Request::post(format!("http://{addr}{path}"))
+            .header("content-type", "application/octet-stream")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| proto(format!("building request: {e}")))?;
+        let exchange = async {
+            let resp = self.http.request(request).await.map_err(|source| {
+                if source.is_connect() {
+                    RPCError::Unreachable(Unreachable::new(&TransportError::Connect { addr: addr.clone(), source }))
+                } else {
+                    RPCError::Network(NetworkError::new(&TransportError::Request { addr: addr.clone(), source }))
+                }
+            })?;
+            let status = resp.status();
+            let bytes = Limited::new(resp.into_body(), RAFT_RPC_BYTES_MAX)
+                .collect()
+                .await
+                .map_err(|e| proto(format!("reading answer: {e}")))?
+                .to_bytes();
+            if !status.is_success() {
+                return Err(proto(format!("status {status}: {}", String::from_utf8_lossy(&bytes))));
+            }
+            postcard::from_bytes::<Result<Resp, RaftError<NodeId, E>>>(&bytes)
+                .map_err(|e| proto(format!("decoding answer: {e}")))
+        };
+        match tokio::time::timeout(ttl, exchange).await {
+            Ok(Ok(Ok(resp))) => Ok(resp),
+            Ok(Ok(Err(remote))) => Err(RPCError::RemoteError(RemoteError::new(self.target, remote))),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(RPCError::Network(NetworkError::new(&TransportError::Timeout {
+                addr: addr.clone(),
+                ms: ttl.as_millis(),
+            }))),
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerConnection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        self.call(APPEND_PATH, &rpc, option.hard_ttl()).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        self.call(SNAPSHOT_PATH, &rpc, option.hard_ttl()).await
+    }
+
+    async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
+        self.call(VOTE_PATH, &rpc, option.hard_ttl()).await
+    }
+}

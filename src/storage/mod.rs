@@ -1,0 +1,328 @@
+//! Storage: one redb database per node holding the Raft log, the vote and the state machine, and
+//! the snapshot file beside it.
+//!
+//! Owns: the on-disk layout, its encodings, and the read side of the state machine that the API
+//! serves. Must never: acknowledge a write before redb's durable commit has returned, or serve a
+//! batch that is not applied (everything in the state-machine tables is committed by Raft).
+//!
+//! Layout (`--data-dir`):
+//! - `runnev.redb`: tables [`LOG`], [`RAFT_META`], [`SM_META`], [`STREAMS`], [`BATCHES`];
+//! - `snapshot.bin`: the newest snapshot (see [`snapshot`]), replaced atomically by rename.
+
+pub mod log_store;
+pub mod snapshot;
+pub mod state_machine;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{de::DeserializeOwned, Serialize};
+use tokio::sync::watch;
+
+use crate::raft::{StreamInfo, TypeConfig};
+use crate::stream::StreamMeta;
+
+/// Raft log: log index → postcard-encoded `openraft::Entry<TypeConfig>`.
+pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
+/// Raft metadata: `"vote"` → `Vote`, `"last_purged"` → `LogId`, postcard-encoded.
+pub(crate) const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
+/// State-machine metadata: `"last_applied"` → `Option<LogId>`, `"membership"` → `StoredMembership`.
+pub(crate) const SM_META: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_meta");
+/// Streams: name → postcard-encoded [`StreamMeta`].
+pub(crate) const STREAMS: TableDefinition<&str, &[u8]> = TableDefinition::new("streams");
+/// Batches: (stream, seq) → [`BatchValue`] encoding (`ts` u64 LE, log index u64 LE, payload).
+pub(crate) const BATCHES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("batches");
+
+/// A storage failure. Never caused by client input: callers validate before reaching storage.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// redb failed (I/O, corruption, transaction).
+    #[error("database: {0}")]
+    Db(#[from] redb::Error),
+    /// A stored value did not decode.
+    #[error("decoding a stored value: {0}")]
+    Codec(#[from] postcard::Error),
+    /// File I/O on the snapshot or the data directory failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// A stored structure broke an invariant.
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
+}
+
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(impl From<$t> for StoreError { fn from(e: $t) -> Self { StoreError::Db(e.into()) } })*};
+}
+from_redb!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+/// Encodes a value for storage or the wire (postcard: compact, schema-less, serde-driven).
+pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
+    Ok(postcard::to_stdvec(value)?)
+}
+
+/// Decodes a value written by [`encode`].
+pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, StoreError> {
+    Ok(postcard::from_bytes(bytes)?)
+}
+
+/// A stored batch value: fixed-width header then the payload.
+pub(crate) struct BatchValue;
+
+impl BatchValue {
+    const HEADER_BYTES: usize = 16;
+
+    /// Encodes (`ts` ms, log index, payload).
+    pub(crate) fn encode(ts: u64, index: u64, payload: &[u8]) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::HEADER_BYTES + payload.len());
+        v.extend_from_slice(&ts.to_le_bytes());
+        v.extend_from_slice(&index.to_le_bytes());
+        v.extend_from_slice(payload);
+        v
+    }
+
+    /// Splits a stored value into (`ts` ms, log index, payload).
+    pub(crate) fn decode(v: &[u8]) -> Result<(u64, u64, &[u8]), StoreError> {
+        if v.len() < Self::HEADER_BYTES {
+            return Err(StoreError::Corrupt(format!("batch value of {} bytes", v.len())));
+        }
+        let word = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&v[i..i + 8]);
+            u64::from_le_bytes(b)
+        };
+        Ok((word(0), word(8), &v[Self::HEADER_BYTES..]))
+    }
+}
+
+/// One batch as read back for a consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBatch {
+    /// Its seq.
+    pub seq: u64,
+    /// Leader-assigned time, ms since the Unix epoch.
+    pub ts: u64,
+    /// Raft log index of the entry that stored it.
+    pub index: u64,
+    /// The payload, byte for byte.
+    pub data: Vec<u8>,
+}
+
+/// The answer of [`Store::read_batches`]: the stream's metadata and the batches after a cursor,
+/// both from one consistent read transaction.
+#[derive(Debug, Clone)]
+pub struct BatchesView {
+    /// The stream as of the read.
+    pub meta: StreamMeta,
+    /// Batches with seq > `after`, in seq order.
+    pub batches: Vec<StoredBatch>,
+}
+
+/// A node's storage: the redb database, the data directory, and the applied-index signal that
+/// readers wait on.
+pub struct Store {
+    db: Database,
+    dir: PathBuf,
+    applied_tx: watch::Sender<u64>,
+    committed_index: AtomicU64,
+    snapshot_files: std::sync::Mutex<()>,
+}
+
+impl Store {
+    /// Opens (or creates) the store under `dir`, creating the directory and every table.
+    ///
+    /// Errors: the directory cannot be created, or redb cannot open the database (another process
+    /// holds it, or it is corrupt).
+    pub fn open(dir: &Path) -> Result<Arc<Store>, StoreError> {
+        std::fs::create_dir_all(dir)?;
+        let db = Database::create(dir.join("runnev.redb"))?;
+        let txn = db.begin_write()?;
+        {
+            txn.open_table(LOG)?;
+            txn.open_table(RAFT_META)?;
+            txn.open_table(SM_META)?;
+            txn.open_table(STREAMS)?;
+            txn.open_table(BATCHES)?;
+        }
+        txn.commit()?;
+        let store = Store {
+            db,
+            dir: dir.to_path_buf(),
+            applied_tx: watch::Sender::new(0),
+            committed_index: AtomicU64::new(0),
+            snapshot_files: std::sync::Mutex::new(()),
+        };
+        let applied = store.last_applied()?.map(|l| l.index).unwrap_or(0);
+        store.applied_tx.send_replace(applied);
+        Ok(Arc::new(store))
+    }
+
+    pub(crate) fn db(&self) -> &Database {
+        &self.db
+    }
+
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The log index up to which the state machine has applied (0 before any).
+    pub fn applied_index(&self) -> u64 {
+        *self.applied_tx.borrow()
+    }
+
+    /// A receiver that changes whenever the applied index advances.
+    pub fn watch_applied(&self) -> watch::Receiver<u64> {
+        self.applied_tx.subscribe()
+    }
+
+    pub(crate) fn set_applied(&self, index: u64) {
+        self.applied_tx.send_if_modified(|cur| {
+            let advanced = index != *cur;
+            *cur = index;
+            advanced
+        });
+    }
+
+    /// The highest log index this node knows to be committed (0 before any).
+    pub fn committed_index(&self) -> u64 {
+        self.committed_index.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_committed(&self, index: u64) {
+        self.committed_index.fetch_max(index, Ordering::AcqRel);
+    }
+
+    fn last_applied(&self) -> Result<Option<crate::raft::LogId>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(SM_META)?;
+        match t.get("last_applied")? {
+            Some(v) => decode(v.value()),
+            None => Ok(None),
+        }
+    }
+
+    /// One stream's metadata, or `None` if it does not exist.
+    pub fn stream(&self, name: &str) -> Result<Option<StreamMeta>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(STREAMS)?;
+        t.get(name)?.map(|v| decode(v.value())).transpose()
+    }
+
+    /// Every stream, in name order.
+    pub fn streams(&self) -> Result<Vec<StreamInfo>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(STREAMS)?;
+        let mut out = Vec::new();
+        for row in t.iter()? {
+            let (k, v) = row?;
+            out.push(StreamInfo { name: k.value().to_string(), meta: decode(v.value())? });
+        }
+        Ok(out)
+    }
+
+    /// Batches of `name` with seq > `after`: at most `limit` of them and, past the first, at most
+    /// `bytes_max` payload bytes. `None` if the stream does not exist.
+    pub fn read_batches(
+        &self,
+        name: &str,
+        after: u64,
+        limit: usize,
+        bytes_max: usize,
+    ) -> Result<Option<BatchesView>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let streams = txn.open_table(STREAMS)?;
+        let Some(meta) = streams.get(name)?.map(|v| decode::<StreamMeta>(v.value())).transpose()? else {
+            return Ok(None);
+        };
+        let mut batches = Vec::new();
+        if let Some(from) = after.checked_add(1) {
+            let table = txn.open_table(BATCHES)?;
+            let mut bytes = 0usize;
+            for row in table.range((name, from)..=(name, u64::MAX))? {
+                let (k, v) = row?;
+                let (ts, index, data) = BatchValue::decode(v.value())?;
+                if !batches.is_empty() && bytes + data.len() > bytes_max {
+                    break;
+                }
+                bytes += data.len();
+                batches.push(StoredBatch { seq: k.value().1, ts, index, data: data.to_vec() });
+                if batches.len() >= limit {
+                    break;
+                }
+            }
+        }
+        Ok(Some(BatchesView { meta, batches }))
+    }
+}
+
+/// Runs blocking storage work off the async executor (redb is synchronous).
+pub(crate) async fn blocking<F, R>(f: F) -> R
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+/// Converts a storage failure into openraft's error for a write (`true`) or read (`false`).
+pub(crate) fn raft_err(e: StoreError, write: bool) -> openraft::StorageError<crate::raft::NodeId> {
+    let any = openraft::AnyError::new(&e);
+    let io = if write { openraft::StorageIOError::write(any) } else { openraft::StorageIOError::read(any) };
+    io.into()
+}
+
+/// Keeps `TypeConfig` referenced so the module map stays honest about what storage serves.
+pub(crate) type Entry = openraft::Entry<TypeConfig>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_value_round_trips_every_byte() {
+        let payload: Vec<u8> = (0..=255u8).collect();
+        let v = BatchValue::encode(1_764_430_000_123, 42, &payload);
+        let (ts, index, data) = BatchValue::decode(&v).unwrap();
+        assert_eq!((ts, index, data), (1_764_430_000_123, 42, &payload[..]));
+        assert!(BatchValue::decode(&v[..15]).is_err());
+        let empty = BatchValue::encode(0, 0, &[]);
+        assert_eq!(BatchValue::decode(&empty).unwrap().2, &[] as &[u8]);
+    }
+}
+
+/// openraft's own storage test suite (`openraft::testing::Suite`), run against the redb stores:
+/// log consistency, vote persistence, truncate and purge, membership, snapshot round trips.
+#[cfg(test)]
+mod openraft_suite {
+    use openraft::testing::{StoreBuilder, Suite};
+
+    use super::log_store::LogStore;
+    use super::state_machine::StateMachine;
+    use super::Store;
+    use crate::raft::{StorageError, TypeConfig};
+
+    struct RedbBuilder;
+
+    impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for RedbBuilder {
+        async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let store = Store::open(dir.path()).expect("open store");
+            Ok((dir, LogStore::new(store.clone()), StateMachine::new(store)))
+        }
+    }
+
+    #[test]
+    fn redb_store_passes_openraft_suite() -> Result<(), StorageError> {
+        Suite::test_all(RedbBuilder)
+    }
+}

@@ -1,0 +1,246 @@
+//! Snapshot files: the whole state machine as one file, streamed record by record so building,
+//! sending and installing one takes memory bounded by a record, not by the state (Raft paper §7).
+//!
+//! Owns: the file format and its atomic replacement. Must never: hold the state in memory, or
+//! expose a half-written file as the current snapshot (files are written to a temporary name,
+//! fsynced, then renamed).
+//!
+//! Format (version 1): the 8-byte magic `RUNNEVS1`, then records, each a u32 LE length and that
+//! many bytes of a postcard-encoded [`Record`]: one `Header`, then every `Stream`, then every
+//! `Batch` in (stream, seq) order, then `End` with the counts, which detects a truncated file.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use redb::{ReadableDatabase, ReadableTable};
+use serde::{Deserialize, Serialize};
+
+use super::{decode, encode, Store, StoreError, BATCHES, SM_META, STREAMS};
+use crate::raft::{LogId, NodeId};
+use crate::stream::StreamMeta;
+
+const MAGIC: &[u8; 8] = b"RUNNEVS1";
+/// Largest record accepted when reading a snapshot, in bytes: a batch of the largest allowed size
+/// plus its key, with room to spare. Guards against a corrupt length.
+const RECORD_BYTES_MAX: u32 = 64 * 1024 * 1024;
+
+/// openraft's snapshot metadata in Runnev's configuration.
+pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, openraft::BasicNode>;
+type StoredMembership = openraft::StoredMembership<NodeId, openraft::BasicNode>;
+
+#[derive(Serialize, Deserialize)]
+enum Record<'a> {
+    Header {
+        meta: SnapshotMeta,
+    },
+    Stream {
+        name: &'a str,
+        meta: StreamMeta,
+    },
+    Batch {
+        stream: &'a str,
+        seq: u64,
+        #[serde(with = "serde_bytes")]
+        value: &'a [u8],
+    },
+    End {
+        streams: u64,
+        batches: u64,
+    },
+}
+
+/// Path of the current snapshot.
+pub(crate) fn current_path(dir: &Path) -> PathBuf {
+    dir.join("snapshot.bin")
+}
+
+/// Path a snapshot being received from the leader is written to.
+pub(crate) fn receiving_path(dir: &Path) -> PathBuf {
+    dir.join("snapshot.recv.tmp")
+}
+
+fn building_path(dir: &Path) -> PathBuf {
+    dir.join("snapshot.build.tmp")
+}
+
+fn write_record(w: &mut impl Write, r: &Record<'_>) -> Result<(), StoreError> {
+    let bytes = encode(r)?;
+    let len = u32::try_from(bytes.len()).map_err(|_| StoreError::Corrupt("snapshot record over 4 GiB".into()))?;
+    w.write_all(&len.to_le_bytes())?;
+    w.write_all(&bytes)?;
+    Ok(())
+}
+
+fn read_record(r: &mut impl Read, buf: &mut Vec<u8>) -> Result<(), StoreError> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len);
+    if len > RECORD_BYTES_MAX {
+        return Err(StoreError::Corrupt(format!("snapshot record of {len} bytes")));
+    }
+    buf.resize(len as usize, 0);
+    r.read_exact(buf)?;
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+/// Writes the state machine, as of one read transaction, to the current snapshot file, and
+/// returns its metadata. The id is `{term}-{index}` of the last applied log id.
+///
+/// Errors: redb or file I/O failures; the previous snapshot stays in place.
+pub(crate) fn build(store: &Store) -> Result<(SnapshotMeta, File), StoreError> {
+    let txn = store.db().begin_read()?;
+    let sm = txn.open_table(SM_META)?;
+    let last_applied: Option<LogId> = sm.get("last_applied")?.map(|v| decode(v.value())).transpose()?.flatten();
+    let membership: StoredMembership = sm.get("membership")?.map(|v| decode(v.value())).transpose()?.unwrap_or_default();
+    let snapshot_id = match &last_applied {
+        Some(l) => format!("{}-{}", l.leader_id.term, l.index),
+        None => "0-0".to_string(),
+    };
+    let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
+
+    let tmp = building_path(store.dir());
+    let mut w = BufWriter::new(File::create(&tmp)?);
+    w.write_all(MAGIC)?;
+    write_record(&mut w, &Record::Header { meta: meta.clone() })?;
+    let (mut streams, mut batches) = (0u64, 0u64);
+    for row in txn.open_table(STREAMS)?.iter()? {
+        let (k, v) = row?;
+        write_record(&mut w, &Record::Stream { name: k.value(), meta: decode(v.value())? })?;
+        streams += 1;
+    }
+    for row in txn.open_table(BATCHES)?.iter()? {
+        let (k, v) = row?;
+        let (stream, seq) = k.value();
+        write_record(&mut w, &Record::Batch { stream, seq, value: v.value() })?;
+        batches += 1;
+    }
+    write_record(&mut w, &Record::End { streams, batches })?;
+    let file = w.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    drop(file);
+    let current = publish(store, &tmp)?;
+    tracing::info!(snapshot = %meta.snapshot_id, streams, batches, "built snapshot");
+    Ok((meta, current))
+}
+
+/// Makes `tmp` the current snapshot: rename over the old one, then fsync the directory. Returns
+/// the new current file opened for reading, so a concurrent replacement cannot swap it.
+pub(crate) fn publish(store: &Store, tmp: &Path) -> Result<File, StoreError> {
+    let _guard = store.snapshot_files.lock().unwrap_or_else(|p| p.into_inner());
+    std::fs::rename(tmp, current_path(store.dir()))?;
+    sync_dir(store.dir())?;
+    Ok(File::open(current_path(store.dir()))?)
+}
+
+/// Opens the current snapshot and reads its header; `None` if there is none. The file is
+/// returned positioned at its start.
+pub(crate) fn open_current(store: &Store) -> Result<Option<(SnapshotMeta, File)>, StoreError> {
+    let path = current_path(store.dir());
+    let mut file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let meta = read_header(&mut file, &path)?;
+    file.seek(SeekFrom::Start(0))?;
+    Ok(Some((meta, file)))
+}
+
+fn read_header(file: &mut File, path: &Path) -> Result<SnapshotMeta, StoreError> {
+    let mut r = BufReader::new(file);
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic)?;
+    if &magic != MAGIC {
+        return Err(StoreError::Corrupt(format!("{} is not a Runnev snapshot", path.display())));
+    }
+    let mut buf = Vec::new();
+    read_record(&mut r, &mut buf)?;
+    match postcard::from_bytes::<Record<'_>>(&buf)? {
+        Record::Header { meta } => Ok(meta),
+        _ => Err(StoreError::Corrupt("snapshot does not start with a header".into())),
+    }
+}
+
+/// Replaces the whole state machine with the snapshot read from `file`, in one durable redb
+/// transaction, and sets the last applied log id and membership from `meta` (Raft paper §7:
+/// the snapshot replaces the state; the log behind it is discarded by openraft).
+///
+/// Errors: the file is not a complete snapshot for `meta`, or redb fails; the state is unchanged.
+/// The received bytes are copied, as they are read, to a new file that becomes the current
+/// snapshot once the install has committed: openraft hands over a file handle, not a path.
+pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<(u64, u64), StoreError> {
+    let copy_path = store.dir().join("snapshot.install.tmp");
+    let mut r = Tee { from: BufReader::new(file), to: BufWriter::new(File::create(&copy_path)?) };
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic)?;
+    if &magic != MAGIC {
+        return Err(StoreError::Corrupt("received snapshot has no magic".into()));
+    }
+    let mut buf = Vec::new();
+    read_record(&mut r, &mut buf)?;
+    match postcard::from_bytes::<Record<'_>>(&buf)? {
+        Record::Header { meta: m } if m.last_log_id == meta.last_log_id => {}
+        _ => return Err(StoreError::Corrupt("received snapshot's header does not match its metadata".into())),
+    }
+    let txn = store.db().begin_write()?;
+    let counts;
+    {
+        let mut streams = txn.open_table(STREAMS)?;
+        let mut batches = txn.open_table(BATCHES)?;
+        streams.retain(|_, _| false)?;
+        batches.retain(|_, _| false)?;
+        let (mut n_streams, mut n_batches) = (0u64, 0u64);
+        loop {
+            read_record(&mut r, &mut buf)?;
+            match postcard::from_bytes::<Record<'_>>(&buf)? {
+                Record::Header { .. } => return Err(StoreError::Corrupt("second snapshot header".into())),
+                Record::Stream { name, meta } => {
+                    streams.insert(name, encode(&meta)?.as_slice())?;
+                    n_streams += 1;
+                }
+                Record::Batch { stream, seq, value } => {
+                    batches.insert((stream, seq), value)?;
+                    n_batches += 1;
+                }
+                Record::End { streams, batches } => {
+                    if (streams, batches) != (n_streams, n_batches) {
+                        return Err(StoreError::Corrupt(format!(
+                            "snapshot end says {streams} streams and {batches} batches; read {n_streams} and {n_batches}"
+                        )));
+                    }
+                    counts = (streams, batches);
+                    break;
+                }
+            }
+        }
+        let mut sm = txn.open_table(SM_META)?;
+        sm.insert("last_applied", encode(&meta.last_log_id)?.as_slice())?;
+        sm.insert("membership", encode(&meta.last_membership)?.as_slice())?;
+    }
+    let copy = r.to.into_inner().map_err(|e| e.into_error())?;
+    copy.sync_all()?;
+    drop(copy);
+    txn.commit()?;
+    publish(store, &copy_path)?;
+    Ok(counts)
+}
+
+/// A reader that writes everything it reads to `to`.
+struct Tee {
+    from: BufReader<File>,
+    to: BufWriter<File>,
+}
+
+impl Read for Tee {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.from.read(buf)?;
+        self.to.write_all(&buf[..n])?;
+        Ok(n)
+    }
+}

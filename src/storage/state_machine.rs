@@ -1,0 +1,285 @@
+//! The replicated state machine on redb: openraft's [`RaftStateMachine`].
+//!
+//! Owns: applying committed log entries to streams and batches (through the pure rules in
+//! [`crate::stream`]), and building and installing snapshots. Must never: read a clock, draw
+//! randomness or consult local configuration while applying: every replica applies the same log
+//! to the same state (SPEC §2.7).
+
+use std::io::SeekFrom;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{EntryPayload, RaftSnapshotBuilder, StoredMembership};
+use redb::{ReadableDatabase, ReadableTable, Table};
+use tokio::io::AsyncSeekExt;
+
+use super::snapshot::{self, SnapshotMeta};
+use super::{blocking, decode, encode, raft_err, BatchValue, Entry, Store, StoreError, BATCHES, SM_META, STREAMS};
+use crate::raft::{Command, LogId, NodeId, Outcome, StorageError, StreamInfo, TypeConfig};
+use crate::stream::{self, Existing, Oldest, PublishDecision, StreamMeta};
+
+type Membership = StoredMembership<NodeId, openraft::BasicNode>;
+
+/// openraft's state machine over the node's [`Store`].
+pub struct StateMachine {
+    store: Arc<Store>,
+    snapshots_installed: Arc<AtomicU64>,
+}
+
+impl StateMachine {
+    /// A state machine over `store`.
+    pub fn new(store: Arc<Store>) -> Self {
+        StateMachine { store, snapshots_installed: Arc::new(AtomicU64::new(0)) }
+    }
+
+    /// Count of snapshots installed from a leader since this process started.
+    pub fn snapshots_installed(&self) -> Arc<AtomicU64> {
+        self.snapshots_installed.clone()
+    }
+}
+
+/// The two tables a command writes.
+struct Tables<'t> {
+    streams: Table<'t, &'static str, &'static [u8]>,
+    batches: Table<'t, (&'static str, u64), &'static [u8]>,
+}
+
+impl Tables<'_> {
+    fn meta(&self, name: &str) -> Result<Option<StreamMeta>, StoreError> {
+        self.streams.get(name)?.map(|v| decode(v.value())).transpose()
+    }
+
+    fn put_meta(&mut self, name: &str, meta: &StreamMeta) -> Result<(), StoreError> {
+        self.streams.insert(name, encode(meta)?.as_slice())?;
+        Ok(())
+    }
+
+    fn first_batch(&self, name: &str, from: u64) -> Result<Option<Oldest>, StoreError> {
+        let mut range = self.batches.range((name, from)..=(name, u64::MAX))?;
+        match range.next() {
+            Some(row) => {
+                let (k, v) = row?;
+                let (ts_ms, _, data) = BatchValue::decode(v.value())?;
+                Ok(Some(Oldest { seq: k.value().1, ts_ms, len: data.len() as u64 }))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Evicts from the front of `name` while retention says so (SPEC §2.7), `now_ms` being the
+    /// ts of the entry being applied.
+    fn enforce_retention(&mut self, name: &str, meta: &mut StreamMeta, now_ms: u64) -> Result<(), StoreError> {
+        while meta.batches > 0 {
+            let oldest = self
+                .first_batch(name, meta.first_seq)?
+                .ok_or_else(|| StoreError::Corrupt(format!("stream {name} counts {} batches but has none", meta.batches)))?;
+            if oldest.seq != meta.first_seq {
+                return Err(StoreError::Corrupt(format!("stream {name} first_seq {} but oldest batch {}", meta.first_seq, oldest.seq)));
+            }
+            if !stream::must_evict(meta, &oldest, now_ms) {
+                break;
+            }
+            self.batches.remove((name, oldest.seq))?;
+            let next = if meta.batches > 1 { self.first_batch(name, oldest.seq + 1)?.map(|o| o.seq) } else { None };
+            stream::record_eviction(meta, &oldest, next);
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, cmd: Command, index: u64) -> Result<Outcome, StoreError> {
+        match cmd {
+            Command::PutStream { name, retention, ts } => {
+                let (created, mut meta) = match self.meta(&name)? {
+                    Some(mut m) => {
+                        if let Some(r) = retention {
+                            m.retention = r;
+                        }
+                        (false, m)
+                    }
+                    None => (true, StreamMeta::new(retention.unwrap_or_default())),
+                };
+                self.enforce_retention(&name, &mut meta, ts)?;
+                self.put_meta(&name, &meta)?;
+                Ok(Outcome::Stream { created, info: StreamInfo { name, meta } })
+            }
+            Command::DeleteStream { name } => {
+                if self.streams.remove(name.as_str())?.is_none() {
+                    return Ok(Outcome::StreamNotFound);
+                }
+                self.batches.retain_in((name.as_str(), 0)..=(name.as_str(), u64::MAX), |_, _| false)?;
+                Ok(Outcome::Deleted)
+            }
+            Command::Publish { stream, seq, ts, auto_create, data } => {
+                let mut meta = match self.meta(&stream)? {
+                    Some(m) => m,
+                    None if auto_create => StreamMeta::new(Default::default()),
+                    None => return Ok(Outcome::StreamNotFound),
+                };
+                let existing = match seq {
+                    Some(s) if s <= meta.last_seq => match self.batches.get((stream.as_str(), s))? {
+                        Some(v) if BatchValue::decode(v.value())?.2 == data.as_slice() => Existing::SamePayload,
+                        Some(_) => Existing::OtherPayload,
+                        None => Existing::Absent,
+                    },
+                    _ => Existing::Absent,
+                };
+                match stream::decide_publish(&meta, seq, existing) {
+                    PublishDecision::Append(s) => {
+                        self.batches.insert((stream.as_str(), s), BatchValue::encode(ts, index, &data).as_slice())?;
+                        stream::record_append(&mut meta, s, data.len() as u64);
+                        self.enforce_retention(&stream, &mut meta, ts)?;
+                        self.put_meta(&stream, &meta)?;
+                        Ok(Outcome::Published { seq: s, ts, duplicate: false, index })
+                    }
+                    PublishDecision::Duplicate(s) => {
+                        let v = self
+                            .batches
+                            .get((stream.as_str(), s))?
+                            .ok_or_else(|| StoreError::Corrupt(format!("duplicate of {stream}/{s} vanished")))?;
+                        let (ts, index, _) = BatchValue::decode(v.value())?;
+                        Ok(Outcome::Published { seq: s, ts, duplicate: true, index })
+                    }
+                    PublishDecision::Reject(r) => Ok(Outcome::Rejected(r)),
+                }
+            }
+            Command::Tick { ts } => {
+                let mut aging = Vec::new();
+                for row in self.streams.iter()? {
+                    let (k, v) = row?;
+                    let meta: StreamMeta = decode(v.value())?;
+                    if meta.retention.max_age_ms.is_some() && meta.batches > 0 {
+                        aging.push((k.value().to_string(), meta));
+                    }
+                }
+                for (name, mut meta) in aging {
+                    let before = meta;
+                    self.enforce_retention(&name, &mut meta, ts)?;
+                    if meta != before {
+                        self.put_meta(&name, &meta)?;
+                    }
+                }
+                Ok(Outcome::Nothing)
+            }
+        }
+    }
+}
+
+/// Applies `entries` in one durable transaction and returns one outcome per entry.
+fn apply_entries(store: &Store, entries: Vec<Entry>) -> Result<(Vec<Outcome>, Option<LogId>), StoreError> {
+    let txn = store.db().begin_write()?;
+    let mut outcomes = Vec::with_capacity(entries.len());
+    let mut last = None;
+    {
+        let mut tables = Tables { streams: txn.open_table(STREAMS)?, batches: txn.open_table(BATCHES)? };
+        let mut sm = txn.open_table(SM_META)?;
+        for entry in entries {
+            last = Some(entry.log_id);
+            let outcome = match entry.payload {
+                EntryPayload::Blank => Outcome::Nothing,
+                EntryPayload::Membership(m) => {
+                    let stored = Membership::new(Some(entry.log_id), m);
+                    sm.insert("membership", encode(&stored)?.as_slice())?;
+                    Outcome::Nothing
+                }
+                EntryPayload::Normal(cmd) => tables.apply(cmd, entry.log_id.index)?,
+            };
+            outcomes.push(outcome);
+        }
+        if let Some(l) = &last {
+            sm.insert("last_applied", encode(&Some(*l))?.as_slice())?;
+        }
+    }
+    txn.commit()?;
+    Ok((outcomes, last))
+}
+
+fn applied_state(store: &Store) -> Result<(Option<LogId>, Membership), StoreError> {
+    let txn = store.db().begin_read()?;
+    let sm = txn.open_table(SM_META)?;
+    let applied = sm.get("last_applied")?.map(|v| decode(v.value())).transpose()?.flatten();
+    let membership = sm.get("membership")?.map(|v| decode(v.value())).transpose()?.unwrap_or_default();
+    Ok((applied, membership))
+}
+
+/// Builds snapshots from a consistent read of the state machine.
+pub struct SnapshotBuilder {
+    store: Arc<Store>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let store = self.store.clone();
+        let (meta, file) = blocking(move || snapshot::build(&store)).await.map_err(|e| raft_err(e, true))?;
+        Ok(Snapshot { meta, snapshot: Box::new(tokio::fs::File::from_std(file)) })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, Membership), StorageError> {
+        let store = self.store.clone();
+        blocking(move || applied_state(&store)).await.map_err(|e| raft_err(e, false))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Outcome>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let store = self.store.clone();
+        let (outcomes, last) = blocking(move || apply_entries(&store, entries)).await.map_err(|e| raft_err(e, true))?;
+        if let Some(l) = last {
+            self.store.set_applied(l.index);
+        }
+        Ok(outcomes)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder { store: self.store.clone() }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
+        let path = snapshot::receiving_path(self.store.dir());
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .await
+            .map_err(|e| raft_err(e.into(), true))?;
+        Ok(Box::new(file))
+    }
+
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<tokio::fs::File>) -> Result<(), StorageError> {
+        let mut file = *snapshot;
+        file.sync_all().await.map_err(|e| raft_err(e.into(), true))?;
+        file.seek(SeekFrom::Start(0)).await.map_err(|e| raft_err(e.into(), true))?;
+        let file = file.into_std().await;
+        let store = self.store.clone();
+        let m = meta.clone();
+        let counts = blocking(move || -> Result<(u64, u64), StoreError> {
+            let counts = snapshot::install(&store, file, &m)?;
+            let _ = std::fs::remove_file(snapshot::receiving_path(store.dir()));
+            Ok(counts)
+        })
+        .await
+        .map_err(|e| raft_err(e, true))?;
+        if let Some(l) = meta.last_log_id {
+            self.store.set_applied(l.index);
+        }
+        self.snapshots_installed.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("runnev_snapshots_installed_total").increment(1);
+        tracing::info!(snapshot = %meta.snapshot_id, streams = counts.0, batches = counts.1, "installed snapshot");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let store = self.store.clone();
+        let current = blocking(move || snapshot::open_current(&store)).await.map_err(|e| raft_err(e, false))?;
+        Ok(current.map(|(meta, file)| Snapshot { meta, snapshot: Box::new(tokio::fs::File::from_std(file)) }))
+    }
+}
