@@ -129,7 +129,10 @@ mod tests {
             code(PublishRejection::SeqNotIncreasing { seq: 1, last_seq: 2 }),
             (StatusCode::CONFLICT, "seq_not_increasing")
         );
-        assert_eq!(code(PublishRejection::SeqEvicted { seq: 1, evicted_through: 2 }), (StatusCode::CONFLICT, "seq_evicted"));
+        assert_eq!(
+            code(PublishRejection::SeqEvicted { seq: 1, evicted_through: 2 }),
+            (StatusCode::CONFLICT, "seq_evicted")
+        );
     }
 
     #[test]

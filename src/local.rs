@@ -92,7 +92,11 @@ pub async fn run(opts: LocalOptions) -> Result<(), LocalError> {
     }
     println!("runnev local: {} nodes, data and logs under {}", opts.nodes, opts.dir.display());
     for id in 1..=opts.nodes {
-        println!("  node {id}: http://127.0.0.1:{}   (log: {})", port(id), opts.dir.join(format!("node-{id}.log")).display());
+        println!(
+            "  node {id}: http://127.0.0.1:{}   (log: {})",
+            port(id),
+            opts.dir.join(format!("node-{id}.log")).display()
+        );
     }
     let endpoints: Vec<String> = (1..=opts.nodes).map(|id| format!("http://127.0.0.1:{}", port(id))).collect();
     println!("RUNNEV_NODES={}", endpoints.join(","));

@@ -62,7 +62,11 @@ impl Connection for DialedIo {
 }
 
 impl hyper::rt::Read for DialedIo {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: hyper::rt::ReadBufCursor<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
     }
 }
@@ -111,4 +115,3 @@ pub fn http_client(dialer: Arc<dyn Dialer>) -> HttpClient {
         .pool_idle_timeout(Duration::from_secs(30))
         .build(DialConnector(dialer))
 }
-

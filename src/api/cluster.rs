@@ -50,7 +50,12 @@ fn view_of(s: &AppState) -> ClusterJson {
     let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
     let members = membership
         .nodes()
-        .map(|(id, node)| Member { id: *id, addr: node.addr.clone(), voter: voters.contains(id), matched_index: matched(id) })
+        .map(|(id, node)| Member {
+            id: *id,
+            addr: node.addr.clone(),
+            voter: voters.contains(id),
+            matched_index: matched(id),
+        })
         .collect();
     let applied = s.store.applied_index();
     ClusterJson {

@@ -36,10 +36,7 @@ pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 /// The wall clock, in ms since the Unix epoch.
 pub fn system_clock() -> Clock {
     Arc::new(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0)
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
     })
 }
 
@@ -115,4 +112,3 @@ pub(crate) async fn read_body(body: Body, limit_bytes: usize) -> Result<bytes::B
 pub(crate) fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
     (status, axum::Json(value)).into_response()
 }
-

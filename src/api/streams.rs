@@ -104,7 +104,12 @@ fn answer(name: &str, outcome: Outcome, index: u64) -> Result<Response, ApiError
     }
 }
 
-async fn decide(s: &AppState, name: &str, req: Forwardable, make: impl Fn(u64) -> Command) -> Result<Response, ApiError> {
+async fn decide(
+    s: &AppState,
+    name: &str,
+    req: Forwardable,
+    make: impl Fn(u64) -> Command,
+) -> Result<Response, ApiError> {
     match write(s, &req, make).await? {
         Written::Applied { outcome, index } => answer(name, outcome, index),
         Written::Forwarded(resp) => Ok(resp),
@@ -133,11 +138,11 @@ pub(super) async fn put(
     let retention = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
-        let b: PutBody =
-            serde_json::from_slice(&body).map_err(|e| ApiError::InvalidBody(format!("expected {{\"retention\": {{…}}}}: {e}")))?;
-        b.retention
-            .validate()
-            .map_err(|field| ApiError::InvalidBody(format!("retention.{field} must be at least 1 (omit it for no limit)")))?;
+        let b: PutBody = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::InvalidBody(format!("expected {{\"retention\": {{…}}}}: {e}")))?;
+        b.retention.validate().map_err(|field| {
+            ApiError::InvalidBody(format!("retention.{field} must be at least 1 (omit it for no limit)"))
+        })?;
         Some(b.retention)
     };
     let req = forwardable(method, &uri, headers, body);
@@ -158,7 +163,10 @@ pub(super) async fn delete(
 }
 
 /// `GET /v1/streams/{name}`: this node's applied view of the stream.
-pub(super) async fn info(State(s): State<AppState>, path: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+pub(super) async fn info(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
     let name = stream_name(path)?;
     let store = s.store.clone();
     let n = name.clone();
@@ -196,7 +204,8 @@ pub(super) async fn publish(
         },
     };
     let limit = s.max_batch_bytes;
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::PayloadTooLarge { limit_bytes: limit });
     }
@@ -244,7 +253,11 @@ fn read_json(view: BatchesView, after: u64) -> ReadJson {
     };
     let b64 = base64::engine::general_purpose::STANDARD;
     ReadJson {
-        batches: view.batches.into_iter().map(|b| BatchJson { seq: b.seq, ts: b.ts, data: b64.encode(&b.data) }).collect(),
+        batches: view
+            .batches
+            .into_iter()
+            .map(|b| BatchJson { seq: b.seq, ts: b.ts, data: b64.encode(&b.data) })
+            .collect(),
         gap,
         last_seq: view.meta.last_seq,
         next_after,

@@ -146,4 +146,3 @@ async fn forward(s: &AppState, addr: &str, req: &Forwardable) -> Result<Response
         Err(_) => Err(ForwardError::Unknown(format!("no answer within {FORWARD_TIMEOUT_MS} ms"))),
     }
 }
-

@@ -76,7 +76,10 @@ pub async fn form(raft: Raft, self_id: NodeId, peers: BTreeMap<NodeId, String>, 
                 Peer::Down => {}
                 Peer::Fresh => up += 1,
                 Peer::InCluster => {
-                    tracing::info!(peer = id, "peer already belongs to a cluster: waiting for its leader to catch this node up");
+                    tracing::info!(
+                        peer = id,
+                        "peer already belongs to a cluster: waiting for its leader to catch this node up"
+                    );
                     return;
                 }
             }

@@ -83,7 +83,8 @@ impl PeerConnection {
         E: Error + DeserializeOwned,
     {
         let addr = &self.addr;
-        let proto = |what: String| RPCError::Network(NetworkError::new(&TransportError::Protocol { addr: addr.clone(), what }));
+        let proto =
+            |what: String| RPCError::Network(NetworkError::new(&TransportError::Protocol { addr: addr.clone(), what }));
         let body = postcard::to_stdvec(req).map_err(|e| proto(format!("encoding: {e}")))?;
         let request = hyper::Request::post(format!("http://{addr}{path}"))
             .header("content-type", "application/octet-stream")
@@ -138,7 +139,11 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         self.call(SNAPSHOT_PATH, &rpc, option.hard_ttl()).await
     }
 
-    async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
         self.call(VOTE_PATH, &rpc, option.hard_ttl()).await
     }
 }

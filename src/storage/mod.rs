@@ -55,13 +55,7 @@ pub enum StoreError {
 macro_rules! from_redb {
     ($($t:ty),*) => {$(impl From<$t> for StoreError { fn from(e: $t) -> Self { StoreError::Db(e.into()) } })*};
 }
-from_redb!(
-    redb::DatabaseError,
-    redb::TransactionError,
-    redb::TableError,
-    redb::StorageError,
-    redb::CommitError
-);
+from_redb!(redb::DatabaseError, redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError);
 
 /// Encodes a value for storage or the wire (postcard: compact, schema-less, serde-driven).
 pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
@@ -322,7 +316,9 @@ mod openraft_suite {
     }
 
     #[test]
-    fn redb_store_passes_openraft_suite() -> Result<(), StorageError> {
-        Suite::test_all(RedbBuilder)
+    fn redb_store_passes_openraft_suite() {
+        if let Err(e) = Suite::test_all(RedbBuilder) {
+            panic!("openraft storage suite failed: {e}");
+        }
     }
 }

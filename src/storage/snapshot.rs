@@ -97,7 +97,8 @@ pub(crate) fn build(store: &Store) -> Result<(SnapshotMeta, File), StoreError> {
     let txn = store.db().begin_read()?;
     let sm = txn.open_table(SM_META)?;
     let last_applied: Option<LogId> = sm.get("last_applied")?.map(|v| decode(v.value())).transpose()?.flatten();
-    let membership: StoredMembership = sm.get("membership")?.map(|v| decode(v.value())).transpose()?.unwrap_or_default();
+    let membership: StoredMembership =
+        sm.get("membership")?.map(|v| decode(v.value())).transpose()?.unwrap_or_default();
     let snapshot_id = match &last_applied {
         Some(l) => format!("{}-{}", l.leader_id.term, l.index),
         None => "0-0".to_string(),

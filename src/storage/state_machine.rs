@@ -71,11 +71,14 @@ impl Tables<'_> {
     /// ts of the entry being applied.
     fn enforce_retention(&mut self, name: &str, meta: &mut StreamMeta, now_ms: u64) -> Result<(), StoreError> {
         while meta.batches > 0 {
-            let oldest = self
-                .first_batch(name, meta.first_seq)?
-                .ok_or_else(|| StoreError::Corrupt(format!("stream {name} counts {} batches but has none", meta.batches)))?;
+            let oldest = self.first_batch(name, meta.first_seq)?.ok_or_else(|| {
+                StoreError::Corrupt(format!("stream {name} counts {} batches but has none", meta.batches))
+            })?;
             if oldest.seq != meta.first_seq {
-                return Err(StoreError::Corrupt(format!("stream {name} first_seq {} but oldest batch {}", meta.first_seq, oldest.seq)));
+                return Err(StoreError::Corrupt(format!(
+                    "stream {name} first_seq {} but oldest batch {}",
+                    meta.first_seq, oldest.seq
+                )));
             }
             if !stream::must_evict(meta, &oldest, now_ms) {
                 break;
@@ -254,7 +257,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(Box::new(file))
     }
 
-    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<tokio::fs::File>) -> Result<(), StorageError> {
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<tokio::fs::File>,
+    ) -> Result<(), StorageError> {
         let mut file = *snapshot;
         file.sync_all().await.map_err(|e| raft_err(e.into(), true))?;
         file.seek(SeekFrom::Start(0)).await.map_err(|e| raft_err(e.into(), true))?;

@@ -30,11 +30,9 @@ impl Retention {
     ///
     /// Errors: the name of the first field that is 0.
     pub fn validate(&self) -> Result<(), &'static str> {
-        for (name, value) in [
-            ("max_batches", self.max_batches),
-            ("max_bytes", self.max_bytes),
-            ("max_age_ms", self.max_age_ms),
-        ] {
+        for (name, value) in
+            [("max_batches", self.max_batches), ("max_bytes", self.max_bytes), ("max_age_ms", self.max_age_ms)]
+        {
             if value == Some(0) {
                 return Err(name);
             }
@@ -135,7 +133,9 @@ pub enum PublishRejection {
         last_seq: u64,
     },
     /// `409 seq_evicted`: seq ≤ evicted_through and no batch there.
-    #[error("seq {seq} is at or below evicted_through {evicted_through}; whether it was accepted can no longer be told")]
+    #[error(
+        "seq {seq} is at or below evicted_through {evicted_through}; whether it was accepted can no longer be told"
+    )]
     SeqEvicted {
         /// The seq asked for.
         seq: u64,
@@ -174,11 +174,12 @@ pub fn decide_publish(meta: &StreamMeta, requested: Option<u64>, existing: Exist
     match existing {
         Existing::SamePayload => PublishDecision::Duplicate(seq),
         Existing::OtherPayload => PublishDecision::Reject(PublishRejection::SeqConflict { seq }),
-        Existing::Absent if seq <= meta.evicted_through => PublishDecision::Reject(PublishRejection::SeqEvicted {
-            seq,
-            evicted_through: meta.evicted_through,
-        }),
-        Existing::Absent => PublishDecision::Reject(PublishRejection::SeqNotIncreasing { seq, last_seq: meta.last_seq }),
+        Existing::Absent if seq <= meta.evicted_through => {
+            PublishDecision::Reject(PublishRejection::SeqEvicted { seq, evicted_through: meta.evicted_through })
+        }
+        Existing::Absent => {
+            PublishDecision::Reject(PublishRejection::SeqNotIncreasing { seq, last_seq: meta.last_seq })
+        }
     }
 }
 
