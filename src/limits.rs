@@ -66,3 +66,9 @@ pub const RETENTION_TICK_MS: u64 = 1_000;
 
 /// Interval between probes of the peers while a fresh node waits to form the cluster, in ms.
 pub const FORMATION_PROBE_MS: u64 = 300;
+
+/// Interval of `: ping` keep-alive comments on a subscription, in ms (SPEC §4: at most 15 s).
+pub const SUBSCRIBE_KEEPALIVE_MS: u64 = 10_000;
+
+/// Batches read from storage per step of a subscription.
+pub const SUBSCRIBE_READ_BATCHES: usize = 1_000;

@@ -11,6 +11,7 @@
 mod cluster;
 pub mod raft_rpc;
 mod streams;
+mod subscribe;
 mod write;
 
 use std::sync::Arc;
@@ -68,6 +69,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/streams", get(streams::list))
         .route("/v1/streams/{name}", put(streams::put).get(streams::info).delete(streams::delete))
         .route("/v1/streams/{name}/batches", post(streams::publish).get(streams::read))
+        .route("/v1/streams/{name}/subscribe", get(subscribe::subscribe))
         .route("/v1/cluster", get(cluster::view))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(cluster::ready))

@@ -51,13 +51,15 @@ fn info_json<'a>(name: &'a str, m: &'a StreamMeta) -> InfoJson<'a> {
     }
 }
 
-fn stream_name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+pub(super) fn stream_name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     let Path(name) = path.map_err(|_| stream::NameError::Undecodable)?;
     stream::validate_name(&name)?;
     Ok(name)
 }
 
-fn query(q: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<HashMap<String, String>, ApiError> {
+pub(super) fn query(
+    q: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Result<HashMap<String, String>, ApiError> {
     q.map(|Query(m)| m).map_err(|e| ApiError::InvalidParameter(format!("bad query string: {e}")))
 }
 
@@ -71,7 +73,11 @@ fn param(q: &HashMap<String, String>, key: &str, min: i64, max: i64) -> Result<O
 }
 
 /// Parses an optional u64 parameter (cursor or log index); `-1` reads as 0 where allowed.
-fn param_u64(q: &HashMap<String, String>, key: &str, minus_one_is_zero: bool) -> Result<Option<u64>, ApiError> {
+pub(super) fn param_u64(
+    q: &HashMap<String, String>,
+    key: &str,
+    minus_one_is_zero: bool,
+) -> Result<Option<u64>, ApiError> {
     let Some(raw) = q.get(key) else { return Ok(None) };
     if minus_one_is_zero && raw == "-1" {
         return Ok(Some(0));
@@ -224,16 +230,22 @@ pub(super) async fn publish(
 }
 
 #[derive(Serialize)]
-struct BatchJson {
-    seq: u64,
-    ts: u64,
-    data: String,
+pub(super) struct BatchJson {
+    pub seq: u64,
+    pub ts: u64,
+    pub data: String,
+}
+
+impl BatchJson {
+    pub(super) fn of(b: crate::storage::StoredBatch) -> Self {
+        BatchJson { seq: b.seq, ts: b.ts, data: base64::engine::general_purpose::STANDARD.encode(&b.data) }
+    }
 }
 
 #[derive(Serialize)]
-struct GapJson {
-    from: u64,
-    to: u64,
+pub(super) struct GapJson {
+    pub from: u64,
+    pub to: u64,
 }
 
 #[derive(Serialize)]

@@ -1,0 +1,112 @@
+//! `GET /v1/streams/{name}/subscribe`: a live subscription as Server-Sent Events (SPEC §4).
+//!
+//! Owns: turning the applied state into an ordered event stream: a `gap` event when the cursor
+//! is behind `evicted_through`, then `batch` events whose `id` is the seq, so any standard SSE
+//! client resumes with `Last-Event-ID`. Must never: skip a retained batch, send a batch that is
+//! not applied, or announce a gap because this node is behind (a node behind the cursor waits).
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use tokio::sync::watch;
+
+use super::streams::{param_u64, query, stream_name, BatchJson, GapJson};
+use super::AppState;
+use crate::error::ApiError;
+use crate::limits::{READ_ANSWER_BYTES_MAX, SUBSCRIBE_KEEPALIVE_MS, SUBSCRIBE_READ_BATCHES};
+use crate::storage::blocking;
+use crate::stream;
+
+/// Where a subscription stands.
+struct Cursor {
+    s: AppState,
+    name: String,
+    /// The seq of the last event sent (or the gap's `to`).
+    after: u64,
+    pending: VecDeque<Event>,
+    applied: watch::Receiver<u64>,
+}
+
+fn start_cursor(headers: &HeaderMap, q: &HashMap<String, String>) -> Result<u64, ApiError> {
+    // SPEC §4: Last-Event-ID takes precedence over `after`; -1 and 0 both mean the start.
+    match headers.get("last-event-id") {
+        Some(v) => {
+            let raw = v.to_str().unwrap_or("").trim();
+            if raw.is_empty() || raw == "-1" {
+                return Ok(0);
+            }
+            raw.parse::<u64>().map_err(|_| ApiError::InvalidParameter(format!("Last-Event-ID {raw:?} is not a seq")))
+        }
+        None => Ok(param_u64(q, "after", true)?.unwrap_or(0)),
+    }
+}
+
+/// Fills `c.pending` with the next events, waiting for new applied entries when there are none.
+/// Returns false when the subscription must end (stream deleted, node stopping, storage error).
+async fn refill(c: &mut Cursor) -> bool {
+    loop {
+        c.applied.borrow_and_update();
+        let store = c.s.store.clone();
+        let (name, after) = (c.name.clone(), c.after);
+        let view =
+            match blocking(move || store.read_batches(&name, after, SUBSCRIBE_READ_BATCHES, READ_ANSWER_BYTES_MAX))
+                .await
+            {
+                Ok(Some(v)) => v,
+                Ok(None) => return false,
+                Err(e) => {
+                    tracing::error!(stream = %c.name, error = %e, "subscription read failed");
+                    return false;
+                }
+            };
+        if let Some((from, to)) = stream::gap_for(&view.meta, c.after) {
+            c.pending.push_back(Event::default().event("gap").json_data(GapJson { from, to }).unwrap_or_default());
+            c.after = to;
+        }
+        for b in view.batches {
+            c.after = b.seq;
+            let id = b.seq.to_string();
+            c.pending.push_back(Event::default().event("batch").id(id).json_data(BatchJson::of(b)).unwrap_or_default());
+        }
+        if !c.pending.is_empty() {
+            return true;
+        }
+        if c.applied.changed().await.is_err() {
+            return false;
+        }
+    }
+}
+
+/// `GET /v1/streams/{name}/subscribe?after=C`.
+pub(super) async fn subscribe(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    q: Result<Query<HashMap<String, String>>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let name = stream_name(path)?;
+    let q = query(q)?;
+    let after = start_cursor(&headers, &q)?;
+    let store = s.store.clone();
+    let n = name.clone();
+    if blocking(move || store.stream(&n)).await?.is_none() {
+        return Err(ApiError::StreamNotFound(name));
+    }
+    let applied = s.store.watch_applied();
+    let cursor = Cursor { s, name, after, pending: VecDeque::new(), applied };
+    let events = futures::stream::unfold(cursor, |mut c| async move {
+        if c.pending.is_empty() && !refill(&mut c).await {
+            return None;
+        }
+        let ev = c.pending.pop_front()?;
+        Some((Ok::<_, Infallible>(ev), c))
+    });
+    let keep_alive = KeepAlive::new().interval(Duration::from_millis(SUBSCRIBE_KEEPALIVE_MS)).text("ping");
+    Ok(Sse::new(events).keep_alive(keep_alive).into_response())
+}
