@@ -15,6 +15,7 @@
 #![deny(missing_docs)]
 
 pub mod api;
+pub mod client;
 pub mod error;
 pub mod limits;
 pub mod local;

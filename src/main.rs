@@ -10,11 +10,58 @@ use runnev::limits::{BATCH_BYTES_DEFAULT, SNAPSHOT_KEEP_LOGS_DEFAULT, SNAPSHOT_L
 use runnev::node::{self, NodeConfig};
 use tokio::signal::unix::{signal, SignalKind};
 
+mod cli;
+
 #[derive(Parser)]
 #[command(name = "runnev", version, about = "A Raft-replicated log service with an honest delivery guarantee")]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
+}
+
+/// Where client commands find the cluster (SPEC §5).
+#[derive(clap::Args)]
+struct ClientArgs {
+    /// Nodes to talk to, comma-separated base URLs; the client fails over between them.
+    #[arg(long = "nodes", env = "RUNNEV_NODES", default_value = runnev::client::DEFAULT_NODES)]
+    nodes: String,
+}
+
+impl ClientArgs {
+    fn client(&self) -> Result<runnev::client::Client> {
+        Ok(runnev::client::Client::new(&runnev::client::Client::parse_nodes(&self.nodes))?)
+    }
+}
+
+/// `runnev streams` subcommands.
+#[derive(Subcommand)]
+pub enum StreamsCmd {
+    /// List streams (the default).
+    List,
+    /// Create a stream, or replace its retention.
+    Create {
+        /// Stream name.
+        name: String,
+        /// Most batches kept.
+        #[arg(long)]
+        max_batches: Option<u64>,
+        /// Most payload bytes kept.
+        #[arg(long)]
+        max_bytes: Option<u64>,
+        /// Oldest batch age kept, in ms.
+        #[arg(long)]
+        max_age_ms: Option<u64>,
+    },
+    /// Show one stream.
+    Info {
+        /// Stream name.
+        name: String,
+    },
+    /// Delete a stream and its batches.
+    Delete {
+        /// Stream name.
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -61,6 +108,72 @@ enum Cmd {
         #[arg(long, default_value_t = 7001)]
         base_port: u16,
     },
+    /// Publish one batch and print the answer.
+    Publish {
+        #[command(flatten)]
+        at: ClientArgs,
+        /// Stream name.
+        stream: String,
+        /// Your own seq, for idempotent retries.
+        #[arg(long)]
+        seq: Option<u64>,
+        /// The payload (else --file, else stdin).
+        data: Option<String>,
+        /// Read the payload from this file.
+        #[arg(long)]
+        file: Option<PathBuf>,
+    },
+    /// Print batches as they arrive, failing over between nodes.
+    Subscribe {
+        #[command(flatten)]
+        at: ClientArgs,
+        /// Stream name.
+        stream: String,
+        /// Start after this seq (overrides the cursor file).
+        #[arg(long, allow_hyphen_values = true)]
+        after: Option<i64>,
+        /// Resume from, and save the cursor to, this file after each batch is printed.
+        #[arg(long)]
+        cursor_file: Option<PathBuf>,
+    },
+    /// Manage streams.
+    Streams {
+        #[command(flatten)]
+        at: ClientArgs,
+        #[command(subcommand)]
+        cmd: Option<StreamsCmd>,
+    },
+    /// Show each node's view of the cluster.
+    Status {
+        #[command(flatten)]
+        at: ClientArgs,
+    },
+    /// Publish load against a cluster; prints msgs/s and latency percentiles.
+    Bench {
+        #[command(flatten)]
+        at: ClientArgs,
+        /// Stream to publish to (created if missing).
+        #[arg(long, default_value = "bench")]
+        stream: String,
+        /// Payload size, in bytes.
+        #[arg(long, default_value_t = 1024)]
+        payload_bytes: usize,
+        /// Concurrent publishers.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// Batches to publish in all.
+        #[arg(long, default_value_t = 20_000)]
+        count: u64,
+        /// Stop after this many seconds even if count is not reached.
+        #[arg(long, default_value_t = 60)]
+        duration_secs: u64,
+        /// Publish with explicit seqs (idempotent path).
+        #[arg(long)]
+        with_seq: bool,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>> {
@@ -97,8 +210,24 @@ async fn shutdown_signal() {
     tracing::info!("shutdown signal received");
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("runnev: starting the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("runnev: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -120,6 +249,12 @@ async fn main() -> Result<()> {
         } => {
             let peers = parse_peers(&peers)?;
             let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("binding {listen}"))?;
+            // Answers are small: without TCP_NODELAY, Nagle and delayed ACKs add ~40 ms to each.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::warn!(error = %e, "TCP_NODELAY");
+                }
+            });
             let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
                 .install_recorder()
                 .context("installing the metrics recorder")?;
@@ -145,6 +280,24 @@ async fn main() -> Result<()> {
         }
         Cmd::Local { nodes, dir, base_port } => {
             runnev::local::run(runnev::local::LocalOptions { nodes, dir, base_port, serve_args: Vec::new() }).await?;
+        }
+        Cmd::Publish { at, stream, seq, data, file } => cli::publish(&at.client()?, &stream, seq, data, file).await?,
+        Cmd::Subscribe { at, stream, after, cursor_file } => {
+            cli::subscribe(&at.client()?, &stream, after, cursor_file).await?
+        }
+        Cmd::Streams { at, cmd } => cli::streams(&at.client()?, cmd).await?,
+        Cmd::Status { at } => cli::status(&at.client()?).await?,
+        Cmd::Bench { at, stream, payload_bytes, concurrency, count, duration_secs, with_seq, json } => {
+            let o = cli::BenchOptions {
+                stream,
+                payload_bytes,
+                concurrency,
+                count,
+                duration: std::time::Duration::from_secs(duration_secs),
+                with_seq,
+                json,
+            };
+            cli::bench(&at.client()?, o).await?
         }
     }
     Ok(())

@@ -168,9 +168,16 @@ impl Tables<'_> {
     }
 }
 
-/// Applies `entries` in one durable transaction and returns one outcome per entry.
+/// Applies `entries` in one transaction and returns one outcome per entry.
+///
+/// The commit is not fsynced: the Raft log is the durable record. The state machine shares the
+/// database with the log, so the next durable log commit (an append, a vote, a purge) persists
+/// it too; after a crash the state machine is at an older applied index and openraft re-applies
+/// the log from there. Purge is itself a durable commit made after the snapshot it follows, so
+/// the log is never purged past what the durable state machine holds.
 fn apply_entries(store: &Store, entries: Vec<Entry>) -> Result<(Vec<Outcome>, Option<LogId>), StoreError> {
-    let txn = store.db().begin_write()?;
+    let mut txn = store.db().begin_write()?;
+    txn.set_durability(redb::Durability::None).map_err(|e| StoreError::Corrupt(format!("setting durability: {e}")))?;
     let mut outcomes = Vec::with_capacity(entries.len());
     let mut last = None;
     {

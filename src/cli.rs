@@ -1,0 +1,259 @@
+//! Client commands of the `runnev` binary (SPEC §5): publish, subscribe, streams, status, bench.
+//! Output is JSON lines when stdout is piped and readable text on a terminal.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use base64::Engine;
+use futures::StreamExt;
+use runnev::client::{Client, CursorStore, Delivery, FileCursor};
+use runnev::stream::Retention;
+
+fn tty() -> bool {
+    std::io::stdout().is_terminal()
+}
+
+/// `runnev publish STREAM [--seq N] [DATA | --file F | stdin]`.
+pub async fn publish(
+    client: &Client,
+    stream: &str,
+    seq: Option<u64>,
+    data: Option<String>,
+    file: Option<PathBuf>,
+) -> Result<()> {
+    let payload = match (data, file) {
+        (Some(d), None) => d.into_bytes(),
+        (None, Some(f)) => std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?,
+        (None, None) => {
+            let mut buf = Vec::new();
+            std::io::stdin().read_to_end(&mut buf).context("reading stdin")?;
+            buf
+        }
+        (Some(_), Some(_)) => bail!("give the payload as DATA or --file, not both"),
+    };
+    let ack = client.publish(stream, seq, payload).await?;
+    println!("{}", serde_json::to_string(&ack)?);
+    Ok(())
+}
+
+/// `runnev subscribe STREAM [--after C] [--cursor-file F]`: prints each delivery, then (with a
+/// cursor file) saves the cursor — after printing, so a crash repeats rather than loses.
+pub async fn subscribe(client: &Client, stream: &str, after: Option<i64>, cursor_file: Option<PathBuf>) -> Result<()> {
+    let store = cursor_file.map(FileCursor::new);
+    let start = match (&store, after) {
+        (_, Some(a)) => a.max(0) as u64,
+        (Some(s), None) => s.load().context("loading the cursor")?,
+        (None, None) => 0,
+    };
+    let pretty = tty();
+    let mut out = std::io::stdout().lock();
+    let mut sub = client.subscribe(stream, start);
+    while let Some(item) = sub.next().await {
+        let cursor = match item? {
+            Delivery::Batch(b) => {
+                if pretty {
+                    writeln!(out, "seq {} (ts {}): {}", b.seq, b.ts, String::from_utf8_lossy(&b.data))?;
+                } else {
+                    let data = base64::engine::general_purpose::STANDARD.encode(&b.data);
+                    writeln!(out, "{}", serde_json::json!({"seq": b.seq, "ts": b.ts, "data": data}))?;
+                }
+                b.seq
+            }
+            Delivery::Gap(g) => {
+                if pretty {
+                    writeln!(out, "GAP: seqs {}..={} were evicted by retention before they were read", g.from, g.to)?;
+                } else {
+                    writeln!(out, "{}", serde_json::json!({"gap": g}))?;
+                }
+                g.to
+            }
+        };
+        out.flush()?;
+        if let Some(s) = &store {
+            s.save(cursor).context("saving the cursor")?;
+        }
+    }
+    Ok(())
+}
+
+/// `runnev streams …`.
+pub async fn streams(client: &Client, cmd: Option<super::StreamsCmd>) -> Result<()> {
+    use super::StreamsCmd::*;
+    match cmd.unwrap_or(List) {
+        List => {
+            let all = client.streams().await?;
+            if tty() {
+                println!(
+                    "{:<32} {:>12} {:>12} {:>12} {:>10} {:>12}",
+                    "STREAM", "FIRST_SEQ", "LAST_SEQ", "EVICTED", "BATCHES", "BYTES"
+                );
+                for s in all {
+                    println!(
+                        "{:<32} {:>12} {:>12} {:>12} {:>10} {:>12}",
+                        s.name, s.first_seq, s.last_seq, s.evicted_through, s.batches, s.bytes
+                    );
+                }
+            } else {
+                for s in all {
+                    println!("{}", serde_json::to_string(&s)?);
+                }
+            }
+        }
+        Create { name, max_batches, max_bytes, max_age_ms } => {
+            let limits = [max_batches, max_bytes, max_age_ms];
+            let retention =
+                limits.iter().any(Option::is_some).then_some(Retention { max_batches, max_bytes, max_age_ms });
+            let (info, created) = client.put_stream(&name, retention).await?;
+            if tty() {
+                println!("{} {}", if created { "created" } else { "updated" }, info.name);
+            } else {
+                println!("{}", serde_json::to_string(&info)?);
+            }
+        }
+        Info { name } => println!("{}", serde_json::to_string_pretty(&client.stream(&name).await?)?),
+        Delete { name } => {
+            client.delete_stream(&name).await?;
+            if tty() {
+                println!("deleted {name}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `runnev status`: every node's view of the cluster, as a table.
+pub async fn status(client: &Client) -> Result<()> {
+    let mut rows = Vec::new();
+    for node in client.nodes() {
+        rows.push((node.clone(), client.cluster_view(node).await));
+    }
+    if !tty() {
+        for (node, v) in rows {
+            let v = v.unwrap_or_else(|e| serde_json::json!({"node": node, "error": e.to_string()}));
+            println!("{v}");
+        }
+        return Ok(());
+    }
+    println!(
+        "{:<28} {:>4} {:>10} {:>7} {:>6} {:>10} {:>10}",
+        "NODE", "ID", "STATE", "LEADER", "TERM", "COMMIT", "APPLIED"
+    );
+    for (node, v) in rows {
+        match v {
+            Ok(v) => println!(
+                "{:<28} {:>4} {:>10} {:>7} {:>6} {:>10} {:>10}",
+                node,
+                v["node_id"],
+                v["state"].as_str().unwrap_or("?"),
+                v["leader_id"],
+                v["term"],
+                v["commit_index"],
+                v["applied_index"]
+            ),
+            Err(e) => println!("{node:<28} unreachable: {e}"),
+        }
+    }
+    Ok(())
+}
+
+/// Options of `runnev bench`.
+pub struct BenchOptions {
+    pub stream: String,
+    pub payload_bytes: usize,
+    pub concurrency: usize,
+    pub count: u64,
+    pub duration: Duration,
+    pub with_seq: bool,
+    pub json: bool,
+}
+
+/// `runnev bench`: a bounded publish load; prints throughput and latency percentiles.
+pub async fn bench(client: &Client, o: BenchOptions) -> Result<()> {
+    let (info, _) = client.put_stream(&o.stream, None).await?;
+    let first_seq = info.last_seq + 1;
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + o.duration;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let progress = {
+        let done = done.clone();
+        tokio::spawn(async move {
+            let mut last = 0;
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let now = done.load(std::sync::atomic::Ordering::Relaxed);
+                eprintln!("  {:>8} published, {:>7} msgs/s", now, now - last);
+                last = now;
+            }
+        })
+    };
+    let mut workers = Vec::new();
+    for w in 0..o.concurrency {
+        let (client, next, done, stream) = (client.clone(), next.clone(), done.clone(), o.stream.clone());
+        let (count, with_seq, size) = (o.count, o.with_seq, o.payload_bytes);
+        workers.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut errors = 0u64;
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= count || Instant::now() >= deadline {
+                    break;
+                }
+                let mut payload = vec![b'x'; size];
+                let tag = format!("{w}-{i}");
+                let n = tag.len().min(size);
+                payload[..n].copy_from_slice(&tag.as_bytes()[..n]);
+                let t = Instant::now();
+                match client.publish(&stream, with_seq.then_some(first_seq + i), payload).await {
+                    Ok(_) => {
+                        lat.push(t.elapsed().as_micros() as u64);
+                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(_) => errors += 1,
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    let mut lat = Vec::new();
+    let mut errors = 0;
+    for w in workers {
+        let (l, e) = w.await?;
+        lat.extend(l);
+        errors += e;
+    }
+    progress.abort();
+    let secs = started.elapsed().as_secs_f64();
+    lat.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if lat.is_empty() {
+            return 0.0;
+        }
+        lat[((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1] as f64 / 1000.0
+    };
+    let ok = lat.len() as f64;
+    let summary = serde_json::json!({
+        "published": lat.len(), "errors": errors, "seconds": secs,
+        "msgs_per_sec": ok / secs, "mb_per_sec": ok * o.payload_bytes as f64 / secs / 1e6,
+        "p50_ms": pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99), "max_ms": pct(1.0),
+        "payload_bytes": o.payload_bytes, "concurrency": o.concurrency, "with_seq": o.with_seq,
+    });
+    if o.json {
+        println!("{summary}");
+    } else {
+        println!("published {} ({} errors) in {:.2} s", lat.len(), errors, secs);
+        println!("{:>12} {:>10} {:>9} {:>9} {:>9} {:>9}", "msgs/s", "MB/s", "p50 ms", "p90 ms", "p99 ms", "max ms");
+        println!(
+            "{:>12.0} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+            ok / secs,
+            ok * o.payload_bytes as f64 / secs / 1e6,
+            pct(0.5),
+            pct(0.9),
+            pct(0.99),
+            pct(1.0)
+        );
+    }
+    Ok(())
+}

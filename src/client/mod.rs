@@ -1,0 +1,463 @@
+//! The Rust client: a list of nodes with failover, idempotent publish with retries, reads, stream
+//! administration, and subscriptions that survive node failures.
+//!
+//! Owns: how a program talks to a cluster (the CLI, the bench, the outbox relay use it). Must
+//! never: change a publisher's seq between retries (that is what makes a retry idempotent, SPEC
+//! §2.3), or hand a consumer a batch at or below its cursor twice in one subscription.
+//!
+//! Retries: a publish that gets a connection error, a timeout or `503` is retried on the next
+//! node with exponential backoff until [`RetryPolicy::give_up_after`]. With a `seq` the retry is
+//! exactly-once (the server answers `duplicate: true`); without one, a retry after an unknown
+//! outcome may store the batch twice, so publishers that need exactly-once supply `seq`.
+
+mod cursor;
+mod subscription;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::{Method, StatusCode};
+use serde::{Deserialize, Serialize};
+
+pub use cursor::{CursorStore, FileCursor};
+pub use subscription::{Delivery, Subscription};
+
+use crate::net::{http_client, Dialer, HttpClient, TcpDialer};
+use crate::stream::Retention;
+
+/// Default node list (SPEC §5), used when neither `--nodes` nor `RUNNEV_NODES` is given.
+pub const DEFAULT_NODES: &str = "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003";
+
+/// Largest answer body the client reads, in bytes: a read of 10 000 batches base64-encoded.
+const ANSWER_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// How the client retries.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    /// Deadline of one HTTP exchange (long polls add their `wait_ms`).
+    pub request_timeout: Duration,
+    /// First backoff between attempts; doubles up to `backoff_max`.
+    pub backoff_min: Duration,
+    /// Largest backoff between attempts.
+    pub backoff_max: Duration,
+    /// Total time a call keeps retrying before [`ClientError::Unavailable`].
+    pub give_up_after: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            request_timeout: Duration::from_secs(10),
+            backoff_min: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(2),
+            give_up_after: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A client error.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The cluster answered with an error of SPEC §3 (not retried: retrying cannot change it).
+    #[error("{status} {code}: {message}")]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// SPEC §3 error code, e.g. `seq_conflict`.
+        code: String,
+        /// The server's explanation.
+        message: String,
+    },
+    /// No node gave a definitive answer before the retry deadline; the last problem is given.
+    #[error("no node answered within {after:?}; last problem: {last}")]
+    Unavailable {
+        /// How long the client tried.
+        after: Duration,
+        /// The last failure seen.
+        last: String,
+    },
+    /// The node list is empty or a URL is malformed.
+    #[error("client configuration: {0}")]
+    Config(String),
+    /// An answer did not have the shape SPEC §3 gives it.
+    #[error("unexpected answer from {node}: {what}")]
+    Protocol {
+        /// The node that answered.
+        node: String,
+        /// What was wrong.
+        what: String,
+    },
+}
+
+impl ClientError {
+    /// The SPEC §3 error code, if the cluster answered with one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}
+
+/// The answer to a publish (SPEC §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishAck {
+    /// The batch's seq.
+    pub seq: u64,
+    /// Leader-assigned time, ms since the Unix epoch.
+    pub ts: u64,
+    /// True when the batch was already stored (a retry).
+    pub duplicate: bool,
+    /// Raft log index of the batch; pass as `min_index` to read your write on any node.
+    pub index: u64,
+}
+
+/// One batch as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// Its seq.
+    pub seq: u64,
+    /// Leader-assigned time, ms since the Unix epoch.
+    pub ts: u64,
+    /// The payload, byte for byte.
+    pub data: Bytes,
+}
+
+/// A range of seqs that retention evicted before the consumer read them (SPEC §2.5), inclusive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gap {
+    /// First evicted seq asked for.
+    pub from: u64,
+    /// Last evicted seq (the stream's `evicted_through`).
+    pub to: u64,
+}
+
+/// The answer to a read (SPEC §3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadAnswer {
+    /// Batches after the cursor, in seq order.
+    pub batches: Vec<Batch>,
+    /// The gap before them, if retention evicted seqs the consumer asked for.
+    pub gap: Option<Gap>,
+    /// The stream's last seq on the node that answered.
+    pub last_seq: u64,
+    /// Pass back as `after` to continue without loss.
+    pub next_after: u64,
+}
+
+/// Stream info (SPEC §3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamInfo {
+    /// Name.
+    pub name: String,
+    /// Oldest retained seq (`last_seq + 1` when empty).
+    pub first_seq: u64,
+    /// Highest accepted seq.
+    pub last_seq: u64,
+    /// Highest evicted seq.
+    pub evicted_through: u64,
+    /// Retained batches.
+    pub batches: u64,
+    /// Retained payload bytes.
+    pub bytes: u64,
+    /// Retention limits.
+    pub retention: Retention,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct WireBatch {
+    seq: u64,
+    ts: u64,
+    data: String,
+}
+
+#[derive(Deserialize)]
+struct WireRead {
+    batches: Vec<WireBatch>,
+    gap: Option<Gap>,
+    last_seq: u64,
+    next_after: u64,
+}
+
+#[derive(Deserialize)]
+struct WireError {
+    error: WireErrorBody,
+}
+
+#[derive(Deserialize)]
+struct WireErrorBody {
+    code: String,
+    message: String,
+}
+
+pub(crate) fn decode_batch(node: &str, b: WireBatch) -> Result<Batch, ClientError> {
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(b.data.as_bytes())
+        .map_err(|e| ClientError::Protocol { node: node.to_string(), what: format!("batch {} data: {e}", b.seq) })?;
+    Ok(Batch { seq: b.seq, ts: b.ts, data: data.into() })
+}
+
+/// An attempt's failure, classified for the retry loop.
+enum Attempt {
+    /// Try another node (connection error, timeout, 503).
+    Retry(String),
+    /// Stop: a definitive answer or a local problem.
+    Fail(ClientError),
+}
+
+/// A Runnev client over a list of nodes. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<String>,
+    http: HttpClient,
+    next: AtomicUsize,
+    policy: RetryPolicy,
+}
+
+impl Client {
+    /// A client over `nodes` (base URLs like `http://127.0.0.1:7001`), dialing over TCP.
+    ///
+    /// Errors: [`ClientError::Config`] if `nodes` is empty or a URL is not `http://host:port`.
+    pub fn new(nodes: &[String]) -> Result<Client, ClientError> {
+        Client::with_dialer(nodes, Arc::new(TcpDialer), RetryPolicy::default())
+    }
+
+    /// A client over `nodes` with its own dialer (the simulation's) and retry policy.
+    ///
+    /// Errors: as [`Client::new`].
+    pub fn with_dialer(nodes: &[String], dialer: Arc<dyn Dialer>, policy: RetryPolicy) -> Result<Client, ClientError> {
+        if nodes.is_empty() {
+            return Err(ClientError::Config("no node given".into()));
+        }
+        let mut clean = Vec::new();
+        for n in nodes {
+            let n = n.trim().trim_end_matches('/');
+            let uri: hyper::Uri = n.parse().map_err(|e| ClientError::Config(format!("{n:?}: {e}")))?;
+            if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+                return Err(ClientError::Config(format!("{n:?} is not http://HOST:PORT")));
+            }
+            clean.push(n.to_string());
+        }
+        Ok(Client {
+            inner: Arc::new(Inner { nodes: clean, http: http_client(dialer), next: AtomicUsize::new(0), policy }),
+        })
+    }
+
+    /// Parses a comma-separated node list, as in `--nodes` or `RUNNEV_NODES`.
+    pub fn parse_nodes(list: &str) -> Vec<String> {
+        list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
+    }
+
+    /// The nodes this client knows.
+    pub fn nodes(&self) -> &[String] {
+        &self.inner.nodes
+    }
+
+    /// The retry policy.
+    pub fn policy(&self) -> RetryPolicy {
+        self.inner.policy
+    }
+
+    pub(crate) fn http(&self) -> &HttpClient {
+        &self.inner.http
+    }
+
+    /// The node to try next, rotating.
+    pub(crate) fn pick(&self) -> usize {
+        self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.nodes.len()
+    }
+
+    async fn exchange(
+        &self,
+        node: &str,
+        method: &Method,
+        path: &str,
+        body: &Bytes,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), Attempt> {
+        let req = hyper::Request::builder()
+            .method(method.clone())
+            .uri(format!("{node}{path}"))
+            .body(Full::new(body.clone()))
+            .map_err(|e| Attempt::Fail(ClientError::Config(e.to_string())))?;
+        let run = async {
+            let resp = self.inner.http.request(req).await.map_err(|e| Attempt::Retry(format!("{node}: {e}")))?;
+            let status = resp.status();
+            let bytes = Limited::new(resp.into_body(), ANSWER_BYTES_MAX)
+                .collect()
+                .await
+                .map_err(|e| Attempt::Retry(format!("{node}: reading the answer: {e}")))?
+                .to_bytes();
+            Ok((status, bytes))
+        };
+        tokio::time::timeout(timeout, run)
+            .await
+            .unwrap_or_else(|_| Err(Attempt::Retry(format!("{node}: no answer within {timeout:?}"))))
+    }
+
+    /// Sends a request, failing over between nodes and backing off, until a definitive answer.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        extra_timeout: Duration,
+    ) -> Result<(String, StatusCode, Bytes), ClientError> {
+        let policy = self.inner.policy;
+        let started = tokio::time::Instant::now();
+        let mut backoff = policy.backoff_min;
+        loop {
+            let node = self.inner.nodes[self.pick()].clone();
+            let last = match self.exchange(&node, &method, path, &body, policy.request_timeout + extra_timeout).await {
+                Ok((status, bytes)) if status == StatusCode::SERVICE_UNAVAILABLE => {
+                    format!("{node}: 503 {}", String::from_utf8_lossy(&bytes))
+                }
+                Ok((status, bytes)) if status.is_success() => return Ok((node, status, bytes)),
+                Ok((status, bytes)) => return Err(api_error(&node, status, &bytes)),
+                Err(Attempt::Fail(e)) => return Err(e),
+                Err(Attempt::Retry(why)) => why,
+            };
+            let elapsed = started.elapsed();
+            if elapsed + backoff > policy.give_up_after {
+                return Err(ClientError::Unavailable { after: elapsed, last });
+            }
+            tracing::debug!(problem = %last, ?backoff, "retrying on another node");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(policy.backoff_max);
+        }
+    }
+
+    fn json<T: serde::de::DeserializeOwned>(node: &str, bytes: &[u8]) -> Result<T, ClientError> {
+        serde_json::from_slice(bytes).map_err(|e| ClientError::Protocol { node: node.to_string(), what: e.to_string() })
+    }
+
+    /// Publishes one batch; with `seq`, idempotently (SPEC §2.3). Retries keep the same seq.
+    ///
+    /// Errors: [`ClientError::Api`] for `404 stream_not_found`, `409 seq_*`, `413`, `400`;
+    /// [`ClientError::Unavailable`] when no node took it before the deadline.
+    pub async fn publish(
+        &self,
+        stream: &str,
+        seq: Option<u64>,
+        payload: impl Into<Bytes>,
+    ) -> Result<PublishAck, ClientError> {
+        let path = match seq {
+            Some(s) => format!("/v1/streams/{stream}/batches?seq={s}"),
+            None => format!("/v1/streams/{stream}/batches"),
+        };
+        let (node, _, bytes) = self.call(Method::POST, &path, payload.into(), Duration::ZERO).await?;
+        Self::json(&node, &bytes)
+    }
+
+    /// Reads batches after `after` (SPEC §3), waiting up to `wait_ms` for new ones.
+    ///
+    /// Errors: as [`Client::publish`].
+    pub async fn read(&self, stream: &str, after: u64, limit: usize, wait_ms: u64) -> Result<ReadAnswer, ClientError> {
+        self.read_at(stream, after, limit, wait_ms, None).await
+    }
+
+    /// Like [`Client::read`], on a node that has applied at least `min_index` (read-your-writes).
+    ///
+    /// Errors: as [`Client::publish`].
+    pub async fn read_at(
+        &self,
+        stream: &str,
+        after: u64,
+        limit: usize,
+        wait_ms: u64,
+        min_index: Option<u64>,
+    ) -> Result<ReadAnswer, ClientError> {
+        let mut path = format!("/v1/streams/{stream}/batches?after={after}&limit={limit}&wait_ms={wait_ms}");
+        if let Some(i) = min_index {
+            path.push_str(&format!("&min_index={i}"));
+        }
+        let (node, _, bytes) = self.call(Method::GET, &path, Bytes::new(), Duration::from_millis(wait_ms)).await?;
+        let wire: WireRead = Self::json(&node, &bytes)?;
+        let batches = wire.batches.into_iter().map(|b| decode_batch(&node, b)).collect::<Result<_, _>>()?;
+        Ok(ReadAnswer { batches, gap: wire.gap, last_seq: wire.last_seq, next_after: wire.next_after })
+    }
+
+    /// Creates a stream, or replaces its retention when `retention` is given.
+    /// Returns the stream info and whether it was created.
+    ///
+    /// Errors: as [`Client::publish`].
+    pub async fn put_stream(
+        &self,
+        stream: &str,
+        retention: Option<Retention>,
+    ) -> Result<(StreamInfo, bool), ClientError> {
+        let body = match retention {
+            Some(r) => Bytes::from(serde_json::json!({ "retention": r }).to_string()),
+            None => Bytes::new(),
+        };
+        let (node, status, bytes) =
+            self.call(Method::PUT, &format!("/v1/streams/{stream}"), body, Duration::ZERO).await?;
+        Ok((Self::json(&node, &bytes)?, status == StatusCode::CREATED))
+    }
+
+    /// Stream info from one node.
+    ///
+    /// Errors: as [`Client::publish`].
+    pub async fn stream(&self, stream: &str) -> Result<StreamInfo, ClientError> {
+        let (node, _, bytes) =
+            self.call(Method::GET, &format!("/v1/streams/{stream}"), Bytes::new(), Duration::ZERO).await?;
+        Self::json(&node, &bytes)
+    }
+
+    /// Every stream, from one node.
+    ///
+    /// Errors: as [`Client::publish`].
+    pub async fn streams(&self) -> Result<Vec<StreamInfo>, ClientError> {
+        #[derive(Deserialize)]
+        struct List {
+            streams: Vec<StreamInfo>,
+        }
+        let (node, _, bytes) = self.call(Method::GET, "/v1/streams", Bytes::new(), Duration::ZERO).await?;
+        Ok(Self::json::<List>(&node, &bytes)?.streams)
+    }
+
+    /// Deletes a stream and its batches.
+    ///
+    /// Errors: as [`Client::publish`].
+    pub async fn delete_stream(&self, stream: &str) -> Result<(), ClientError> {
+        self.call(Method::DELETE, &format!("/v1/streams/{stream}"), Bytes::new(), Duration::ZERO).await.map(|_| ())
+    }
+
+    /// `GET /v1/cluster` from one given node (no failover: the caller asks each node it cares
+    /// about). Returns the JSON document.
+    ///
+    /// Errors: [`ClientError::Unavailable`] if that node does not answer within the request timeout.
+    pub async fn cluster_view(&self, node: &str) -> Result<serde_json::Value, ClientError> {
+        let timeout = self.inner.policy.request_timeout;
+        match self.exchange(node, &Method::GET, "/v1/cluster", &Bytes::new(), timeout).await {
+            Ok((s, bytes)) if s.is_success() => Self::json(node, &bytes),
+            Ok((s, bytes)) => Err(api_error(node, s, &bytes)),
+            Err(Attempt::Fail(e)) => Err(e),
+            Err(Attempt::Retry(last)) => Err(ClientError::Unavailable { after: timeout, last }),
+        }
+    }
+
+    /// Subscribes to `stream` after `cursor` (the last seq fully processed; 0 for the start).
+    /// See [`Subscription`].
+    pub fn subscribe(&self, stream: &str, cursor: u64) -> Subscription {
+        Subscription::new(self.clone(), stream.to_string(), cursor)
+    }
+}
+
+pub(crate) fn api_error(node: &str, status: StatusCode, bytes: &[u8]) -> ClientError {
+    match serde_json::from_slice::<WireError>(bytes) {
+        Ok(e) => ClientError::Api { status: status.as_u16(), code: e.error.code, message: e.error.message },
+        Err(_) => ClientError::Protocol {
+            node: node.to_string(),
+            what: format!("status {status} with body {:?}", String::from_utf8_lossy(bytes)),
+        },
+    }
+}
