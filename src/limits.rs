@@ -36,7 +36,7 @@ pub const RETRY_AFTER_SECS: u64 = 1;
 pub const FORWARD_HOPS_MAX: u32 = 2;
 
 /// Deadline of one forwarded client request, in ms.
-pub const FORWARD_TIMEOUT_MS: u64 = 15_000;
+pub const FORWARD_TIMEOUT_MS: u64 = 30_000;
 
 /// Largest body of a Raft RPC between nodes, in bytes: `RAFT_ENTRIES_PER_APPEND_MAX` batches of
 /// at most the batch limit, plus framing. Checked before decoding.
@@ -72,3 +72,10 @@ pub const SUBSCRIBE_KEEPALIVE_MS: u64 = 10_000;
 
 /// Batches read from storage per step of a subscription.
 pub const SUBSCRIBE_READ_BATCHES: usize = 1_000;
+
+/// How long `POST /v1/cluster/members` waits for a new node to catch up before promoting it to
+/// voter, in ms; past it the node stays a learner and the answer is `503 not_ready`.
+pub const MEMBER_CATCHUP_MS: u64 = 10_000;
+
+/// Period at which a leader checks for a membership change left in a joint config, in ms.
+pub const JOINT_REPAIR_MS: u64 = 1_000;

@@ -33,6 +33,26 @@ impl ClientArgs {
     }
 }
 
+/// `runnev cluster` subcommands.
+#[derive(Subcommand)]
+pub enum ClusterCmd {
+    /// Add a node (started with `runnev serve --id ID …`): learner first, voter once caught up.
+    Add {
+        /// The new node's id.
+        id: u64,
+        /// Its address, HOST:PORT, as the other nodes reach it.
+        addr: String,
+        /// Keep it a learner (no vote).
+        #[arg(long)]
+        learner: bool,
+    },
+    /// Remove a node.
+    Remove {
+        /// The node's id.
+        id: u64,
+    },
+}
+
 /// `runnev streams` subcommands.
 #[derive(Subcommand)]
 pub enum StreamsCmd {
@@ -142,6 +162,13 @@ enum Cmd {
         at: ClientArgs,
         #[command(subcommand)]
         cmd: Option<StreamsCmd>,
+    },
+    /// Change the cluster's membership.
+    Cluster {
+        #[command(flatten)]
+        at: ClientArgs,
+        #[command(subcommand)]
+        cmd: ClusterCmd,
     },
     /// Show each node's view of the cluster.
     Status {
@@ -287,6 +314,14 @@ async fn run() -> Result<()> {
         }
         Cmd::Streams { at, cmd } => cli::streams(&at.client()?, cmd).await?,
         Cmd::Status { at } => cli::status(&at.client()?).await?,
+        Cmd::Cluster { at, cmd } => {
+            let client = at.client()?;
+            let view = match cmd {
+                ClusterCmd::Add { id, addr, learner } => client.add_member(id, &addr, !learner).await?,
+                ClusterCmd::Remove { id } => client.remove_member(id).await?,
+            };
+            println!("{view}");
+        }
         Cmd::Bench { at, stream, payload_bytes, concurrency, count, duration_secs, with_seq, json } => {
             let o = cli::BenchOptions {
                 stream,

@@ -99,6 +99,7 @@ where
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
 
+    let membership_lock = Arc::new(tokio::sync::Mutex::new(()));
     let state = AppState {
         node_id: cfg.id,
         raft: raft.clone(),
@@ -108,13 +109,16 @@ where
         auto_create_streams: cfg.auto_create_streams,
         clock: clock.clone(),
         prometheus,
+        membership_lock: membership_lock.clone(),
     };
     let formation = tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http));
     let ticker = tokio::spawn(retention_ticks(raft.clone(), store.clone(), cfg.id, clock));
+    let joint = tokio::spawn(finish_joint_changes(raft.clone(), cfg.id, membership_lock));
     tracing::info!(id = cfg.id, data_dir = %cfg.data_dir.display(), "node serving");
     let served = axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown).await;
     formation.abort();
     ticker.abort();
+    joint.abort();
     if let Err(e) = raft.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown");
     }
@@ -141,6 +145,30 @@ async fn retention_ticks(raft: Raft, store: Arc<Store>, id: NodeId, clock: Clock
             if let Err(e) = raft.client_write(Command::Tick { ts: clock() }).await {
                 tracing::debug!(error = %e, "retention tick not committed");
             }
+        }
+    }
+}
+
+/// While leader, completes a membership change that a previous leader left in its joint
+/// configuration (openraft commits a joint config, then the final one; a leader lost between the
+/// two leaves the cluster joint until someone finishes it — Raft paper §6).
+async fn finish_joint_changes(raft: Raft, id: NodeId, lock: Arc<tokio::sync::Mutex<()>>) {
+    let mut every = tokio::time::interval(Duration::from_millis(JOINT_REPAIR_MS));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let target = {
+            let m = raft.metrics().borrow().clone();
+            let configs = m.membership_config.membership().get_joint_config().clone();
+            if m.current_leader != Some(id) || configs.len() < 2 {
+                continue;
+            }
+            configs.last().cloned().unwrap_or_default()
+        };
+        let _serial = lock.lock().await;
+        tracing::info!(voters = ?target, "finishing a membership change left in a joint config");
+        if let Err(e) = raft.change_membership(openraft::ChangeMembers::ReplaceAllVoters(target), false).await {
+            tracing::warn!(error = %e, "finishing the joint config failed; will retry");
         }
     }
 }

@@ -22,7 +22,7 @@ struct Member {
 /// This node's view of the cluster. `snapshot_index` and `purged_index` go beyond SPEC §3: the
 /// log index covered by this node's latest snapshot and the last one purged from its log.
 #[derive(Serialize)]
-struct ClusterJson {
+pub(super) struct ClusterJson {
     node_id: NodeId,
     leader_id: Option<NodeId>,
     state: String,
@@ -35,7 +35,7 @@ struct ClusterJson {
     members: Vec<Member>,
 }
 
-fn view_of(s: &AppState) -> ClusterJson {
+pub(super) fn view_of(s: &AppState) -> ClusterJson {
     let m = s.raft.metrics().borrow().clone();
     let membership = m.membership_config.membership();
     let matched = |id: &NodeId| -> Option<u64> {
@@ -80,6 +80,9 @@ pub(super) async fn view(State(s): State<AppState>) -> Response {
 /// `GET /readyz`: 200 when this node knows a leader and has applied all it knows is committed.
 pub(super) async fn ready(State(s): State<AppState>) -> Response {
     let v = view_of(&s);
+    if !v.members.iter().any(|m| m.id == s.node_id) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not a member of the cluster\n").into_response();
+    }
     match v.leader_id {
         Some(_) if v.applied_index >= v.commit_index => (StatusCode::OK, "ready\n").into_response(),
         Some(_) => (

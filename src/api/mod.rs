@@ -9,6 +9,7 @@
 //! a majority, each fsyncing it → the state machine applies it → the outcome is answered.
 
 mod cluster;
+mod members;
 pub mod raft_rpc;
 mod streams;
 mod subscribe;
@@ -60,6 +61,8 @@ pub struct AppState {
     pub clock: Clock,
     /// Renders `/metrics`, when a Prometheus recorder is installed in this process.
     pub prometheus: Option<PrometheusHandle>,
+    /// Serialises membership changes on this node.
+    pub membership_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The router serving SPEC §3 and the Raft RPCs.
@@ -71,6 +74,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/streams/{name}/batches", post(streams::publish).get(streams::read))
         .route("/v1/streams/{name}/subscribe", get(subscribe::subscribe))
         .route("/v1/cluster", get(cluster::view))
+        .route("/v1/cluster/members", post(members::add))
+        .route("/v1/cluster/members/{id}", axum::routing::delete(members::remove))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(cluster::ready))
         .route("/metrics", get(cluster::metrics))

@@ -16,7 +16,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::write::{write, Forwardable, Written};
+use super::write::{write, Forwardable, Led};
 use super::{json, read_body, AppState};
 use crate::error::ApiError;
 use crate::limits::{
@@ -117,8 +117,8 @@ async fn decide(
     make: impl Fn(u64) -> Command,
 ) -> Result<Response, ApiError> {
     match write(s, &req, make).await? {
-        Written::Applied { outcome, index } => answer(name, outcome, index),
-        Written::Forwarded(resp) => Ok(resp),
+        Led::Here((outcome, index)) => answer(name, outcome, index),
+        Led::Forwarded(resp) => Ok(resp),
     }
 }
 

@@ -13,12 +13,14 @@ use axum::response::Response;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use openraft::error::{ClientWriteError, RaftError};
+use openraft::BasicNode;
+use std::future::Future;
 use tokio::time::Instant;
 
 use super::AppState;
 use crate::error::ApiError;
 use crate::limits::{FORWARD_HOPS_MAX, FORWARD_TIMEOUT_MS, LEADER_WAIT_MS};
-use crate::raft::{Command, Outcome};
+use crate::raft::{Command, NodeId, Outcome};
 
 /// Header counting how many times a request has been forwarded.
 const HOPS_HEADER: &str = "runnev-forward-hops";
@@ -39,12 +41,37 @@ impl Forwardable {
     }
 }
 
-/// What a write produced.
-pub(crate) enum Written {
-    /// Applied here, as leader: the outcome and the log index of the entry.
-    Applied { outcome: Outcome, index: u64 },
-    /// Decided by the leader; its answer, to be returned as is.
+/// What an operation that must run on the leader produced.
+pub(crate) enum Led<T> {
+    /// It ran here, as leader.
+    Here(T),
+    /// The leader ran it; its answer, to be returned as is.
     Forwarded(Response),
+}
+
+/// Why an operation on the leader did not produce a value.
+pub(crate) enum OpError {
+    /// This node turned out not to be leader (or lost leadership); look for the leader again.
+    NotLeader,
+    /// A definitive error to answer.
+    Fail(ApiError),
+}
+
+impl From<ApiError> for OpError {
+    fn from(e: ApiError) -> Self {
+        OpError::Fail(e)
+    }
+}
+
+/// Maps openraft's write errors: leadership lost means "look again"; the rest are answers.
+pub(crate) fn op_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> OpError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => OpError::NotLeader,
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => OpError::Fail(ApiError::NotReady(format!(
+            "the membership change cannot proceed now ({e}); retry once the previous change has finished"
+        ))),
+        RaftError::Fatal(e) => OpError::Fail(ApiError::Internal(format!("raft stopped: {e}"))),
+    }
 }
 
 enum ForwardError {
@@ -54,13 +81,33 @@ enum ForwardError {
     Unknown(String),
 }
 
-/// Proposes `make(now_ms)` if this node is leader, else forwards `req` to the leader, waiting up
-/// to [`LEADER_WAIT_MS`] for one to be known and reachable.
+/// Proposes `make(now_ms)` through Raft on the leader (here, or by forwarding `req` to it) and
+/// returns the applied outcome and log index. See [`on_leader`] for the waiting and errors.
+pub(crate) async fn write(
+    s: &AppState,
+    req: &Forwardable,
+    make: impl Fn(u64) -> Command,
+) -> Result<Led<(Outcome, u64)>, ApiError> {
+    on_leader(s, req, || {
+        let cmd = make((s.clock)());
+        async move {
+            let r = s.raft.client_write(cmd).await.map_err(op_error)?;
+            Ok((r.data, r.log_id.index))
+        }
+    })
+    .await
+}
+
+/// Runs `op` if this node is leader, else forwards `req` to the leader, waiting up to
+/// [`LEADER_WAIT_MS`] for one to be known and reachable.
 ///
 /// Errors: `503 no_leader` when no leader answered in time or the leader failed mid-request
-/// (outcome unknown: retry, with the same seq to stay idempotent); `500 internal` when Raft
-/// stopped.
-pub(crate) async fn write(s: &AppState, req: &Forwardable, make: impl Fn(u64) -> Command) -> Result<Written, ApiError> {
+/// (outcome unknown: retry, with the same seq to stay idempotent); whatever `op` fails with.
+pub(crate) async fn on_leader<T, F, Fut>(s: &AppState, req: &Forwardable, mut op: F) -> Result<Led<T>, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, OpError>>,
+{
     let deadline = Instant::now() + Duration::from_millis(LEADER_WAIT_MS);
     let mut metrics = s.raft.metrics();
     let mut last_problem = String::from("no leader is known");
@@ -72,18 +119,13 @@ pub(crate) async fn write(s: &AppState, req: &Forwardable, make: impl Fn(u64) ->
             (leader, addr)
         };
         match (leader, leader_addr) {
-            (Some(l), _) if l == s.node_id => match s.raft.client_write(make((s.clock)())).await {
-                Ok(r) => return Ok(Written::Applied { outcome: r.data, index: r.log_id.index }),
-                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
-                    last_problem = "leadership moved while proposing".into();
-                }
-                Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
-                    return Err(ApiError::Internal(format!("unexpected membership error: {e}")))
-                }
-                Err(RaftError::Fatal(e)) => return Err(ApiError::Internal(format!("raft stopped: {e}"))),
+            (Some(l), _) if l == s.node_id => match op().await {
+                Ok(v) => return Ok(Led::Here(v)),
+                Err(OpError::NotLeader) => last_problem = "leadership moved while proposing".into(),
+                Err(OpError::Fail(e)) => return Err(e),
             },
             (Some(l), Some(addr)) if req.hops() < FORWARD_HOPS_MAX => match forward(s, &addr, req).await {
-                Ok(resp) => return Ok(Written::Forwarded(resp)),
+                Ok(resp) => return Ok(Led::Forwarded(resp)),
                 Err(ForwardError::Unreachable(e)) => last_problem = format!("leader {l} at {addr} is unreachable: {e}"),
                 Err(ForwardError::Unknown(e)) => {
                     return Err(ApiError::NoLeader(format!(
@@ -97,7 +139,7 @@ pub(crate) async fn write(s: &AppState, req: &Forwardable, make: impl Fn(u64) ->
         let now = Instant::now();
         if now >= deadline {
             return Err(ApiError::NoLeader(format!(
-                "no leader could take the write within {LEADER_WAIT_MS} ms ({last_problem}); retry later"
+                "no leader could take the request within {LEADER_WAIT_MS} ms ({last_problem}); retry later"
             )));
         }
         // Wake on any Raft state change, and re-check at least every 100 ms.

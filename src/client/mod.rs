@@ -35,6 +35,9 @@ pub const DEFAULT_NODES: &str = "http://127.0.0.1:7001,http://127.0.0.1:7002,htt
 /// Largest answer body the client reads, in bytes: a read of 10 000 batches base64-encoded.
 const ANSWER_BYTES_MAX: usize = 64 * 1024 * 1024;
 
+/// Extra time a membership change may take beyond the request timeout (catch-up and two commits).
+const MEMBER_CHANGE_EXTRA: Duration = Duration::from_secs(30);
+
 /// How the client retries.
 #[derive(Debug, Clone, Copy)]
 pub struct RetryPolicy {
@@ -443,6 +446,28 @@ impl Client {
             Err(Attempt::Fail(e)) => Err(e),
             Err(Attempt::Retry(last)) => Err(ClientError::Unavailable { after: timeout, last }),
         }
+    }
+
+    /// Adds node `id` at `addr` (`host:port`): as a learner, then promoted to voter once caught
+    /// up when `voter` (SPEC §3). Returns the cluster view after the change.
+    ///
+    /// Errors: [`ClientError::Api`] with `not_ready` if the node did not catch up (it stays a
+    /// learner) or another change is in progress; `invalid_parameter` if it is already a voter
+    /// with another address.
+    pub async fn add_member(&self, id: u64, addr: &str, voter: bool) -> Result<serde_json::Value, ClientError> {
+        let body = Bytes::from(serde_json::json!({"id": id, "addr": addr, "voter": voter}).to_string());
+        let (node, _, bytes) = self.call(Method::POST, "/v1/cluster/members", body, MEMBER_CHANGE_EXTRA).await?;
+        Self::json(&node, &bytes)
+    }
+
+    /// Removes node `id` from the cluster (SPEC §3). Returns the cluster view after the change.
+    ///
+    /// Errors: [`ClientError::Api`] with `not_found` for an unknown id, `not_ready` when the
+    /// voters left could not form a live quorum.
+    pub async fn remove_member(&self, id: u64) -> Result<serde_json::Value, ClientError> {
+        let path = format!("/v1/cluster/members/{id}");
+        let (node, _, bytes) = self.call(Method::DELETE, &path, Bytes::new(), MEMBER_CHANGE_EXTRA).await?;
+        Self::json(&node, &bytes)
     }
 
     /// Subscribes to `stream` after `cursor` (the last seq fully processed; 0 for the start).

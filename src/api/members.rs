@@ -1,0 +1,189 @@
+//! Membership endpoints (SPEC §3): `POST /v1/cluster/members` and `DELETE /v1/cluster/members/{id}`.
+//!
+//! Owns: adding a node as a learner and promoting it once caught up, removing nodes through
+//! openraft's joint consensus (Raft paper §6), and refusing changes that would strand the
+//! cluster. Must never: run two membership changes at once on this leader (they are serialised
+//! by a lock), or remove a voter when the voters left could not form a live quorum.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::Response;
+use http_body_util::BodyExt;
+use openraft::{BasicNode, ChangeMembers};
+use serde::Deserialize;
+
+use super::write::{on_leader, op_error, Forwardable, Led, OpError};
+use super::{cluster, json, read_body, AppState};
+use crate::error::ApiError;
+use crate::limits::{ADMIN_BODY_BYTES_MAX, MEMBER_CATCHUP_MS};
+use crate::raft::NodeId;
+
+/// Body of `POST /v1/cluster/members`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddBody {
+    id: NodeId,
+    addr: String,
+    #[serde(default = "yes")]
+    voter: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn forwardable(method: Method, uri: &Uri, headers: HeaderMap, body: bytes::Bytes) -> Forwardable {
+    let path_and_query = uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| uri.path().to_string());
+    Forwardable { method, path_and_query, headers, body }
+}
+
+fn answer(s: &AppState, led: Led<()>) -> Response {
+    match led {
+        Led::Here(()) => json(StatusCode::OK, &cluster::view_of(s)),
+        Led::Forwarded(r) => r,
+    }
+}
+
+/// Waits until the leader has replicated to `id` everything up to its last log index, for at
+/// most [`MEMBER_CATCHUP_MS`]. True if it caught up.
+async fn caught_up(s: &AppState, id: NodeId) -> bool {
+    let mut rx = s.raft.metrics();
+    let reached = tokio::time::timeout(Duration::from_millis(MEMBER_CATCHUP_MS), async {
+        loop {
+            {
+                let m = rx.borrow_and_update();
+                let last = m.last_log_index.unwrap_or(0);
+                let matched = m.replication.as_ref().and_then(|r| r.get(&id).cloned().flatten()).map(|l| l.index);
+                if matched.is_some_and(|i| i >= last) {
+                    return true;
+                }
+            }
+            if rx.changed().await.is_err() {
+                return false;
+            }
+        }
+    })
+    .await;
+    matches!(reached, Ok(true))
+}
+
+/// `POST /v1/cluster/members`: add a node as a learner, then (with `"voter": true`) promote it
+/// once it has caught up.
+pub(super) async fn add(
+    State(s): State<AppState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = read_body(body, ADMIN_BODY_BYTES_MAX).await?;
+    let b: AddBody = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::InvalidBody(format!("expected {{\"id\": N, \"addr\": \"HOST:PORT\", \"voter\": bool}}: {e}"))
+    })?;
+    if b.addr.trim().is_empty() || !b.addr.contains(':') {
+        return Err(ApiError::InvalidBody(format!("addr {:?} is not HOST:PORT", b.addr)));
+    }
+    let req = forwardable(method, &uri, headers, bytes);
+    let led = on_leader(&s, &req, || async {
+        let _serial = s.membership_lock.lock().await;
+        let membership = s.raft.metrics().borrow().membership_config.membership().clone();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let known = membership.get_node(&b.id).map(|n| n.addr.clone());
+        if voters.contains(&b.id) {
+            return match known {
+                Some(a) if a == b.addr && b.voter => Ok(()),
+                _ => Err(OpError::Fail(ApiError::InvalidParameter(format!(
+                    "node {} is already a voter at {}; remove it first to change its address or role",
+                    b.id,
+                    known.unwrap_or_default()
+                )))),
+            };
+        }
+        if known.as_deref() != Some(b.addr.as_str()) {
+            s.raft.add_learner(b.id, BasicNode { addr: b.addr.clone() }, false).await.map_err(op_error)?;
+        }
+        if !b.voter {
+            return Ok(());
+        }
+        if !caught_up(&s, b.id).await {
+            return Err(OpError::Fail(ApiError::NotReady(format!(
+                "node {} at {} did not catch up within {MEMBER_CATCHUP_MS} ms; it stays a learner (retry to promote it, or remove it)",
+                b.id, b.addr
+            ))));
+        }
+        s.raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([b.id])), false).await.map_err(op_error)?;
+        tracing::info!(node = b.id, addr = %b.addr, "added voter");
+        Ok(())
+    })
+    .await?;
+    Ok(answer(&s, led))
+}
+
+/// Counts the voters in `voters` that answer `/healthz` within a second (this node counts
+/// without asking).
+async fn live_voters(s: &AppState, voters: &BTreeSet<NodeId>, addrs: &HashMap<NodeId, String>) -> usize {
+    let mut live = 0;
+    for id in voters {
+        if *id == s.node_id {
+            live += 1;
+            continue;
+        }
+        let Some(addr) = addrs.get(id) else { continue };
+        let Ok(uri) = format!("http://{addr}/healthz").parse::<hyper::Uri>() else { continue };
+        let probe = async { s.http.get(uri).await.ok().map(|r| r.status().is_success()) };
+        if let Ok(Some(true)) = tokio::time::timeout(Duration::from_secs(1), probe).await {
+            live += 1;
+        }
+    }
+    live
+}
+
+/// `DELETE /v1/cluster/members/{id}`: remove a voter (through a joint config) or a learner.
+pub(super) async fn remove(
+    State(s): State<AppState>,
+    path: Result<Path<NodeId>, PathRejection>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let Path(id) = path.map_err(|e| ApiError::InvalidParameter(format!("node id: {e}")))?;
+    let _ = body.collect().await;
+    let req = forwardable(method, &uri, headers, bytes::Bytes::new());
+    let led = on_leader(&s, &req, || async {
+        let _serial = s.membership_lock.lock().await;
+        let membership = s.raft.metrics().borrow().membership_config.membership().clone();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        if membership.get_node(&id).is_none() {
+            return Err(OpError::Fail(ApiError::NotFound(format!("node {id} is not a member"))));
+        }
+        if !voters.contains(&id) {
+            s.raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false).await.map_err(op_error)?;
+            tracing::info!(node = id, "removed learner");
+            return Ok(());
+        }
+        let remaining: BTreeSet<NodeId> = voters.iter().copied().filter(|v| *v != id).collect();
+        if remaining.is_empty() {
+            return Err(OpError::Fail(ApiError::InvalidParameter(format!("node {id} is the last voter"))));
+        }
+        let addrs: HashMap<NodeId, String> = membership.nodes().map(|(i, n)| (*i, n.addr.clone())).collect();
+        let live = live_voters(&s, &remaining, &addrs).await;
+        let quorum = remaining.len() / 2 + 1;
+        if live < quorum {
+            return Err(OpError::Fail(ApiError::NotReady(format!(
+                "removing node {id} would leave {} voters of which {live} answer; a quorum needs {quorum}: bring voters back first",
+                remaining.len()
+            ))));
+        }
+        s.raft.change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false).await.map_err(op_error)?;
+        tracing::info!(node = id, "removed voter");
+        Ok(())
+    })
+    .await?;
+    Ok(answer(&s, led))
+}
