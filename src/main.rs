@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -295,15 +294,9 @@ async fn run() -> Result<()> {
                 snapshot_logs,
                 snapshot_keep_logs,
             };
-            node::run(
-                cfg,
-                listener,
-                Arc::new(runnev::net::TcpDialer),
-                runnev::api::system_clock(),
-                Some(prometheus),
-                shutdown_signal(),
-            )
-            .await?;
+            let store = runnev::storage::Store::open(&cfg.data_dir)
+                .with_context(|| format!("opening the data dir {}", cfg.data_dir.display()))?;
+            node::run(cfg, store, listener, node::Environment::production(Some(prometheus)), shutdown_signal()).await?;
         }
         Cmd::Local { nodes, dir, base_port } => {
             runnev::local::run(runnev::local::LocalOptions { nodes, dir, base_port, serve_args: Vec::new() }).await?;

@@ -16,7 +16,7 @@ use openraft::SnapshotPolicy;
 use crate::api::{self, AppState, Clock};
 use crate::limits::*;
 use crate::net::{self, Dialer};
-use crate::raft::network::Network;
+use crate::raft::network::{Network, RpcFaults};
 use crate::raft::{formation, Command, NodeId, Raft};
 use crate::storage::log_store::LogStore;
 use crate::storage::state_machine::StateMachine;
@@ -75,27 +75,46 @@ fn raft_config(cfg: &NodeConfig) -> Result<openraft::Config, NodeError> {
     c.validate().map_err(|e| NodeError::Config(e.to_string()))
 }
 
-/// Runs a node until `shutdown` resolves, serving on `listener` and dialing peers with `dialer`.
+/// What a node takes from the world around it: production passes TCP, the wall clock and a
+/// Prometheus recorder; the simulation passes turmoil's network, simulated time and faults.
+pub struct Environment {
+    /// Opens connections to peers.
+    pub dialer: Arc<dyn Dialer>,
+    /// Stamps `ts` on proposals (ms since the Unix epoch).
+    pub clock: Clock,
+    /// Renders `/metrics`.
+    pub prometheus: Option<PrometheusHandle>,
+    /// Injects duplicated and replayed Raft RPCs (simulation only).
+    pub rpc_faults: Option<Arc<dyn RpcFaults>>,
+}
+
+impl Environment {
+    /// TCP, the wall clock, no faults.
+    pub fn production(prometheus: Option<PrometheusHandle>) -> Self {
+        Environment { dialer: Arc::new(net::TcpDialer), clock: api::system_clock(), prometheus, rpc_faults: None }
+    }
+}
+
+/// Runs a node on `store` until `shutdown` resolves, serving on `listener`.
 ///
-/// Errors: storage cannot be opened, the Raft config is invalid, or the listener fails.
+/// Errors: the Raft config is invalid, or the listener fails.
 pub async fn run<L>(
     cfg: NodeConfig,
+    store: Arc<Store>,
     listener: L,
-    dialer: Arc<dyn Dialer>,
-    clock: Clock,
-    prometheus: Option<PrometheusHandle>,
+    env: Environment,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError>
 where
     L: axum::serve::Listener,
     L::Addr: std::fmt::Debug,
 {
-    let store = Store::open(&cfg.data_dir)?;
+    let Environment { dialer, clock, prometheus, rpc_faults } = env;
     let http = net::http_client(dialer);
     let config = Arc::new(raft_config(&cfg)?);
     let sm = StateMachine::new(store.clone());
     metrics::counter!("runnev_snapshots_installed_total").absolute(0);
-    let raft = Raft::new(cfg.id, config, Network::new(http.clone()), LogStore::new(store.clone()), sm)
+    let raft = Raft::new(cfg.id, config, Network::new(http.clone(), rpc_faults), LogStore::new(store.clone()), sm)
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
 

@@ -23,7 +23,7 @@ openraft::declare_raft_types!(
         NodeId = NodeId,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = tokio::fs::File,
+        SnapshotData = crate::storage::io::SnapshotFile,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

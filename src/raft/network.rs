@@ -7,6 +7,7 @@
 //! decoded with a size cap and a decode error is an error, not a panic).
 
 use std::error::Error;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -32,16 +33,36 @@ pub const VOTE_PATH: &str = "/raft/vote";
 /// Path of the install-snapshot RPC (Raft paper §7), one chunk per call.
 pub const SNAPSHOT_PATH: &str = "/raft/snapshot";
 
+/// What happens to one outgoing Raft RPC, as a fault injector decides (simulation only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RpcFault {
+    /// Send it once, normally.
+    Deliver,
+    /// Send it, and send the same bytes once more concurrently: the peer sees it twice.
+    Duplicate,
+    /// Send it, and send the same bytes again after this delay: a stale replay.
+    ReplayAfter(Duration),
+}
+
+/// Decides the fate of outgoing Raft RPCs. Production nodes have none; the simulation injects
+/// duplicated and replayed RPCs through it (turmoil's TCP cannot duplicate segments).
+pub trait RpcFaults: Send + Sync + 'static {
+    /// Called before each RPC to `target` on `path` ([`APPEND_PATH`], [`VOTE_PATH`] or
+    /// [`SNAPSHOT_PATH`]).
+    fn on_send(&self, target: NodeId, path: &'static str) -> RpcFault;
+}
+
 /// Makes a [`PeerConnection`] per target for openraft.
 #[derive(Clone)]
 pub struct Network {
     http: HttpClient,
+    faults: Option<Arc<dyn RpcFaults>>,
 }
 
 impl Network {
-    /// A transport over `http`.
-    pub fn new(http: HttpClient) -> Self {
-        Network { http }
+    /// A transport over `http`, with an optional fault injector.
+    pub fn new(http: HttpClient, faults: Option<Arc<dyn RpcFaults>>) -> Self {
+        Network { http, faults }
     }
 }
 
@@ -49,7 +70,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerConnection {
-        PeerConnection { target, addr: node.addr.clone(), http: self.http.clone() }
+        PeerConnection { target, addr: node.addr.clone(), http: self.http.clone(), faults: self.faults.clone() }
     }
 }
 
@@ -58,6 +79,7 @@ pub struct PeerConnection {
     target: NodeId,
     addr: String,
     http: HttpClient,
+    faults: Option<Arc<dyn RpcFaults>>,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
@@ -75,8 +97,25 @@ enum TransportError {
     Protocol { addr: String, what: String },
 }
 
+fn post(addr: &str, path: &str, body: Bytes) -> Result<hyper::Request<Full<Bytes>>, axum::http::Error> {
+    hyper::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/octet-stream")
+        .body(Full::new(body))
+}
+
 impl PeerConnection {
-    async fn call<Req, Resp, E>(&self, path: &str, req: &Req, ttl: Duration) -> RpcResult<Resp, E>
+    /// Sends a copy of an RPC now or later, ignoring its answer (fault injection).
+    fn send_copy(&self, path: &'static str, body: Bytes, after: Duration) {
+        let (http, addr) = (self.http.clone(), self.addr.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            if let Ok(req) = post(&addr, path, body) {
+                let _ = tokio::time::timeout(Duration::from_secs(5), http.request(req)).await;
+            }
+        });
+    }
+
+    async fn call<Req, Resp, E>(&self, path: &'static str, req: &Req, ttl: Duration) -> RpcResult<Resp, E>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
@@ -85,11 +124,13 @@ impl PeerConnection {
         let addr = &self.addr;
         let proto =
             |what: String| RPCError::Network(NetworkError::new(&TransportError::Protocol { addr: addr.clone(), what }));
-        let body = postcard::to_stdvec(req).map_err(|e| proto(format!("encoding: {e}")))?;
-        let request = hyper::Request::post(format!("http://{addr}{path}"))
-            .header("content-type", "application/octet-stream")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| proto(format!("building request: {e}")))?;
+        let body = Bytes::from(postcard::to_stdvec(req).map_err(|e| proto(format!("encoding: {e}")))?);
+        match self.faults.as_ref().map_or(RpcFault::Deliver, |f| f.on_send(self.target, path)) {
+            RpcFault::Deliver => {}
+            RpcFault::Duplicate => self.send_copy(path, body.clone(), Duration::ZERO),
+            RpcFault::ReplayAfter(d) => self.send_copy(path, body.clone(), d),
+        }
+        let request = post(addr, path, body).map_err(|e| proto(format!("building request: {e}")))?;
         let exchange = async {
             let resp = self.http.request(request).await.map_err(|source| {
                 if source.is_connect() {

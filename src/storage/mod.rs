@@ -9,6 +9,7 @@
 //! - `runnev.redb`: tables [`LOG`], [`RAFT_META`], [`SM_META`], [`STREAMS`], [`BATCHES`];
 //! - `snapshot.bin`: the newest snapshot (see [`snapshot`]), replaced atomically by rename.
 
+pub mod io;
 pub mod log_store;
 pub mod snapshot;
 pub mod state_machine;
@@ -137,6 +138,20 @@ impl Store {
     pub fn open(dir: &Path) -> Result<Arc<Store>, StoreError> {
         std::fs::create_dir_all(dir)?;
         let db = Database::create(dir.join("runnev.redb"))?;
+        Store::init(db, dir)
+    }
+
+    /// Opens the store on a redb storage backend (the simulation's, which loses unsynced writes
+    /// on a crash); snapshots still live under `dir`.
+    ///
+    /// Errors: as [`Store::open`].
+    pub fn open_with_backend(dir: &Path, backend: impl redb::StorageBackend) -> Result<Arc<Store>, StoreError> {
+        std::fs::create_dir_all(dir)?;
+        let db = Database::builder().create_with_backend(backend)?;
+        Store::init(db, dir)
+    }
+
+    fn init(db: Database, dir: &Path) -> Result<Arc<Store>, StoreError> {
         let txn = db.begin_write()?;
         {
             txn.open_table(LOG)?;
@@ -256,17 +271,7 @@ impl Store {
     }
 }
 
-/// Runs blocking storage work off the async executor (redb is synchronous).
-pub(crate) async fn blocking<F, R>(f: F) -> R
-where
-    F: FnOnce() -> R + Send + 'static,
-    R: Send + 'static,
-{
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
-    }
-}
+pub use io::blocking;
 
 /// Converts a storage failure into openraft's error for a write (`true`) or read (`false`).
 pub(crate) fn raft_err(e: StoreError, write: bool) -> openraft::StorageError<crate::raft::NodeId> {

@@ -5,15 +5,14 @@
 //! randomness or consult local configuration while applying: every replica applies the same log
 //! to the same state (SPEC §2.7).
 
-use std::io::SeekFrom;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, RaftSnapshotBuilder, StoredMembership};
 use redb::{ReadableDatabase, ReadableTable, Table};
-use tokio::io::AsyncSeekExt;
 
+use super::io::SnapshotFile;
 use super::snapshot::{self, SnapshotMeta};
 use super::{blocking, decode, encode, raft_err, BatchValue, Entry, Store, StoreError, BATCHES, SM_META, STREAMS};
 use crate::raft::{Command, LogId, NodeId, Outcome, StorageError, StreamInfo, TypeConfig};
@@ -221,7 +220,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let store = self.store.clone();
         let (meta, file) = blocking(move || snapshot::build(&store)).await.map_err(|e| raft_err(e, true))?;
-        Ok(Snapshot { meta, snapshot: Box::new(tokio::fs::File::from_std(file)) })
+        Ok(Snapshot { meta, snapshot: Box::new(SnapshotFile::from_std(file)) })
     }
 }
 
@@ -251,28 +250,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         SnapshotBuilder { store: self.store.clone() }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotFile>, StorageError> {
         let path = snapshot::receiving_path(self.store.dir());
-        let file = tokio::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .await
-            .map_err(|e| raft_err(e.into(), true))?;
-        Ok(Box::new(file))
+        let file = blocking(move || {
+            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)
+        })
+        .await
+        .map_err(|e| raft_err(e.into(), true))?;
+        Ok(Box::new(SnapshotFile::from_std(file)))
     }
 
-    async fn install_snapshot(
-        &mut self,
-        meta: &SnapshotMeta,
-        snapshot: Box<tokio::fs::File>,
-    ) -> Result<(), StorageError> {
-        let mut file = *snapshot;
-        file.sync_all().await.map_err(|e| raft_err(e.into(), true))?;
-        file.seek(SeekFrom::Start(0)).await.map_err(|e| raft_err(e.into(), true))?;
-        let file = file.into_std().await;
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<SnapshotFile>) -> Result<(), StorageError> {
+        let file = snapshot.into_synced_std().await.map_err(|e| raft_err(e.into(), true))?;
         let store = self.store.clone();
         let m = meta.clone();
         let counts = blocking(move || -> Result<(u64, u64), StoreError> {
@@ -294,6 +283,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         let store = self.store.clone();
         let current = blocking(move || snapshot::open_current(&store)).await.map_err(|e| raft_err(e, false))?;
-        Ok(current.map(|(meta, file)| Snapshot { meta, snapshot: Box::new(tokio::fs::File::from_std(file)) }))
+        Ok(current.map(|(meta, file)| Snapshot { meta, snapshot: Box::new(SnapshotFile::from_std(file)) }))
     }
 }
