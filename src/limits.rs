@@ -79,3 +79,7 @@ pub const MEMBER_CATCHUP_MS: u64 = 10_000;
 
 /// Period at which a leader checks for a membership change left in a joint config, in ms.
 pub const JOINT_REPAIR_MS: u64 = 1_000;
+
+/// How long the leader waits for a proposed entry to commit before answering `503 no_leader`
+/// (outcome unknown), in ms.
+pub const COMMIT_WAIT_MS: u64 = 10_000;

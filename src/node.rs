@@ -119,6 +119,11 @@ where
         .map_err(|e| NodeError::Raft(e.to_string()))?;
 
     let membership_lock = Arc::new(tokio::sync::Mutex::new(()));
+    let (stop_tx, stopping) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
     let state = AppState {
         node_id: cfg.id,
         raft: raft.clone(),
@@ -129,6 +134,7 @@ where
         clock: clock.clone(),
         prometheus,
         membership_lock: membership_lock.clone(),
+        stopping,
     };
     let formation = tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http));
     let ticker = tokio::spawn(retention_ticks(raft.clone(), store.clone(), cfg.id, clock));

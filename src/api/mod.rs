@@ -63,6 +63,9 @@ pub struct AppState {
     pub prometheus: Option<PrometheusHandle>,
     /// Serialises membership changes on this node.
     pub membership_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Turns true when the node begins to stop, so long polls and subscriptions end and
+    /// graceful shutdown is not held up by them.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The router serving SPEC §3 and the Raft RPCs.
@@ -85,6 +88,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(record_request))
         .layer(axum::middleware::map_response(move |mut resp: Response| {
             let v = node_header.clone();
             async move {
@@ -94,6 +98,24 @@ pub fn router(state: AppState) -> Router {
             }
         }))
         .with_state(state)
+}
+
+/// Counts requests by route and status, and times them (`/metrics`).
+async fn record_request(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let method = req.method().to_string();
+    let started = std::time::Instant::now();
+    let resp = next.run(req).await;
+    let status = resp.status().as_u16().to_string();
+    metrics::counter!("runnev_http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status)
+        .increment(1);
+    metrics::histogram!("runnev_http_request_seconds", "method" => method, "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    resp
 }
 
 async fn not_found(uri: Uri) -> ApiError {

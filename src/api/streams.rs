@@ -309,6 +309,7 @@ pub(super) async fn read(
     }
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     let mut applied = s.store.watch_applied();
+    let mut stopping = s.stopping.clone();
     loop {
         applied.borrow_and_update();
         let store = s.store.clone();
@@ -318,10 +319,14 @@ pub(super) async fn read(
             .ok_or_else(|| ApiError::StreamNotFound(name.clone()))?;
         let has_news = !view.batches.is_empty() || stream::gap_for(&view.meta, after).is_some();
         let now = Instant::now();
-        if has_news || now >= deadline {
+        if has_news || now >= deadline || *stopping.borrow() {
             return Ok(json(StatusCode::OK, &read_json(view, after)));
         }
         // Long poll: a node behind the cursor waits rather than answering a false "empty".
-        let _ = tokio::time::timeout(deadline - now, applied.changed()).await;
+        tokio::select! {
+            _ = tokio::time::sleep(deadline - now) => {}
+            _ = applied.changed() => {}
+            _ = stopping.changed() => {}
+        }
     }
 }

@@ -31,6 +31,7 @@ struct Cursor {
     after: u64,
     pending: VecDeque<Event>,
     applied: watch::Receiver<u64>,
+    stopping: watch::Receiver<bool>,
 }
 
 fn start_cursor(headers: &HeaderMap, q: &HashMap<String, String>) -> Result<u64, ApiError> {
@@ -77,8 +78,9 @@ async fn refill(c: &mut Cursor) -> bool {
         if !c.pending.is_empty() {
             return true;
         }
-        if c.applied.changed().await.is_err() {
-            return false;
+        tokio::select! {
+            changed = c.applied.changed() => if changed.is_err() { return false },
+            _ = c.stopping.changed() => return false,
         }
     }
 }
@@ -99,7 +101,11 @@ pub(super) async fn subscribe(
         return Err(ApiError::StreamNotFound(name));
     }
     let applied = s.store.watch_applied();
-    let cursor = Cursor { s, name, after, pending: VecDeque::new(), applied };
+    let stopping = s.stopping.clone();
+    if *stopping.borrow() {
+        return Err(ApiError::NotReady("this node is stopping; subscribe to another".into()));
+    }
+    let cursor = Cursor { s, name, after, pending: VecDeque::new(), applied, stopping };
     let events = futures::stream::unfold(cursor, |mut c| async move {
         if c.pending.is_empty() && !refill(&mut c).await {
             return None;

@@ -6,7 +6,8 @@
 //! batch that is not applied (everything in the state-machine tables is committed by Raft).
 //!
 //! Layout (`--data-dir`):
-//! - `runnev.redb`: tables [`LOG`], [`RAFT_META`], [`SM_META`], [`STREAMS`], [`BATCHES`];
+//! - `runnev.redb`: tables [`LOG`], [`RAFT_META`], [`SM_META`], [`STREAMS`], [`TOMBSTONES`],
+//!   [`BATCHES`];
 //! - `snapshot.bin`: the newest snapshot (see [`snapshot`]), replaced atomically by rename.
 
 pub mod io;
@@ -33,6 +34,9 @@ pub(crate) const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new(
 pub(crate) const SM_META: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_meta");
 /// Streams: name → postcard-encoded [`StreamMeta`].
 pub(crate) const STREAMS: TableDefinition<&str, &[u8]> = TableDefinition::new("streams");
+/// Deleted streams: name → the postcard-encoded [`StreamMeta`] it had when deleted, so a stream
+/// created again under the name continues after its last seq (seqs are never reused, SPEC §1).
+pub(crate) const TOMBSTONES: TableDefinition<&str, &[u8]> = TableDefinition::new("tombstones");
 /// Batches: (stream, seq) → [`BatchValue`] encoding (`ts` u64 LE, log index u64 LE, payload).
 pub(crate) const BATCHES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("batches");
 
@@ -158,6 +162,7 @@ impl Store {
             txn.open_table(RAFT_META)?;
             txn.open_table(SM_META)?;
             txn.open_table(STREAMS)?;
+            txn.open_table(TOMBSTONES)?;
             txn.open_table(BATCHES)?;
         }
         txn.commit()?;

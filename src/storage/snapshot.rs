@@ -6,8 +6,9 @@
 //! fsynced, then renamed).
 //!
 //! Format (version 1): the 8-byte magic `RUNNEVS1`, then records, each a u32 LE length and that
-//! many bytes of a postcard-encoded [`Record`]: one `Header`, then every `Stream`, then every
-//! `Batch` in (stream, seq) order, then `End` with the counts, which detects a truncated file.
+//! many bytes of a postcard-encoded [`Record`]: one `Header`, then every `Stream`, every
+//! `Tombstone`, every `Batch` in (stream, seq) order, then `End` with the counts, which detects a
+//! truncated file.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 use redb::{ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
-use super::{decode, encode, Store, StoreError, BATCHES, SM_META, STREAMS};
+use super::{decode, encode, Store, StoreError, BATCHES, SM_META, STREAMS, TOMBSTONES};
 use crate::raft::{LogId, NodeId};
 use crate::stream::StreamMeta;
 
@@ -43,6 +44,10 @@ enum Record<'a> {
         seq: u64,
         #[serde(with = "serde_bytes")]
         value: &'a [u8],
+    },
+    Tombstone {
+        name: &'a str,
+        meta: StreamMeta,
     },
     End {
         streams: u64,
@@ -114,6 +119,10 @@ pub(crate) fn build(store: &Store) -> Result<(SnapshotMeta, File), StoreError> {
         let (k, v) = row?;
         write_record(&mut w, &Record::Stream { name: k.value(), meta: decode(v.value())? })?;
         streams += 1;
+    }
+    for row in txn.open_table(TOMBSTONES)?.iter()? {
+        let (k, v) = row?;
+        write_record(&mut w, &Record::Tombstone { name: k.value(), meta: decode(v.value())? })?;
     }
     for row in txn.open_table(BATCHES)?.iter()? {
         let (k, v) = row?;
@@ -194,8 +203,10 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
     {
         let mut streams = txn.open_table(STREAMS)?;
         let mut batches = txn.open_table(BATCHES)?;
+        let mut tombstones = txn.open_table(TOMBSTONES)?;
         streams.retain(|_, _| false)?;
         batches.retain(|_, _| false)?;
+        tombstones.retain(|_, _| false)?;
         let (mut n_streams, mut n_batches) = (0u64, 0u64);
         loop {
             read_record(&mut r, &mut buf)?;
@@ -208,6 +219,9 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
                 Record::Batch { stream, seq, value } => {
                     batches.insert((stream, seq), value)?;
                     n_batches += 1;
+                }
+                Record::Tombstone { name, meta } => {
+                    tombstones.insert(name, encode(&meta)?.as_slice())?;
                 }
                 Record::End { streams, batches } => {
                     if (streams, batches) != (n_streams, n_batches) {

@@ -66,6 +66,20 @@ impl StreamMeta {
     }
 }
 
+/// A stream created under the name of a deleted one: it continues after the deleted stream's
+/// last seq, which counts as evicted, so seqs are never reused and a consumer holding a cursor
+/// into the old stream is told about a gap rather than skipping new batches (SPEC §1, §2.5).
+pub fn reincarnate(deleted: &StreamMeta, retention: Retention) -> StreamMeta {
+    StreamMeta {
+        retention,
+        first_seq: deleted.last_seq + 1,
+        last_seq: deleted.last_seq,
+        evicted_through: deleted.last_seq,
+        batches: 0,
+        bytes: 0,
+    }
+}
+
 /// Why a stream name is refused (SPEC §1).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NameError {
@@ -310,6 +324,20 @@ mod tests {
         assert!(must_evict(&m, &oldest, 1_101));
         record_eviction(&mut m, &oldest, None);
         assert_eq!((m.first_seq, m.last_seq, m.evicted_through, m.batches), (6, 5, 5, 0));
+    }
+
+    #[test]
+    fn a_recreated_stream_never_reuses_seqs() {
+        let mut old = StreamMeta::new(Retention::default());
+        record_append(&mut old, 1, 1);
+        record_append(&mut old, 2, 1);
+        let new = reincarnate(&old, Retention::default());
+        assert_eq!(decide_publish(&new, None, Existing::Absent), PublishDecision::Append(3));
+        assert_eq!(gap_for(&new, 1), Some((2, 2)));
+        assert_eq!(
+            decide_publish(&new, Some(2), Existing::Absent),
+            PublishDecision::Reject(PublishRejection::SeqEvicted { seq: 2, evicted_through: 2 })
+        );
     }
 
     #[test]
