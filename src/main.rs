@@ -169,6 +169,14 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ClusterCmd,
     },
+    /// Exit 0 if URL answers 2xx within the timeout, else 1 (container health checks).
+    Probe {
+        /// The URL, e.g. http://127.0.0.1:7001/readyz.
+        url: String,
+        /// Timeout, in ms.
+        #[arg(long, default_value_t = 2000)]
+        timeout_ms: u64,
+    },
     /// Show each node's view of the cluster.
     Status {
         #[command(flatten)]
@@ -307,6 +315,7 @@ async fn run() -> Result<()> {
         }
         Cmd::Streams { at, cmd } => cli::streams(&at.client()?, cmd).await?,
         Cmd::Status { at } => cli::status(&at.client()?).await?,
+        Cmd::Probe { url, timeout_ms } => cli::probe(&url, std::time::Duration::from_millis(timeout_ms)).await?,
         Cmd::Cluster { at, cmd } => {
             let client = at.client()?;
             let view = match cmd {
