@@ -110,8 +110,16 @@ impl IntoResponse for ApiError {
         let (status, code) = self.status_and_code();
         let body = Body { error: Detail { code, message: self.to_string() } };
         let mut resp = (status, axum::Json(body)).into_response();
-        if matches!(self, ApiError::NoLeader(_)) {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        match self {
+            ApiError::NoLeader(_) => {
+                resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            }
+            // The rest of the body is left unread, so the connection cannot carry another
+            // request: say so, instead of letting the client find a closed socket.
+            ApiError::PayloadTooLarge { .. } => {
+                resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            _ => {}
         }
         resp
     }

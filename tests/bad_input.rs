@@ -1,0 +1,550 @@
+//! Bad input gets the SPEC's error answers (status, JSON error body, Runnev-Node header) on
+//! every node, never crashes a node and never changes state.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use hyper::Method;
+use serde_json::Value;
+
+const MAX_BATCH: usize = 1_048_576;
+
+struct Checker {
+    http: Http,
+    failures: Vec<String>,
+    checked: usize,
+}
+
+impl Checker {
+    /// Sends the request and checks it gets `status` with error `code` in a SPEC error body,
+    /// Content-Type application/json and a Runnev-Node header. Failures are collected.
+    #[allow(clippy::too_many_arguments)] // one call site per table row reads best flat
+    async fn expect_error(
+        &mut self,
+        node: u64,
+        method: Method,
+        url: &str,
+        body: Option<Bytes>,
+        content_type: Option<&str>,
+        status: u16,
+        code: &str,
+    ) {
+        self.checked += 1;
+        let headers: Vec<(&str, &str)> = content_type.map(|ct| vec![("content-type", ct)]).unwrap_or_default();
+        let label = format!("node {node}: {method} {}", short_url(url));
+        let r = match self.http.request(method.clone(), url, body, &headers, Duration::from_secs(10)).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.failures.push(format!("{label}: expected {status} {code}, got a transport error: {e}"));
+                return;
+            }
+        };
+        if let Some(problem) = error_problem(&r, status, code) {
+            self.failures.push(format!("{label}: expected {status} {code}: {problem}; got {}", r.describe()));
+        }
+    }
+
+    async fn expect_status(
+        &mut self,
+        node: u64,
+        method: Method,
+        url: &str,
+        body: Option<Bytes>,
+        status: u16,
+    ) -> Option<Resp> {
+        self.checked += 1;
+        let label = format!("node {node}: {method} {}", short_url(url));
+        match self.http.request(method, url, body, &[], Duration::from_secs(10)).await {
+            Ok(r) => {
+                if r.status != status {
+                    self.failures.push(format!("{label}: expected {status}, got {}", r.describe()));
+                } else if r.header("runnev-node").is_none() {
+                    self.failures.push(format!("{label}: no Runnev-Node header"));
+                }
+                Some(r)
+            }
+            Err(e) => {
+                self.failures.push(format!("{label}: expected {status}, got a transport error: {e}"));
+                None
+            }
+        }
+    }
+}
+
+fn short_url(url: &str) -> String {
+    let path = url.splitn(4, '/').nth(3).map(|p| format!("/{p}")).unwrap_or_else(|| url.to_owned());
+    truncate(&path, 120)
+}
+
+/// What is wrong with `r` as a SPEC error answer with `status` and `code`, if anything.
+fn error_problem(r: &Resp, status: u16, code: &str) -> Option<String> {
+    let mut problems = Vec::new();
+    if r.status != status {
+        problems.push(format!("status {}", r.status));
+    }
+    match r.header("content-type") {
+        Some(ct) if ct.to_ascii_lowercase().starts_with("application/json") => {}
+        other => problems.push(format!("Content-Type {other:?}")),
+    }
+    match r.header("runnev-node").map(|h| h.trim().parse::<u64>()) {
+        Some(Ok(n)) if (1..=3).contains(&n) => {}
+        other => problems.push(format!("Runnev-Node header {other:?}")),
+    }
+    match r.try_json() {
+        None => problems.push("body is not JSON".into()),
+        Some(v) => {
+            let e = &v["error"];
+            if e["code"].as_str() != Some(code) {
+                problems.push(format!("error.code {}", e["code"]));
+            }
+            match e["message"].as_str() {
+                Some(m) if !m.trim().is_empty() => {}
+                _ => problems.push(format!("error.message {}", e["message"])),
+            }
+        }
+    }
+    if problems.is_empty() {
+        None
+    } else {
+        Some(problems.join(", "))
+    }
+}
+
+#[derive(PartialEq)]
+struct State {
+    list: Vec<Value>,
+    good: Value,
+    long: Value,
+    batches: Vec<Batch>,
+}
+
+impl State {
+    /// A short description of how `self` differs from `other` (None when equal).
+    fn diff(&self, other: &State) -> Option<String> {
+        let mut d = Vec::new();
+        if self.list != other.list {
+            d.push(format!(
+                "GET /v1/streams: {} vs {}",
+                Value::Array(self.list.clone()),
+                Value::Array(other.list.clone())
+            ));
+        }
+        if self.good != other.good {
+            d.push(format!("info of 'good': {} vs {}", self.good, other.good));
+        }
+        if self.long != other.long {
+            d.push(format!("info of the 128-char stream: {} vs {}", self.long, other.long));
+        }
+        if self.batches != other.batches {
+            let sum = |bs: &[Batch]| {
+                bs.iter()
+                    .map(|b| format!("(seq {} ts {} {} bytes)", b.seq, b.ts, b.data.len()))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            d.push(format!(
+                "batches of 'good': [{}] vs [{}]{}",
+                sum(&self.batches),
+                sum(&other.batches),
+                if self.batches.len() == other.batches.len() { " (bytes differ)" } else { "" }
+            ));
+        }
+        if d.is_empty() {
+            None
+        } else {
+            Some(d.join("; "))
+        }
+    }
+}
+
+/// The node's view of the streams, after it has applied `min_index`.
+async fn state_of(c: &Cluster, node: u64, long_name: &str, min_index: u64) -> State {
+    let http = &c.http;
+    let base = c.url(node);
+    // First the min_index read, so the node has applied everything before the other reads.
+    let batches = read_all(http, &base, "good", min_index, Duration::from_secs(15))
+        .await
+        .unwrap_or_else(|e| panic!("node {node}: reading 'good': {e}"));
+    let r = http.get(&format!("{base}/v1/streams")).await.expect("GET /v1/streams");
+    assert_eq!(r.status, 200, "node {node} GET /v1/streams: {}", r.describe());
+    let mut list = r.json()["streams"]
+        .as_array()
+        .cloned()
+        .unwrap_or_else(|| panic!("node {node}: no streams array: {}", r.describe()));
+    list.sort_by_key(|v| v["name"].as_str().unwrap_or_default().to_owned());
+    let info = |name: String| {
+        let url = format!("{base}/v1/streams/{name}");
+        async move {
+            let r = http.get(&url).await.expect("GET stream info");
+            assert_eq!(r.status, 200, "node {node} GET {url}: {}", r.describe());
+            r.json()
+        }
+    };
+    let good = info("good".into()).await;
+    let long = info(long_name.to_owned()).await;
+    State { list, good, long, batches }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_rejected_without_state_change() {
+    let c = Cluster::start(3, &[]).await;
+    let http = c.http.clone();
+    let leader = c.leader().await;
+    let lurl = c.url(leader);
+
+    // ---------------------------------------------------------------- setup (valid requests)
+    create_stream(&http, &lurl, "good").await;
+    let long_name: String = "L".repeat(128);
+    let r = http.put(&format!("{lurl}/v1/streams/{long_name}"), None).await.unwrap();
+    assert_eq!(r.status, 201, "a 128-char name is valid: {}", r.describe());
+    let mut max_index = 0;
+    for i in 1..=3u64 {
+        let r = http.post(&format!("{lurl}/v1/streams/good/batches"), format!("batch-{i}")).await.unwrap();
+        assert_eq!(r.status, 201, "{}", r.describe());
+        assert_eq!(r.json()["seq"].as_u64(), Some(i), "{}", r.describe());
+        max_index = max_index.max(r.json()["index"].as_u64().unwrap());
+    }
+    // Exactly max_batch_bytes is accepted (through a follower, so forwarding carries it).
+    let follower = c.followers().await[0];
+    let big: Vec<u8> = (0..MAX_BATCH).map(|i| (i % 251) as u8).collect();
+    let r = http.post(&format!("{}/v1/streams/good/batches", c.url(follower)), big.clone()).await.unwrap();
+    assert_eq!(r.status, 201, "a payload of exactly {MAX_BATCH} bytes must be accepted: {}", r.describe());
+    assert_eq!(r.json()["seq"].as_u64(), Some(4), "{}", r.describe());
+    max_index = max_index.max(r.json()["index"].as_u64().unwrap());
+
+    let mut before = Vec::new();
+    for id in c.ids() {
+        before.push(state_of(&c, id, &long_name, max_index).await);
+    }
+    assert_eq!(before[0].batches.len(), 4, "setup: 'good' should hold 4 batches");
+    assert!(before[0].batches[3].data == big, "the 1 MiB batch does not read back byte for byte");
+    for (i, s) in before.iter().enumerate().skip(1) {
+        if let Some(d) = s.diff(&before[0]) {
+            panic!("setup: node {} vs node 1 differ: {d}", i + 1);
+        }
+    }
+
+    // ---------------------------------------------------------------- bad requests
+    let mut ck = Checker { http: http.clone(), failures: Vec::new(), checked: 0 };
+    for id in c.ids() {
+        let base = c.url(id);
+
+        // Malformed / mistyped JSON bodies → 400 invalid_body (new and existing stream).
+        let bodies: Vec<&[u8]> = vec![
+            b"{",
+            b"not json",
+            b"{\"retention\": 5}",
+            b"{\"retention\": {\"max_batches\": \"ten\"}}",
+            b"{\"retention\": {\"max_batches\": -1}}",
+            b"[1, 2, 3]",
+            b"\xff\xfe\x00",
+        ];
+        for name in ["x", "good"] {
+            for b in &bodies {
+                ck.expect_error(
+                    id,
+                    Method::PUT,
+                    &format!("{base}/v1/streams/{name}"),
+                    Some(Bytes::copy_from_slice(b)),
+                    Some("application/json"),
+                    400,
+                    "invalid_body",
+                )
+                .await;
+            }
+        }
+
+        // Unknown paths → 404 not_found.
+        for (m, p) in [
+            (Method::GET, "/nope"),
+            (Method::GET, "/v1/nope"),
+            (Method::GET, "/v1/streams/good/nope"),
+            (Method::POST, "/v1/nothing/here"),
+            (Method::GET, "/v2/streams"),
+        ] {
+            ck.expect_error(id, m, &format!("{base}{p}"), None, None, 404, "not_found").await;
+        }
+
+        // Bad stream names → 400 invalid_stream_name, on every stream endpoint.
+        let too_long = "a".repeat(129);
+        let bad_names =
+            ["a%20b", too_long.as_str(), "..", ".", "%2E%2E", "a%2Fb", "a%5Cb", "%C3%A9", "a*b", "a%00b", "a+b", "a~b"];
+        for name in bad_names {
+            for (m, suffix, body) in [
+                (Method::PUT, "", None),
+                (Method::GET, "", None),
+                (Method::DELETE, "", None),
+                (Method::POST, "/batches", Some(Bytes::from_static(b"x"))),
+                (Method::GET, "/batches", None),
+                (Method::GET, "/subscribe", None),
+            ] {
+                ck.expect_error(
+                    id,
+                    m,
+                    &format!("{base}/v1/streams/{name}{suffix}"),
+                    body,
+                    None,
+                    400,
+                    "invalid_stream_name",
+                )
+                .await;
+            }
+        }
+        // Empty name is a path problem: some 4xx, still a SPEC error body.
+        {
+            ck.checked += 1;
+            let url = format!("{base}/v1/streams/");
+            match http.put(&url, None).await {
+                Ok(r) => {
+                    let code = r.error_code().unwrap_or_default();
+                    let st = r.status;
+                    if !(400..500).contains(&st) || error_problem(&r, st, &code).is_some() || code.is_empty() {
+                        ck.failures.push(format!(
+                            "node {id}: PUT /v1/streams/ (empty name): expected a 4xx SPEC error, got {}",
+                            r.describe()
+                        ));
+                    }
+                }
+                Err(e) => ck.failures.push(format!("node {id}: PUT /v1/streams/: {e}")),
+            }
+        }
+
+        // Missing stream → 404 stream_not_found.
+        for (m, p, body) in [
+            (Method::POST, "/v1/streams/missing/batches", Some(Bytes::from_static(b"x"))),
+            (Method::POST, "/v1/streams/missing/batches?seq=5", Some(Bytes::from_static(b"x"))),
+            (Method::GET, "/v1/streams/missing", None),
+            (Method::GET, "/v1/streams/missing/batches?after=0", None),
+            (Method::DELETE, "/v1/streams/missing", None),
+        ] {
+            ck.expect_error(id, m, &format!("{base}{p}"), body, None, 404, "stream_not_found").await;
+        }
+
+        // One byte over max_batch_bytes → 413 payload_too_large. Sent on a client of its own:
+        // the server closes the connection after this answer without saying so (see
+        // `oversized_publish_leaves_connection_usable_or_announces_close`), which must not turn
+        // the following checks into transport errors.
+        let mut over = big.clone();
+        over.push(7);
+        let shared = std::mem::take(&mut ck.http);
+        ck.expect_error(
+            id,
+            Method::POST,
+            &format!("{base}/v1/streams/good/batches"),
+            Some(Bytes::from(over)),
+            Some("application/octet-stream"),
+            413,
+            "payload_too_large",
+        )
+        .await;
+        ck.http = shared;
+
+        // Bad ?seq → 400 invalid_seq.
+        for s in ["abc", "0", "-1", "1.5", "18446744073709551616", "0x10", "%201"] {
+            ck.expect_error(
+                id,
+                Method::POST,
+                &format!("{base}/v1/streams/good/batches?seq={s}"),
+                Some(Bytes::from_static(b"should-not-be-written")),
+                None,
+                400,
+                "invalid_seq",
+            )
+            .await;
+        }
+        // Idempotency answers that write nothing.
+        ck.expect_error(
+            id,
+            Method::POST,
+            &format!("{base}/v1/streams/good/batches?seq=2"),
+            Some(Bytes::from_static(b"not-batch-2")),
+            None,
+            409,
+            "seq_conflict",
+        )
+        .await;
+        if let Some(r) = ck
+            .expect_status(
+                id,
+                Method::POST,
+                &format!("{base}/v1/streams/good/batches?seq=2"),
+                Some(Bytes::from_static(b"batch-2")),
+                200,
+            )
+            .await
+        {
+            if r.status == 200 {
+                let v = r.json();
+                if v["duplicate"] != Value::Bool(true) || v["seq"].as_u64() != Some(2) {
+                    ck.failures.push(format!("node {id}: duplicate publish of seq 2: {v}"));
+                }
+            }
+        }
+
+        // Bad read parameters → 400 invalid_parameter.
+        for q in [
+            "limit=0",
+            "limit=10001",
+            "limit=-1",
+            "limit=abc",
+            "wait_ms=60001",
+            "wait_ms=-1",
+            "wait_ms=abc",
+            "after=xyz",
+            "after=1.5",
+            "after=-2",
+            "min_index=abc",
+            "min_index=-1",
+        ] {
+            ck.expect_error(
+                id,
+                Method::GET,
+                &format!("{base}/v1/streams/good/batches?{q}"),
+                None,
+                None,
+                400,
+                "invalid_parameter",
+            )
+            .await;
+        }
+        // …while the boundaries are fine.
+        for q in ["limit=1", "limit=10000", "wait_ms=0", "wait_ms=60000&after=0", "after=-1", "after=0&limit=2"] {
+            ck.expect_status(id, Method::GET, &format!("{base}/v1/streams/good/batches?{q}"), None, 200).await;
+        }
+    }
+
+    // ---------------------------------------------------------------- nothing changed
+    for id in c.ids() {
+        let r = http.get(&format!("{}/healthz", c.url(id))).await;
+        match r {
+            Ok(r) if r.status == 200 => {}
+            other => ck.failures.push(format!("node {id} /healthz after the bad requests: {other:?}")),
+        }
+    }
+    // Wait for anything a bad request might have (wrongly) committed to be applied everywhere:
+    // read with min_index = the leader's current commit index.
+    let commit = c.cluster_info(c.leader().await).await.unwrap()["commit_index"].as_u64().unwrap_or(max_index);
+    for (i, id) in c.ids().into_iter().enumerate() {
+        let after = state_of(&c, id, &long_name, commit.max(max_index)).await;
+        if let Some(d) = before[i].diff(&after) {
+            ck.failures.push(format!("node {id}: state changed by the bad requests (before vs after): {d}"));
+        }
+    }
+    for name in ["x", "missing"] {
+        let r = http.get(&format!("{lurl}/v1/streams/{name}")).await.unwrap();
+        if r.status != 404 {
+            ck.failures.push(format!("stream {name} should not exist: {}", r.describe()));
+        }
+    }
+
+    println!("{} checks, {} failures", ck.checked, ck.failures.len());
+    assert!(
+        ck.failures.is_empty(),
+        "{} of {} checks failed:\n{}",
+        ck.failures.len(),
+        ck.checked,
+        ck.failures.join("\n")
+    );
+}
+
+/// After answering a publish 413 without reading the whole body, the server must either announce
+/// `Connection: close` or keep the connection usable. Closing silently makes a keep-alive client
+/// (hyper's pooled client, for one) fail its *next* request with a transport error.
+/// Raw TCP, so that no client-side pool retry hides the behaviour and the result is deterministic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_publish_leaves_connection_usable_or_announces_close() {
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+    /// Reads one HTTP/1.1 response with a Content-Length body; returns (head, body).
+    async fn read_response<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut Vec<u8>) -> Result<(String, Vec<u8>), String> {
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                let len = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        if k.trim().eq_ignore_ascii_case("content-length") {
+                            v.trim().parse::<usize>().ok()
+                        } else {
+                            None
+                        }
+                    })
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + len {
+                    let body = buf[end + 4..end + 4 + len].to_vec();
+                    buf.drain(..end + 4 + len);
+                    return Ok((head, body));
+                }
+            }
+            let mut chunk = [0u8; 8192];
+            match tokio::time::timeout(Duration::from_secs(10), rd.read(&mut chunk)).await {
+                Err(_) => return Err("no complete response within 10 s".into()),
+                Ok(Err(e)) => return Err(format!("read error: {e}")),
+                Ok(Ok(0)) => {
+                    return Err(format!("connection closed by the server ({} bytes of a response read)", buf.len()))
+                }
+                Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    let c = Cluster::start(1, &[]).await;
+    create_stream(&c.http, &c.url(1), "good").await;
+    let addr = c.node(1).addr();
+
+    let sock = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    sock.set_nodelay(true).unwrap();
+    let (mut rd, mut wr) = sock.into_split();
+    let mut req = format!(
+        "POST /v1/streams/good/batches HTTP/1.1\r\nHost: {addr}\r\n\
+         Content-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+        MAX_BATCH + 1
+    )
+    .into_bytes();
+    req.extend(std::iter::repeat_n(b'z', MAX_BATCH + 1));
+    let writer = tokio::spawn(async move {
+        // The server may stop reading early; a write error is then possible and ignored here.
+        let ok = wr.write_all(&req).await.is_ok();
+        (wr, ok)
+    });
+
+    let mut buf = Vec::new();
+    let (head, body) = read_response(&mut rd, &mut buf)
+        .await
+        .unwrap_or_else(|e| panic!("no answer to a {}-byte publish: {e}", MAX_BATCH + 1));
+    let (mut wr, wrote_all) = tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .expect("writing the oversized request did not finish within 10 s")
+        .expect("writer task");
+    println!("first answer (request body fully written: {wrote_all}):\n{head}\n{}", String::from_utf8_lossy(&body));
+    assert!(head.starts_with("HTTP/1.1 413"), "expected 413, got:\n{head}");
+
+    let announces_close = head.lines().any(|l| {
+        l.split_once(':').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("connection") && v.to_ascii_lowercase().contains("close")
+        })
+    });
+    if announces_close {
+        println!("the 413 answer announces Connection: close");
+        return;
+    }
+    // Keep-alive was promised: the same connection must serve the next request.
+    let next = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    let sent = wr.write_all(next.as_bytes()).await;
+    let second = match sent {
+        Ok(()) => read_response(&mut rd, &mut buf).await,
+        Err(e) => Err(format!("write error: {e}")),
+    };
+    match second {
+        Ok((h, _)) => assert!(h.starts_with("HTTP/1.1 200"), "second request on the connection: {h}"),
+        Err(e) => panic!(
+            "the 413 answer did not say `Connection: close`, but the next request on the same \
+             keep-alive connection failed: {e}. A server that stops reading a request body must \
+             send `Connection: close` (or read and discard the rest of the body)."
+        ),
+    }
+}

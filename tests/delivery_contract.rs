@@ -1,0 +1,311 @@
+//! SPEC §2–§4, the delivery contract, against real `runnev serve` processes: idempotent publish
+//! by (stream, seq) across leader failover, subscriptions that survive node loss, announced gaps,
+//! byte-exact payloads, standard SSE clients, and nodes behind the cursor waiting.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures::StreamExt;
+use runnev::client::{Client, Delivery};
+use serde_json::Value;
+
+fn client(c: &Cluster, first: u64) -> Client {
+    // Put `first` first so a subscription starts there; the client rotates through the rest.
+    let mut urls = vec![c.url(first)];
+    urls.extend(c.ids().into_iter().filter(|i| *i != first).map(|i| c.url(i)));
+    Client::new(&urls).expect("client")
+}
+
+async fn publish(c: &Cluster, node: u64, stream: &str, seq: Option<u64>, body: &[u8]) -> Resp {
+    let url = match seq {
+        Some(s) => format!("{}/v1/streams/{stream}/batches?seq={s}", c.url(node)),
+        None => format!("{}/v1/streams/{stream}/batches", c.url(node)),
+    };
+    c.http.post(&url, body.to_vec()).await.unwrap_or_else(|e| panic!("POST {url}: {e}"))
+}
+
+/// Reads (stream, seq) on `node` after it applied `min_index`; `None` if no such batch.
+async fn batch_at(c: &Cluster, node: u64, stream: &str, seq: u64, min_index: u64) -> Option<Vec<u8>> {
+    let url = format!("{}/v1/streams/{stream}/batches?after={}&limit=1&min_index={min_index}", c.url(node), seq - 1);
+    let r = c.http.get(&url).await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    assert_eq!(r.status, 200, "GET {url}: {}", r.describe());
+    let v = r.json();
+    let b = v["batches"].as_array()?.first()?.clone();
+    (b["seq"].as_u64() == Some(seq)).then(|| unb64(b["data"].as_str().unwrap_or_default()).expect("base64"))
+}
+
+/// SPEC §2.3: all five outcomes, and a retry of the same (stream, seq) on another node after the
+/// leader that took the first attempt was killed gives exactly one batch; `duplicate: true` is
+/// only ever answered for a batch that every node then serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotent_publish_holds_across_leader_failover() {
+    let mut c = Cluster::start(3, &[]).await;
+    let leader = c.leader().await;
+    let f = c.followers().await;
+    create_stream(&c.http, &c.url(f[0]), "orders").await;
+
+    let a = publish(&c, leader, "orders", Some(10), b"A").await;
+    assert_eq!(a.status, 201, "{}", a.describe());
+    assert_eq!(a.json()["seq"], 10);
+    let dup = publish(&c, f[0], "orders", Some(10), b"A").await;
+    assert_eq!(dup.status, 200, "{}", dup.describe());
+    assert_eq!(dup.json()["duplicate"], true);
+    assert_eq!(dup.json()["index"], a.json()["index"], "a duplicate answers with the original's log index");
+    assert_eq!(publish(&c, f[1], "orders", Some(10), b"B").await.error_code().as_deref(), Some("seq_conflict"));
+    assert_eq!(publish(&c, f[1], "orders", Some(5), b"A").await.error_code().as_deref(), Some("seq_not_increasing"));
+    let next = publish(&c, f[1], "orders", None, b"next").await;
+    assert_eq!(next.json()["seq"], 11, "server-assigned seq is last seq + 1");
+
+    // seq_evicted: retention keeps one batch, so seq 1 is evicted once seq 2 exists.
+    let r = c.http.put(&format!("{}/v1/streams/tiny", c.url(leader)), Some(r#"{"retention":{"max_batches":1}}"#)).await;
+    assert_eq!(r.expect("PUT tiny").status, 201);
+    assert_eq!(publish(&c, leader, "tiny", Some(1), b"1").await.status, 201);
+    assert_eq!(publish(&c, leader, "tiny", Some(2), b"2").await.status, 201);
+    assert_eq!(publish(&c, f[0], "tiny", Some(1), b"1").await.error_code().as_deref(), Some("seq_evicted"));
+
+    // An acknowledged publish, then the leader dies: the retry elsewhere is a duplicate.
+    let acked = publish(&c, leader, "orders", Some(20), b"twenty").await;
+    assert_eq!(acked.status, 201, "{}", acked.describe());
+    // A publish whose answer is lost with the leader: the outcome is unknown to the client.
+    let url = format!("{}/v1/streams/orders/batches?seq=30", c.url(leader));
+    let http = c.http.clone();
+    let in_flight = tokio::spawn(async move { http.post(&url, b"thirty".to_vec()).await });
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    c.kill_9(leader);
+    let _ = in_flight.await;
+
+    let other = f[1];
+    for (seq, body) in [(20u64, &b"twenty"[..]), (30, &b"thirty"[..])] {
+        let retry = wait_for("the retry to be answered", Duration::from_secs(20), Duration::from_millis(200), || {
+            let c = &c;
+            async move {
+                let r = publish(c, other, "orders", Some(seq), body).await;
+                if r.status == 201 || r.status == 200 {
+                    Ok(r)
+                } else {
+                    Err(r.describe())
+                }
+            }
+        })
+        .await;
+        let v = retry.json();
+        if seq == 20 {
+            assert_eq!(v["duplicate"], true, "an acknowledged batch must be recognised after failover: {v}");
+        }
+        let index = v["index"].as_u64().expect("index");
+        for node in [f[0], f[1]] {
+            assert_eq!(
+                batch_at(&c, node, "orders", seq, index).await.as_deref(),
+                Some(body),
+                "node {node} must serve ({seq}) after the answer {v}"
+            );
+        }
+    }
+    c.restart(leader).await;
+    let all = read_all(&c.http, &c.url(leader), "orders", 0, Duration::from_secs(20)).await.expect("read");
+    let seqs: Vec<u64> = all.iter().map(|b| b.seq).collect();
+    let wait_all =
+        wait_for("the restarted node to hold seq 30", Duration::from_secs(20), Duration::from_millis(200), || {
+            let c = &c;
+            async move {
+                let b = read_all(&c.http, &c.url(leader), "orders", 0, Duration::from_secs(5)).await?;
+                if b.iter().any(|b| b.seq == 30) {
+                    Ok(b)
+                } else {
+                    Err(format!("seqs {:?}", b.iter().map(|b| b.seq).collect::<Vec<_>>()))
+                }
+            }
+        })
+        .await;
+    assert_eq!(wait_all.iter().map(|b| b.seq).collect::<Vec<_>>(), vec![10, 11, 20, 30], "before: {seqs:?}");
+}
+
+/// SPEC §2.4, §2.6: a subscriber on a follower receives every batch in order while the leader
+/// is killed and replaced, reconnecting across nodes, with no hole and no batch twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriber_on_a_follower_survives_leader_failover() {
+    let mut c = Cluster::start(3, &[]).await;
+    let leader = c.leader().await;
+    let follower = c.followers().await[0];
+    create_stream(&c.http, &c.url(leader), "feed").await;
+    const N: u64 = 300;
+
+    let sub_client = client(&c, follower);
+    let consumer = tokio::spawn(async move {
+        let mut sub = sub_client.subscribe("feed", 0);
+        let mut seen = Vec::new();
+        while (seen.len() as u64) < N {
+            match tokio::time::timeout(Duration::from_secs(60), sub.next()).await {
+                Ok(Some(Ok(Delivery::Batch(b)))) => seen.push((b.seq, b.data.to_vec())),
+                Ok(Some(Ok(Delivery::Gap(g)))) => panic!("unexpected gap {g:?}"),
+                Ok(Some(Err(e))) => eprintln!("subscription error (it keeps trying): {e}"),
+                Ok(None) => panic!("subscription ended"),
+                Err(_) => panic!("no delivery for 60 s after {} batches", seen.len()),
+            }
+        }
+        seen
+    });
+
+    let pub_client = client(&c, follower);
+    for seq in 1..=N {
+        if seq == N / 2 {
+            c.kill_9(leader);
+        }
+        if seq == N * 3 / 4 {
+            c.restart(leader).await;
+        }
+        let ack = pub_client.publish("feed", Some(seq), format!("batch {seq}").into_bytes()).await.expect("publish");
+        assert_eq!(ack.seq, seq);
+    }
+    let seen = consumer.await.expect("consumer");
+    let expected: Vec<(u64, Vec<u8>)> = (1..=N).map(|s| (s, format!("batch {s}").into_bytes())).collect();
+    assert_eq!(seen, expected, "every batch once, in order");
+}
+
+/// SPEC §2.5, §4: a consumer behind retention gets a gap with the exact evicted range, then the
+/// oldest retained batch; last_seq never decreases; the next publish after eviction gets
+/// last seq + 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_behind_retention_is_told_the_exact_gap() {
+    let c = Cluster::start(3, &[]).await;
+    let leader = c.leader().await;
+    let r =
+        c.http.put(&format!("{}/v1/streams/short", c.url(leader)), Some(r#"{"retention":{"max_batches":5}}"#)).await;
+    assert_eq!(r.expect("PUT").status, 201);
+    let mut last_index = 0;
+    let mut last_seen = [0u64; 4];
+    for seq in 1..=20u64 {
+        let r = publish(&c, leader, "short", None, format!("b{seq}").as_bytes()).await;
+        assert_eq!(r.status, 201, "{}", r.describe());
+        assert_eq!(r.json()["seq"], seq);
+        last_index = r.json()["index"].as_u64().expect("index");
+        for id in c.ids() {
+            let v = c.http.get(&format!("{}/v1/streams/short", c.url(id))).await.expect("info").json();
+            let ls = v["last_seq"].as_u64().unwrap_or(0);
+            assert!(ls >= last_seen[id as usize], "node {id}: last_seq went from {} to {ls}", last_seen[id as usize]);
+            last_seen[id as usize] = ls;
+        }
+    }
+    for id in c.ids() {
+        let url = format!("{}/v1/streams/short/batches?after=3&min_index={last_index}", c.url(id));
+        let v = c.http.get(&url).await.expect("read").json();
+        assert_eq!(v["gap"], serde_json::json!({"from": 4, "to": 15}), "node {id}: {v}");
+        let seqs: Vec<u64> =
+            v["batches"].as_array().expect("batches").iter().filter_map(|b| b["seq"].as_u64()).collect();
+        assert_eq!(seqs, vec![16, 17, 18, 19, 20], "node {id}");
+        assert_eq!(v["next_after"], 20);
+    }
+    let mut sub = client(&c, c.followers().await[0]).subscribe("short", 0);
+    let first = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("event").expect("item");
+    assert_eq!(first.expect("ok"), Delivery::Gap(runnev::client::Gap { from: 1, to: 15 }));
+    match tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("event").expect("item").expect("ok") {
+        Delivery::Batch(b) => assert_eq!((b.seq, &b.data[..]), (16, &b"b16"[..])),
+        other => panic!("expected batch 16, got {other:?}"),
+    }
+    let after = publish(&c, leader, "short", None, b"b21").await;
+    assert_eq!(after.json()["seq"], 21, "the next publish after eviction gets last seq + 1");
+}
+
+/// Payloads of 0 bytes, exactly the limit, and all 256 byte values round-trip byte-exact through
+/// publish, read and SSE; one byte over the limit gets 413 payload_too_large.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_round_trip_byte_exact() {
+    let c = Cluster::start(3, &[]).await;
+    let leader = c.leader().await;
+    let follower = c.followers().await[0];
+    create_stream(&c.http, &c.url(leader), "bytes").await;
+    let limit = 1024 * 1024;
+    let all: Vec<u8> = (0..=255u8).collect();
+    let big: Vec<u8> = (0..limit).map(|i| (i * 7 % 251) as u8).collect();
+    let payloads = [Vec::new(), all.clone(), big.clone()];
+    let mut index = 0;
+    for p in &payloads {
+        let r = publish(&c, follower, "bytes", None, p).await;
+        assert_eq!(r.status, 201, "{} bytes: {}", p.len(), r.describe());
+        index = r.json()["index"].as_u64().expect("index");
+    }
+    let over = publish(&c, follower, "bytes", None, &vec![0u8; limit + 1]).await;
+    assert_eq!((over.status, over.error_code().as_deref()), (413, Some("payload_too_large")));
+
+    for id in c.ids() {
+        let got = read_all(&c.http, &c.url(id), "bytes", index, Duration::from_secs(20)).await.expect("read");
+        let data: Vec<Vec<u8>> = got.into_iter().map(|b| b.data).collect();
+        assert_eq!(data, payloads, "node {id} read");
+    }
+    let mut sub = client(&c, follower).subscribe("bytes", 0);
+    for p in &payloads {
+        match tokio::time::timeout(Duration::from_secs(10), sub.next())
+            .await
+            .expect("event")
+            .expect("item")
+            .expect("ok")
+        {
+            Delivery::Batch(b) => assert_eq!(&b.data[..], &p[..], "SSE payload of {} bytes", p.len()),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+/// SPEC §4 with a client that is not ours: curl reads the event stream, and resumes from
+/// `Last-Event-ID` (which takes precedence over `after`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_consumes_and_resumes_with_last_event_id() {
+    let c = Cluster::start(3, &[]).await;
+    let leader = c.leader().await;
+    create_stream(&c.http, &c.url(leader), "sse").await;
+    for i in 1..=5 {
+        assert_eq!(publish(&c, leader, "sse", None, format!("e{i}").as_bytes()).await.status, 201);
+    }
+    let node = c.followers().await[0];
+    let curl = |headers: Vec<String>, query: &str| {
+        let mut cmd = std::process::Command::new("curl");
+        cmd.args(["-sN", "--max-time", "3"]);
+        for h in headers {
+            cmd.args(["-H", &h]);
+        }
+        cmd.arg(format!("{}/v1/streams/sse/subscribe{query}", c.url(node)));
+        let out = cmd.output().expect("curl is installed");
+        String::from_utf8(out.stdout).expect("utf-8 event stream")
+    };
+    let ids = |text: &str| -> Vec<u64> {
+        text.lines().filter_map(|l| l.strip_prefix("id: ")).filter_map(|v| v.trim().parse().ok()).collect()
+    };
+    let full = curl(vec![], "?after=0");
+    assert_eq!(ids(&full), vec![1, 2, 3, 4, 5], "stream:\n{full}");
+    assert!(full.contains("event: batch"), "{full}");
+    let first_data = full.lines().find_map(|l| l.strip_prefix("data: ")).expect("a data line");
+    let v: Value = serde_json::from_str(first_data).expect("JSON data");
+    assert_eq!(unb64(v["data"].as_str().expect("data")).expect("b64"), b"e1");
+    let resumed = curl(vec!["Last-Event-ID: 3".into()], "?after=0");
+    assert_eq!(ids(&resumed), vec![4, 5], "Last-Event-ID takes precedence over after:\n{resumed}");
+}
+
+/// SPEC §2.6: a node behind the cursor waits (long poll) rather than answering empty or
+/// announcing a false gap; once it catches up it serves the batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_node_waits_for_the_cursor() {
+    let c = Cluster::start(3, &[]).await;
+    let leader = c.leader().await;
+    let lagging = c.followers().await[0];
+    create_stream(&c.http, &c.url(leader), "lag").await;
+    assert_eq!(publish(&c, leader, "lag", None, b"1").await.status, 201);
+    let pid = c.node(lagging).pid().expect("running") as libc::pid_t;
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    for i in 2..=10 {
+        assert_eq!(publish(&c, leader, "lag", None, format!("{i}").as_bytes()).await.status, 201);
+    }
+    // The consumer already processed seq 8 elsewhere and asks the lagging node for more.
+    let url = format!("{}/v1/streams/lag/batches?after=8&wait_ms=10000", c.url(lagging));
+    let http = c.http.clone();
+    let read =
+        tokio::spawn(async move { http.request(hyper::Method::GET, &url, None, &[], Duration::from_secs(20)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let r = read.await.expect("task").expect("answer");
+    let v = r.json();
+    assert!(v["gap"].is_null(), "no false gap: {v}");
+    let seqs: Vec<u64> = v["batches"].as_array().expect("batches").iter().filter_map(|b| b["seq"].as_u64()).collect();
+    assert_eq!(seqs, vec![9, 10], "the lagging node waited and then served the batches: {v}");
+}
