@@ -345,6 +345,21 @@ impl Cluster {
         c
     }
 
+    /// Starts a new, empty node `id` on a fresh port with the cluster's `--peers` (which do not
+    /// list it, so it waits to be added with `POST /v1/cluster/members`); waits for /healthz.
+    pub async fn add_node(&mut self, id: u64) {
+        assert!(self.nodes.iter().all(|n| n.id != id), "node {id} exists");
+        let port = free_ports(1)[0];
+        let dir = tempfile::Builder::new().prefix(&format!("runnev-test-n{id}-")).tempdir().expect("create tempdir");
+        let root = dir.path().to_path_buf();
+        let data_dir = root.join("data");
+        std::fs::create_dir_all(&data_dir).expect("create data dir");
+        let log_path = root.join(format!("node-{id}.log"));
+        self.nodes.push(Node { id, port, dir: Some(dir), root, data_dir, log_path, child: None, starts: 0 });
+        self.spawn(id);
+        self.wait_healthy(id, Duration::from_secs(20)).await;
+    }
+
     pub fn node(&self, id: u64) -> &Node {
         self.nodes.iter().find(|n| n.id == id).unwrap_or_else(|| panic!("no node {id}"))
     }

@@ -1,0 +1,241 @@
+//! Cluster membership (SPEC §3 `/v1/cluster/members`, Raft paper §6) with real processes: grow
+//! and shrink under load, replace a dead node, and the changes that must be refused.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use runnev::client::Client;
+use serde_json::{json, Value};
+
+async fn add(c: &Cluster, via: u64, id: u64, addr: &str, voter: bool) -> Resp {
+    let body = json!({"id": id, "addr": addr, "voter": voter}).to_string();
+    let url = format!("{}/v1/cluster/members", c.url(via));
+    c.http.request(hyper::Method::POST, &url, Some(body.into()), &[], Duration::from_secs(40)).await.expect("POST")
+}
+
+async fn remove(c: &Cluster, via: u64, id: u64) -> Resp {
+    let url = format!("{}/v1/cluster/members/{id}", c.url(via));
+    c.http.request(hyper::Method::DELETE, &url, None, &[], Duration::from_secs(40)).await.expect("DELETE")
+}
+
+fn voters(view: &Value) -> Vec<u64> {
+    let mut v: Vec<u64> = view["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .filter(|m| m["voter"] == true)
+        .filter_map(|m| m["id"].as_u64())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A publisher with its own seqs; records every acknowledged (seq, payload) and the longest
+/// stretch without a successful publish.
+struct Load {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<(Vec<(u64, Vec<u8>)>, Duration)>,
+}
+
+fn start_load(urls: Vec<String>, stream: &'static str) -> Load {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let task = tokio::spawn(async move {
+        let client = Client::new(&urls).expect("client");
+        let mut acked = Vec::new();
+        let mut last_ok = Instant::now();
+        let mut longest = Duration::ZERO;
+        let mut seq = 0;
+        while !s.load(Ordering::Relaxed) {
+            seq += 1;
+            let body = format!("load {seq}").into_bytes();
+            if client.publish(stream, Some(seq), body.clone()).await.is_ok() {
+                longest = longest.max(last_ok.elapsed());
+                last_ok = Instant::now();
+                acked.push((seq, body));
+            }
+        }
+        (acked, longest)
+    });
+    Load { stop, task }
+}
+
+impl Load {
+    async fn finish(self) -> (Vec<(u64, Vec<u8>)>, Duration) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.expect("load task")
+    }
+}
+
+async fn assert_holds(c: &Cluster, node: u64, stream: &str, acked: &[(u64, Vec<u8>)]) {
+    let leader = c.leader().await;
+    let index = c.cluster_info(leader).await.expect("leader view")["commit_index"].as_u64().unwrap_or(0);
+    let got = read_all(&c.http, &c.url(node), stream, index, Duration::from_secs(30)).await.expect("read");
+    let got: Vec<(u64, Vec<u8>)> = got.into_iter().map(|b| (b.seq, b.data)).collect();
+    for a in acked {
+        assert!(got.contains(a), "node {node} lost acknowledged seq {}", a.0);
+    }
+}
+
+/// Grow 3 → 5 voters and shrink back to 3 while a publisher runs: nothing acknowledged is lost
+/// and the publisher sees at most a short pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grow_to_five_and_shrink_to_three_under_load() {
+    let mut c = Cluster::start(3, &[]).await;
+    create_stream(&c.http, &c.url(1), "m").await;
+    c.add_node(4).await;
+    c.add_node(5).await;
+    let load = start_load(c.urls()[..3].to_vec(), "m");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let follower = c.followers().await[0];
+    for id in [4, 5] {
+        let r = add(&c, follower, id, &c.node(id).addr(), true).await;
+        assert_eq!(r.status, 200, "add {id}: {}", r.describe());
+    }
+    let view = c.cluster_info(c.leader().await).await.expect("view");
+    assert_eq!(voters(&view), vec![1, 2, 3, 4, 5], "{view}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for id in [4, 5] {
+        let r = remove(&c, 1, id).await;
+        assert_eq!(r.status, 200, "remove {id}: {}", r.describe());
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (acked, longest) = load.finish().await;
+    let view = c.cluster_info(c.leader().await).await.expect("view");
+    assert_eq!(voters(&view), vec![1, 2, 3], "{view}");
+    assert!(acked.len() > 20, "the publisher made progress: {} acks", acked.len());
+    eprintln!("membership changes: {} publishes acknowledged, longest pause {longest:?}", acked.len());
+    assert!(longest < Duration::from_secs(5), "publisher paused {longest:?}");
+    for id in [1, 2, 3] {
+        assert_holds(&c, id, "m", &acked).await;
+    }
+}
+
+/// A node killed for good is replaced by a fresh node with another id; the cluster keeps
+/// serving and the new node holds every retained batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_is_replaced_by_a_fresh_one() {
+    let mut c = Cluster::start(3, &["--snapshot-logs", "50", "--snapshot-keep-logs", "10"]).await;
+    create_stream(&c.http, &c.url(1), "r").await;
+    let victim = c.followers().await[0];
+    c.kill_9(victim);
+    let load = start_load(c.running_ids().iter().map(|i| c.url(*i)).collect(), "r");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    c.add_node(4).await;
+    let via = c.running_ids()[0];
+    let r = add(&c, via, 4, &c.node(4).addr(), true).await;
+    assert_eq!(r.status, 200, "add 4: {}", r.describe());
+    let r = remove(&c, via, victim).await;
+    assert_eq!(r.status, 200, "remove {victim}: {}", r.describe());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (acked, _) = load.finish().await;
+    let view = c.cluster_info(4).await.expect("view");
+    let mut expected: Vec<u64> = [1, 2, 3, 4].into_iter().filter(|i| *i != victim).collect();
+    expected.sort();
+    assert_eq!(voters(&view), expected, "{view}");
+    assert_holds(&c, 4, "r", &acked).await;
+    let leader = c.leader().await;
+    let index = c.cluster_info(leader).await.expect("view")["commit_index"].as_u64().unwrap_or(0);
+    let on_leader = read_all(&c.http, &c.url(leader), "r", index, Duration::from_secs(20)).await.expect("leader");
+    let on_new = read_all(&c.http, &c.url(4), "r", index, Duration::from_secs(20)).await.expect("new node");
+    assert_eq!(on_new, on_leader, "the new node holds exactly the leader's batches");
+}
+
+/// The changes that must be refused, each with its error, and the ones that must not wedge the
+/// cluster: removing an unknown node, removing a voter when the rest could not form a live
+/// quorum, adding a node that never answers; removing the leader moves leadership.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_changes_are_refused_and_the_leader_can_leave() {
+    let mut c = Cluster::start(3, &[]).await;
+    create_stream(&c.http, &c.url(1), "x").await;
+
+    let r = remove(&c, 1, 42).await;
+    assert_eq!((r.status, r.error_code().as_deref()), (404, Some("not_found")), "{}", r.describe());
+
+    // A node that never answers: it stays a learner, the answer says so, writes keep working.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let silent_addr = format!("127.0.0.1:{}", silent.local_addr().expect("addr").port());
+    drop(silent);
+    let published = Arc::new(Mutex::new(0u32));
+    let p = published.clone();
+    let urls = c.urls();
+    let writer = tokio::spawn(async move {
+        let client = Client::new(&urls).expect("client");
+        for i in 0..30 {
+            if client.publish("x", None, format!("w{i}").into_bytes()).await.is_ok() {
+                *p.lock().expect("lock") += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let r = add(&c, 2, 9, &silent_addr, true).await;
+    assert_eq!((r.status, r.error_code().as_deref()), (503, Some("not_ready")), "{}", r.describe());
+    writer.await.expect("writer");
+    assert!(*published.lock().expect("lock") >= 25, "writes kept working while node 9 was unreachable");
+    let view = c.cluster_info(c.leader().await).await.expect("view");
+    assert_eq!(voters(&view), vec![1, 2, 3], "node 9 was not promoted: {view}");
+    let r = remove(&c, 3, 9).await;
+    assert_eq!(r.status, 200, "removing the learner: {}", r.describe());
+
+    // With one voter dead, removing another live one would leave 1 of 2 voters live.
+    let leader = c.leader().await;
+    let others: Vec<u64> = c.ids().into_iter().filter(|i| *i != leader).collect();
+    c.kill_9(others[0]);
+    let r = remove(&c, leader, others[1]).await;
+    assert_eq!((r.status, r.error_code().as_deref()), (503, Some("not_ready")), "{}", r.describe());
+    c.restart(others[0]).await;
+
+    // Removing the leader works: leadership moves and writes go on.
+    let leader = c.leader().await;
+    let via = c.ids().into_iter().find(|i| *i != leader).expect("a follower");
+    let r = remove(&c, via, leader).await;
+    assert_eq!(r.status, 200, "removing the leader: {}", r.describe());
+    let new_leader =
+        wait_for("a new leader among the rest", Duration::from_secs(20), Duration::from_millis(200), || {
+            let c = &c;
+            async move {
+                let v = c.cluster_info(via).await?;
+                match v["leader_id"].as_u64() {
+                    Some(l) if l != leader => Ok(l),
+                    other => Err(format!("leader {other:?}")),
+                }
+            }
+        })
+        .await;
+    let r = c.http.post(&format!("{}/v1/streams/x/batches", c.url(new_leader)), b"after".to_vec()).await.expect("post");
+    assert_eq!(r.status, 201, "{}", r.describe());
+    let view = c.cluster_info(new_leader).await.expect("view");
+    assert_eq!(voters(&view).len(), 2, "{view}");
+    assert!(!voters(&view).contains(&leader), "{view}");
+}
+
+/// Two membership changes sent at once are serialised: both complete, none is half-applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_changes_are_serialised() {
+    let mut c = Cluster::start(3, &[]).await;
+    c.add_node(4).await;
+    c.add_node(5).await;
+    let (a4, a5) = (c.node(4).addr(), c.node(5).addr());
+    let (r4, r5) = tokio::join!(add(&c, 1, 4, &a4, true), add(&c, 2, 5, &a5, true));
+    assert_eq!(r4.status, 200, "{}", r4.describe());
+    assert_eq!(r5.status, 200, "{}", r5.describe());
+    for id in c.ids() {
+        let v = wait_for("every node to see five voters", Duration::from_secs(20), Duration::from_millis(200), || {
+            let c = &c;
+            async move {
+                let v = c.cluster_info(id).await?;
+                if voters(&v) == vec![1, 2, 3, 4, 5] {
+                    Ok(v)
+                } else {
+                    Err(v.to_string())
+                }
+            }
+        })
+        .await;
+        assert_eq!(v["members"].as_array().map(|m| m.len()), Some(5), "{v}");
+    }
+}
