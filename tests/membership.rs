@@ -34,11 +34,14 @@ fn voters(view: &Value) -> Vec<u64> {
     v
 }
 
+/// Acknowledged (seq, payload) pairs.
+type Acked = Vec<(u64, Vec<u8>)>;
+
 /// A publisher with its own seqs; records every acknowledged (seq, payload) and the longest
 /// stretch without a successful publish.
 struct Load {
     stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<(Vec<(u64, Vec<u8>)>, Duration)>,
+    task: tokio::task::JoinHandle<(Acked, Duration)>,
 }
 
 fn start_load(urls: Vec<String>, stream: &'static str) -> Load {
@@ -65,7 +68,7 @@ fn start_load(urls: Vec<String>, stream: &'static str) -> Load {
 }
 
 impl Load {
-    async fn finish(self) -> (Vec<(u64, Vec<u8>)>, Duration) {
+    async fn finish(self) -> (Acked, Duration) {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.expect("load task")
     }
