@@ -170,9 +170,18 @@ pub struct BenchOptions {
 }
 
 /// `runnev bench`: a bounded publish load; prints throughput and latency percentiles.
+/// With `--with-seq` each publisher owns a stream (`STREAM-N`) and publishes its own
+/// increasing seqs, as an outbox relay would; seqs on one stream must increase.
 pub async fn bench(client: &Client, o: BenchOptions) -> Result<()> {
-    let (info, _) = client.put_stream(&o.stream, None).await?;
-    let first_seq = info.last_seq + 1;
+    let streams: Vec<String> = if o.with_seq {
+        (0..o.concurrency).map(|w| format!("{}-{w}", o.stream)).collect()
+    } else {
+        vec![o.stream.clone()]
+    };
+    let mut first_seqs = Vec::new();
+    for s in &streams {
+        first_seqs.push(client.put_stream(s, None).await?.0.last_seq + 1);
+    }
     let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let started = Instant::now();
     let deadline = started + o.duration;
@@ -191,7 +200,9 @@ pub async fn bench(client: &Client, o: BenchOptions) -> Result<()> {
     };
     let mut workers = Vec::new();
     for w in 0..o.concurrency {
-        let (client, next, done, stream) = (client.clone(), next.clone(), done.clone(), o.stream.clone());
+        let (client, next, done) = (client.clone(), next.clone(), done.clone());
+        let stream = streams[w % streams.len()].clone();
+        let mut seq = first_seqs[w % streams.len()];
         let (count, with_seq, size) = (o.count, o.with_seq, o.payload_bytes);
         workers.push(tokio::spawn(async move {
             let mut lat = Vec::new();
@@ -206,7 +217,9 @@ pub async fn bench(client: &Client, o: BenchOptions) -> Result<()> {
                 let n = tag.len().min(size);
                 payload[..n].copy_from_slice(&tag.as_bytes()[..n]);
                 let t = Instant::now();
-                match client.publish(&stream, with_seq.then_some(first_seq + i), payload).await {
+                let attempt = client.publish(&stream, with_seq.then_some(seq), payload).await;
+                seq += 1;
+                match attempt {
                     Ok(_) => {
                         lat.push(t.elapsed().as_micros() as u64);
                         done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -13,7 +13,7 @@ use crate::stream::{NameError, PublishRejection};
 
 /// An error answered to a client (SPEC §3, "Errors"). Each variant's message says what was wrong
 /// and how to fix it.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ApiError {
     /// `400 invalid_stream_name`.
     #[error("{0}")]

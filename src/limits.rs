@@ -83,3 +83,11 @@ pub const JOINT_REPAIR_MS: u64 = 1_000;
 /// How long the leader waits for a proposed entry to commit before answering `503 no_leader`
 /// (outcome unknown), in ms.
 pub const COMMIT_WAIT_MS: u64 = 10_000;
+
+/// Most commands the leader's proposer packs into one log entry.
+pub const PROPOSAL_COMMANDS_MAX: usize = 512;
+/// Payload bytes past which the proposer closes a batch (a batch always takes one command),
+/// keeping entries well under [`RAFT_RPC_BYTES_MAX`] / [`RAFT_ENTRIES_PER_APPEND_MAX`].
+pub const PROPOSAL_BYTES_MAX: usize = 2 * 1024 * 1024;
+/// Entries the proposer keeps in flight at once; more requests wait and join the next batch.
+pub const PROPOSALS_IN_FLIGHT_MAX: usize = 4;

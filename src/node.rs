@@ -134,6 +134,7 @@ where
         clock: clock.clone(),
         prometheus,
         membership_lock: membership_lock.clone(),
+        proposer: api::proposer::Proposer::start(raft.clone()),
         stopping,
     };
     let formation = tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http));

@@ -10,6 +10,7 @@
 
 mod cluster;
 mod members;
+pub mod proposer;
 pub mod raft_rpc;
 mod streams;
 mod subscribe;
@@ -63,6 +64,8 @@ pub struct AppState {
     pub prometheus: Option<PrometheusHandle>,
     /// Serialises membership changes on this node.
     pub membership_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Batches proposals on the leader.
+    pub proposer: proposer::Proposer,
     /// Turns true when the node begins to stop, so long polls and subscriptions end and
     /// graceful shutdown is not held up by them.
     pub stopping: tokio::sync::watch::Receiver<bool>,

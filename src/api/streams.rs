@@ -106,7 +106,9 @@ fn answer(name: &str, outcome: Outcome, index: u64) -> Result<Response, ApiError
         }
         Outcome::StreamNotFound => Err(ApiError::StreamNotFound(name.to_string())),
         Outcome::Rejected(r) => Err(r.into()),
-        Outcome::Nothing => Err(ApiError::Internal(format!("log index {index} applied with no outcome"))),
+        Outcome::Nothing | Outcome::Batch(_) => {
+            Err(ApiError::Internal(format!("log index {index} applied with no outcome for this request")))
+        }
     }
 }
 

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::AppState;
 use crate::error::ApiError;
-use crate::limits::{COMMIT_WAIT_MS, FORWARD_HOPS_MAX, FORWARD_TIMEOUT_MS, LEADER_WAIT_MS};
+use crate::limits::{FORWARD_HOPS_MAX, FORWARD_TIMEOUT_MS, LEADER_WAIT_MS};
 use crate::raft::{Command, NodeId, Outcome};
 
 /// Header counting how many times a request has been forwarded.
@@ -50,6 +50,7 @@ pub(crate) enum Led<T> {
 }
 
 /// Why an operation on the leader did not produce a value.
+#[derive(Clone)]
 pub(crate) enum OpError {
     /// This node turned out not to be leader (or lost leadership); look for the leader again.
     NotLeader,
@@ -90,20 +91,7 @@ pub(crate) async fn write(
 ) -> Result<Led<(Outcome, u64)>, ApiError> {
     on_leader(s, req, || {
         let cmd = make((s.clock)());
-        async move {
-            // A leader cut off from its quorum cannot commit; answer within a bound instead of
-            // holding the client. The entry may still commit later: the outcome is unknown.
-            let commit = tokio::time::timeout(Duration::from_millis(COMMIT_WAIT_MS), s.raft.client_write(cmd));
-            let r = commit
-                .await
-                .map_err(|_| {
-                    OpError::Fail(ApiError::NoLeader(format!(
-                        "the entry was not committed within {COMMIT_WAIT_MS} ms (no quorum reachable?); its outcome is unknown: retry, with the same seq"
-                    )))
-                })?
-                .map_err(op_error)?;
-            Ok((r.data, r.log_id.index))
-        }
+        async move { s.proposer.propose(cmd).await }
     })
     .await
 }

@@ -73,6 +73,10 @@ pub enum Command {
         /// Leader time, ms since the Unix epoch.
         ts: u64,
     },
+    /// Several commands proposed as one log entry (one fsync on each node for all of them),
+    /// applied in order, each as if alone; the leader's proposer batches concurrent requests
+    /// this way ([`crate::api::proposer`]).
+    Batch(Vec<Command>),
 }
 
 /// A stream as the API shows it (SPEC §3, stream info).
@@ -113,4 +117,6 @@ pub enum Outcome {
     StreamNotFound,
     /// The publish broke a rule of SPEC §2.3; nothing was written.
     Rejected(PublishRejection),
+    /// The outcomes of a [`Command::Batch`], in order.
+    Batch(Vec<Outcome>),
 }

@@ -157,6 +157,13 @@ impl Tables<'_> {
                     PublishDecision::Reject(r) => Ok(Outcome::Rejected(r)),
                 }
             }
+            Command::Batch(cmds) => {
+                let mut outcomes = Vec::with_capacity(cmds.len());
+                for cmd in cmds {
+                    outcomes.push(self.apply(cmd, index)?);
+                }
+                Ok(Outcome::Batch(outcomes))
+            }
             Command::Tick { ts } => {
                 let mut aging = Vec::new();
                 for row in self.streams.iter()? {

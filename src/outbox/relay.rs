@@ -1,0 +1,531 @@
+//! The outbox relay: committed outbox rows → Runnev streams, each row exactly once.
+//!
+//! Owns: seq assignment for outbox rows, publishing, progress, the singleton lock. Must never:
+//! publish a row under two seqs, publish a seq at or below its stream's last seq, or lose a
+//! committed row.
+//!
+//! One cycle, on the PostgreSQL session that holds the relay's advisory lock:
+//! 1. **Assign** (one transaction): take up to `batch_size` rows with `seq IS NULL` in id order,
+//!    give each the next seq of its stream (per-stream counter in `<table>_progress`), commit.
+//!    The seq is now durable *before* anything is published.
+//! 2. **Publish**: each row with exactly its seq, in seq order per stream (streams in parallel).
+//!    After a crash, rows assigned but not recorded as published are published again first; the
+//!    cluster answers `duplicate: true` for those it already has (SPEC §2.3).
+//! 3. **Record** (one transaction): `published_seq` per stream, commit.
+//!
+//! Why seqs are assigned by the relay and not taken from the row id: ids come from a sequence
+//! in `nextval` order, not commit order. A transaction holding id 7 may commit after id 8 was
+//! relayed as seq 8; publishing id 7 as seq 7 would then be refused (`seq_not_increasing`). Here
+//! id 7 is simply still `seq IS NULL` when it becomes visible, and gets the stream's next seq.
+//!
+//! Why two transactions and not one: if the seqs were assigned in the transaction that records
+//! the progress, a crash after publishing would roll the assignment back, and the retry could
+//! give the same seq to another row (one that committed in between) → `seq_conflict`.
+//!
+//! If another publisher took a seq the relay assigned (the relay should be the stream's only
+//! publisher), the cluster answers `seq_not_increasing` or `seq_conflict`: no batch of that row
+//! is stored, so the row and those after it in that stream go back to `seq IS NULL` and get
+//! seqs after the stream's last seq; `runnev_outbox_reassigned_total` counts them.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::{count_error, failpoint, is_connection_problem, Backoff, Failpoint, FailpointName, OutboxError, PgTarget};
+use crate::client::{Client, ClientError};
+
+const SCHEMA_FILE: &str = "sql/outbox.sql";
+
+/// How the relay runs. [`RelayOptions::new`] gives the defaults.
+#[derive(Debug, Clone)]
+pub struct RelayOptions {
+    /// PostgreSQL URL, `postgres://user:password@host:port/dbname`.
+    pub postgres: String,
+    /// The outbox table (an identifier, see [`super::check_identifier`]); its progress table is
+    /// `<table>_progress`, its NOTIFY channel `<table>`.
+    pub table: String,
+    /// Most rows assigned and published per cycle.
+    pub batch_size: usize,
+    /// How often the active relay looks for rows without a notification.
+    pub poll: Duration,
+    /// How often a standby tries to take the lock.
+    pub standby_poll: Duration,
+    /// Create the tables ([`super::outbox_schema`]) at start if missing.
+    pub init_schema: bool,
+    /// Create a stream the first time a row names it, instead of failing.
+    pub create_streams: bool,
+    /// First delay after an error; doubles up to `backoff_max`.
+    pub backoff_min: Duration,
+    /// Largest delay between retries.
+    pub backoff_max: Duration,
+    /// How often the lag gauges are refreshed.
+    pub lag_every: Duration,
+    /// A test's crash point, if any.
+    pub failpoint: Option<Arc<Failpoint>>,
+}
+
+impl RelayOptions {
+    /// Defaults for `table` on `postgres`: batches of 500, poll every 1 s, standby every 1 s,
+    /// backoff 200 ms → 30 s, lag every 1 s, no schema or stream creation.
+    pub fn new(postgres: impl Into<String>, table: impl Into<String>) -> RelayOptions {
+        RelayOptions {
+            postgres: postgres.into(),
+            table: table.into(),
+            batch_size: 500,
+            poll: Duration::from_secs(1),
+            standby_poll: Duration::from_secs(1),
+            init_schema: false,
+            create_streams: false,
+            backoff_min: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(30),
+            lag_every: Duration::from_secs(1),
+            failpoint: None,
+        }
+    }
+}
+
+/// One outbox row with its seq.
+#[derive(Debug, Clone)]
+struct Row {
+    stream: String,
+    seq: u64,
+    payload: Bytes,
+}
+
+/// What publishing one stream's rows did.
+#[derive(Debug, Default)]
+struct StreamOutcome {
+    /// Highest seq acknowledged (rows are published in seq order, stopping at the first failure).
+    acked: Option<u64>,
+    acked_rows: u64,
+    duplicates: u64,
+    /// The first seq another publisher had taken (`409 seq_not_increasing` / `seq_conflict`).
+    taken: Option<u64>,
+    /// The stream's last seq, read after `taken`.
+    last_seq: u64,
+    error: Option<OutboxError>,
+}
+
+/// The relay for one outbox table. See the module docs for the algorithm.
+pub struct Relay {
+    client: Client,
+    opts: RelayOptions,
+    target: PgTarget,
+    progress: String,
+}
+
+impl Relay {
+    /// A relay publishing through `client`.
+    ///
+    /// Errors: [`OutboxError::Config`] for a bad table name, batch size 0, or a malformed URL.
+    pub fn new(client: Client, opts: RelayOptions) -> Result<Relay, OutboxError> {
+        super::check_identifier(&opts.table)?;
+        if opts.batch_size == 0 || opts.batch_size > 100_000 {
+            return Err(OutboxError::Config("batch size must be 1-100000".into()));
+        }
+        let target = PgTarget::parse(&opts.postgres, "runnev-outbox-relay")?;
+        let progress = format!("{}_progress", opts.table);
+        Ok(Relay { client, opts, target, progress })
+    }
+
+    /// Runs until `shutdown` completes: waits as a hot standby while another relay holds the
+    /// table's lock, then relays. Every failure is logged, counted and retried with backoff;
+    /// this returns `Ok(())` only at shutdown. Dropping the future at any point is safe.
+    ///
+    /// Errors: none after start (failures are retried); kept for symmetry with [`Relay::new`].
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), OutboxError> {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut backoff = Backoff::new(self.opts.backoff_min, self.opts.backoff_max);
+        let table = self.opts.table.clone();
+        loop {
+            let err = tokio::select! {
+                e = self.session(&mut backoff) => e,
+                _ = &mut shutdown => {
+                    metrics::gauge!("runnev_outbox_active", "table" => table.clone()).set(0.0);
+                    tracing::info!(table = %table, "outbox relay stopping");
+                    return Ok(());
+                }
+            };
+            metrics::gauge!("runnev_outbox_active", "table" => table.clone()).set(0.0);
+            count_error("relay", &err);
+            let delay = backoff.next_delay();
+            tracing::error!(table = %table, error = %err, retry_in = ?delay, "outbox relay: PostgreSQL session lost; reconnecting");
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = &mut shutdown => return Ok(()),
+            }
+        }
+    }
+
+    /// One PostgreSQL session: connect, (init,) wait for the lock, relay until a session-level
+    /// failure, which is returned.
+    async fn session(&self, backoff: &mut Backoff) -> OutboxError {
+        match self.session_inner(backoff).await {
+            Ok(never) => match never {},
+            Err(e) => e,
+        }
+    }
+
+    async fn session_inner(&self, backoff: &mut Backoff) -> Result<std::convert::Infallible, OutboxError> {
+        let table = &self.opts.table;
+        let pg_err = |e| OutboxError::from_pg(&self.target.display, e, SCHEMA_FILE);
+        let (mut pg, mut notes) = self.target.connect().await?;
+        if self.opts.init_schema {
+            init_schema(&pg, table).await.map_err(pg_err)?;
+        }
+        self.check_tables(&pg).await?;
+        // Singleton: a session-level advisory lock, released by the server when this session
+        // ends (process killed, connection lost), which is when a standby takes over.
+        let lock_key = format!("runnev-outbox-relay:{table}");
+        let mut announced = false;
+        loop {
+            let got: bool = pg
+                .query_one("SELECT pg_try_advisory_lock(hashtextextended($1, 0))", &[&lock_key])
+                .await
+                .map_err(pg_err)?
+                .get(0);
+            if got {
+                break;
+            }
+            if !announced {
+                tracing::info!(table = %table, "another relay holds this outbox; waiting as a hot standby");
+                announced = true;
+            }
+            backoff.reset();
+            tokio::time::sleep(self.opts.standby_poll).await;
+        }
+        pg.batch_execute(&format!("LISTEN {table}")).await.map_err(pg_err)?;
+        metrics::gauge!("runnev_outbox_active", "table" => table.clone()).set(1.0);
+        tracing::info!(table = %table, target = %self.target.display, "outbox relay active");
+        backoff.reset();
+        let mut cycle_backoff = Backoff::new(self.opts.backoff_min, self.opts.backoff_max);
+        let mut last_lag = Instant::now() - self.opts.lag_every;
+        loop {
+            if last_lag.elapsed() >= self.opts.lag_every {
+                self.update_lag(&pg).await?;
+                last_lag = Instant::now();
+            }
+            match self.cycle(&mut pg).await {
+                Ok(n) => {
+                    cycle_backoff.reset();
+                    if n >= self.opts.batch_size {
+                        continue;
+                    }
+                    // Idle: wake on NOTIFY (a commit that inserted rows) or on the poll timer.
+                    if let Ok(Some(_)) = tokio::time::timeout(self.opts.poll, notes.recv()).await {
+                        while notes.try_recv().is_ok() {}
+                    }
+                }
+                Err(e) if is_connection_problem(&e) => return Err(e),
+                Err(e) => {
+                    count_error("relay", &e);
+                    let delay = cycle_backoff.next_delay();
+                    tracing::error!(table = %table, error = %e, retry_in = ?delay, "outbox relay cycle failed; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    async fn check_tables(&self, pg: &tokio_postgres::Client) -> Result<(), OutboxError> {
+        for t in [&self.opts.table, &self.progress] {
+            let found: Option<String> = pg
+                .query_one("SELECT to_regclass($1)::text", &[t])
+                .await
+                .map_err(|e| OutboxError::from_pg(&self.target.display, e, SCHEMA_FILE))?
+                .get(0);
+            if found.is_none() {
+                return Err(OutboxError::MissingTable {
+                    message: format!("relation \"{t}\" does not exist in {}", self.target.display),
+                    file: SCHEMA_FILE,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Refreshes `runnev_outbox_lag_rows` (rows committed but not yet acknowledged by the
+    /// cluster) and `runnev_outbox_lag_seconds` (age of the oldest such row).
+    async fn update_lag(&self, pg: &tokio_postgres::Client) -> Result<(), OutboxError> {
+        let (t, p) = (&self.opts.table, &self.progress);
+        let sql = format!(
+            "SELECT count(*)::int8, coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM (
+               SELECT created_at FROM {t} WHERE seq IS NULL
+               UNION ALL
+               SELECT o.created_at FROM {p} p
+                 CROSS JOIN LATERAL (SELECT created_at FROM {t} o WHERE o.stream = p.stream AND o.seq > p.published_seq) o
+             ) x"
+        );
+        let row = pg.query_one(&sql, &[]).await.map_err(|e| self.pg_err(e))?;
+        let (rows, secs): (i64, f64) = (row.get(0), row.get(1));
+        metrics::gauge!("runnev_outbox_lag_rows", "table" => t.clone()).set(rows as f64);
+        metrics::gauge!("runnev_outbox_lag_seconds", "table" => t.clone()).set(secs);
+        Ok(())
+    }
+
+    fn pg_err(&self, e: tokio_postgres::Error) -> OutboxError {
+        OutboxError::from_pg(&self.target.display, e, SCHEMA_FILE)
+    }
+
+    /// One cycle: publish what is assigned and unpublished (after a crash), else assign a new
+    /// batch and publish it; then record the progress. Returns the rows acknowledged.
+    async fn cycle(&self, pg: &mut tokio_postgres::Client) -> Result<usize, OutboxError> {
+        let mut work = self.load_unpublished(pg).await?;
+        if work.is_empty() {
+            work = self.assign(pg).await?;
+        } else {
+            tracing::info!(rows = work.len(), "publishing rows assigned before a restart (duplicates expected)");
+        }
+        if work.is_empty() {
+            return Ok(0);
+        }
+        failpoint(&self.opts.failpoint, FailpointName::AfterAssign);
+        let outcomes = self.publish(work).await;
+        failpoint(&self.opts.failpoint, FailpointName::AfterPublish);
+        self.record(pg, &outcomes).await?;
+        let table = self.opts.table.clone();
+        let mut acked = 0usize;
+        let mut first_error = None;
+        for (stream, o) in outcomes {
+            acked += o.acked_rows as usize;
+            metrics::counter!("runnev_outbox_relayed_total", "table" => table.clone()).increment(o.acked_rows);
+            metrics::counter!("runnev_outbox_duplicates_total", "table" => table.clone()).increment(o.duplicates);
+            if let Some(e) = o.error {
+                tracing::warn!(table = %table, stream = %stream, error = %e, "publishing stopped for this stream");
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(acked),
+        }
+    }
+
+    /// Rows with published_seq < seq (assigned, not known to be acknowledged), per stream in
+    /// seq order.
+    async fn load_unpublished(&self, pg: &tokio_postgres::Client) -> Result<Vec<Row>, OutboxError> {
+        let (t, p) = (&self.opts.table, &self.progress);
+        let sql = format!(
+            "SELECT o.stream, o.seq, o.payload FROM {p} p
+               CROSS JOIN LATERAL (SELECT stream, seq, payload FROM {t} o
+                                   WHERE o.stream = p.stream AND o.seq > p.published_seq
+                                   ORDER BY o.seq LIMIT $1) o
+             ORDER BY o.stream, o.seq"
+        );
+        let rows = pg.query(&sql, &[&(self.opts.batch_size as i64)]).await.map_err(|e| self.pg_err(e))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| Row { stream: r.get(0), seq: r.get::<_, i64>(1) as u64, payload: Bytes::from(r.get::<_, Vec<u8>>(2)) })
+            .collect())
+    }
+
+    /// The assignment transaction: the oldest `batch_size` rows without a seq get the next seqs
+    /// of their streams; committed before anything is published.
+    async fn assign(&self, pg: &mut tokio_postgres::Client) -> Result<Vec<Row>, OutboxError> {
+        let (t, p) = (&self.opts.table, &self.progress);
+        let tx = pg.transaction().await.map_err(|e| self.pg_err(e))?;
+        let rows = tx
+            .query(&format!("SELECT id, stream, payload FROM {t} WHERE seq IS NULL ORDER BY id LIMIT $1"), &[&(
+                self.opts.batch_size as i64
+            )])
+            .await
+            .map_err(|e| self.pg_err(e))?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut streams: Vec<String> = rows.iter().map(|r| r.get::<_, String>(1)).collect();
+        streams.sort();
+        streams.dedup();
+        let mut next: BTreeMap<String, u64> = tx
+            .query(&format!("SELECT stream, assigned_seq FROM {p} WHERE stream = ANY($1) FOR UPDATE"), &[&streams])
+            .await
+            .map_err(|e| self.pg_err(e))?
+            .into_iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+            .collect();
+        for s in &streams {
+            if next.contains_key(s) {
+                continue;
+            }
+            let last = self.first_seen(s).await?;
+            tx.execute(
+                &format!(
+                    "INSERT INTO {p} (stream, assigned_seq, published_seq) VALUES ($1, $2, $2) ON CONFLICT DO NOTHING"
+                ),
+                &[s, &(last as i64)],
+            )
+            .await
+            .map_err(|e| self.pg_err(e))?;
+            tracing::info!(stream = %s, after_seq = last, "first row for this stream: its seqs continue after the stream's last seq");
+            next.insert(s.clone(), last);
+        }
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut seqs = Vec::with_capacity(rows.len());
+        let mut work = Vec::with_capacity(rows.len());
+        for r in rows {
+            let stream: String = r.get(1);
+            let n = next.get_mut(&stream).ok_or_else(|| OutboxError::Config(format!("stream {stream} vanished")))?;
+            *n += 1;
+            ids.push(r.get::<_, i64>(0));
+            seqs.push(*n as i64);
+            work.push(Row { stream, seq: *n, payload: Bytes::from(r.get::<_, Vec<u8>>(2)) });
+        }
+        tx.execute(
+            &format!("UPDATE {t} SET seq = v.seq FROM unnest($1::int8[], $2::int8[]) AS v(id, seq) WHERE {t}.id = v.id"),
+            &[&ids, &seqs],
+        )
+        .await
+        .map_err(|e| self.pg_err(e))?;
+        let (names, tops): (Vec<String>, Vec<i64>) = next.into_iter().map(|(s, n)| (s, n as i64)).unzip();
+        tx.execute(
+            &format!(
+                "UPDATE {p} SET assigned_seq = v.seq, updated_at = now()
+                 FROM unnest($1::text[], $2::int8[]) AS v(stream, seq) WHERE {p}.stream = v.stream"
+            ),
+            &[&names, &tops],
+        )
+        .await
+        .map_err(|e| self.pg_err(e))?;
+        tx.commit().await.map_err(|e| self.pg_err(e))?;
+        work.sort_by(|a, b| (&a.stream, a.seq).cmp(&(&b.stream, b.seq)));
+        Ok(work)
+    }
+
+    /// The last seq of a stream the relay has not seen before (creating it if allowed).
+    async fn first_seen(&self, stream: &str) -> Result<u64, OutboxError> {
+        match self.client.stream(stream).await {
+            Ok(info) => Ok(info.last_seq),
+            Err(e) if e.code() == Some("stream_not_found") && self.opts.create_streams => {
+                let (info, _) = self.client.put_stream(stream, None).await?;
+                Ok(info.last_seq)
+            }
+            Err(e) if e.code() == Some("stream_not_found") => Err(OutboxError::Config(format!(
+                "outbox rows name stream {stream:?}, which does not exist: create it, or run the relay with --create-streams"
+            ))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Publishes each stream's rows in seq order, streams concurrently.
+    async fn publish(&self, work: Vec<Row>) -> BTreeMap<String, StreamOutcome> {
+        let mut by_stream: BTreeMap<String, Vec<Row>> = BTreeMap::new();
+        for r in work {
+            by_stream.entry(r.stream.clone()).or_default().push(r);
+        }
+        let tasks = by_stream.into_iter().map(|(stream, rows)| async move {
+            let o = self.publish_stream(&stream, rows).await;
+            (stream, o)
+        });
+        futures::future::join_all(tasks).await.into_iter().collect()
+    }
+
+    async fn publish_stream(&self, stream: &str, rows: Vec<Row>) -> StreamOutcome {
+        let mut o = StreamOutcome::default();
+        let mut recreated = false;
+        let mut i = 0;
+        while i < rows.len() {
+            let row = &rows[i];
+            match self.client.publish(stream, Some(row.seq), row.payload.clone()).await {
+                Ok(ack) => {
+                    o.acked = Some(row.seq);
+                    o.acked_rows += 1;
+                    if ack.duplicate {
+                        o.duplicates += 1;
+                    }
+                    i += 1;
+                }
+                Err(e) if matches!(e.code(), Some("seq_not_increasing") | Some("seq_conflict")) => {
+                    // No batch of this row is stored (the cluster would have answered duplicate).
+                    o.taken = Some(row.seq);
+                    match self.client.stream(stream).await {
+                        Ok(info) => o.last_seq = info.last_seq,
+                        Err(e2) => {
+                            o.taken = None;
+                            o.error = Some(e2.into());
+                        }
+                    }
+                    tracing::warn!(stream, seq = row.seq, error = %e, "another publisher took this seq; the stream's unpublished rows get new seqs");
+                    break;
+                }
+                Err(e) if e.code() == Some("stream_not_found") && self.opts.create_streams && !recreated => {
+                    tracing::warn!(stream, "stream was deleted; creating it again");
+                    recreated = true;
+                    if let Err(e) = self.client.put_stream(stream, None).await {
+                        o.error = Some(e.into());
+                        break;
+                    }
+                }
+                Err(e @ ClientError::Api { .. }) if e.code() != Some("stream_not_found") => {
+                    o.error = Some(OutboxError::Stuck { stream: stream.to_string(), seq: row.seq, source: e });
+                    break;
+                }
+                Err(e) => {
+                    o.error = Some(e.into());
+                    break;
+                }
+            }
+        }
+        o
+    }
+
+    /// The progress transaction: published_seq per stream; rows whose seq another publisher
+    /// took go back to `seq IS NULL`.
+    async fn record(
+        &self,
+        pg: &mut tokio_postgres::Client,
+        outcomes: &BTreeMap<String, StreamOutcome>,
+    ) -> Result<(), OutboxError> {
+        let (t, p) = (&self.opts.table, &self.progress);
+        let (mut names, mut acked) = (Vec::new(), Vec::new());
+        for (s, o) in outcomes {
+            if let Some(a) = o.acked {
+                names.push(s.clone());
+                acked.push(a as i64);
+            }
+        }
+        let tx = pg.transaction().await.map_err(|e| self.pg_err(e))?;
+        if !names.is_empty() {
+            tx.execute(
+                &format!(
+                    "UPDATE {p} SET published_seq = GREATEST(published_seq, v.seq), updated_at = now()
+                     FROM unnest($1::text[], $2::int8[]) AS v(stream, seq) WHERE {p}.stream = v.stream"
+                ),
+                &[&names, &acked],
+            )
+            .await
+            .map_err(|e| self.pg_err(e))?;
+        }
+        for (s, o) in outcomes {
+            let Some(taken) = o.taken else { continue };
+            let n = tx
+                .execute(&format!("UPDATE {t} SET seq = NULL WHERE stream = $1 AND seq >= $2"), &[s, &(taken as i64)])
+                .await
+                .map_err(|e| self.pg_err(e))?;
+            let after = o.last_seq.max(taken) as i64;
+            tx.execute(
+                &format!("UPDATE {p} SET assigned_seq = GREATEST($2, published_seq), updated_at = now() WHERE stream = $1"),
+                &[s, &after],
+            )
+            .await
+            .map_err(|e| self.pg_err(e))?;
+            metrics::counter!("runnev_outbox_reassigned_total", "table" => t.clone()).increment(n);
+        }
+        tx.commit().await.map_err(|e| self.pg_err(e))
+    }
+}
+
+/// Creates the outbox schema for `table` ([`super::outbox_schema`]) if missing, under a
+/// transaction-level advisory lock so that relays starting together do not race on the DDL.
+///
+/// Errors: the driver's error (e.g. permission denied); a bad `table` is reported as a
+/// `Config`-style message inside [`tokio_postgres::Error`]-free [`OutboxError`] by callers.
+pub async fn init_schema(pg: &tokio_postgres::Client, table: &str) -> Result<(), tokio_postgres::Error> {
+    let ddl = super::outbox_schema(table).unwrap_or_default();
+    let sql = format!(
+        "BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('runnev-outbox-schema:{table}', 0)); SET LOCAL client_min_messages = warning; {ddl}; COMMIT;"
+    );
+    pg.batch_execute(&sql).await
+}
