@@ -21,6 +21,7 @@ pub mod limits;
 pub mod local;
 pub mod net;
 pub mod node;
+pub mod outbox;
 pub mod raft;
 pub mod storage;
 pub mod stream;

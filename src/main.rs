@@ -208,6 +208,10 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Relay committed rows of a PostgreSQL outbox table into streams, each exactly once.
+    OutboxRelay(runnev::outbox::cli::RelayArgs),
+    /// Apply a stream's batches to PostgreSQL exactly once (cursor kept in the same transaction).
+    SinkPostgres(runnev::outbox::cli::SinkArgs),
 }
 
 fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>> {
@@ -337,6 +341,8 @@ async fn run() -> Result<()> {
             };
             cli::bench(&at.client()?, o).await?
         }
+        Cmd::OutboxRelay(args) => runnev::outbox::cli::relay(args, shutdown_signal()).await?,
+        Cmd::SinkPostgres(args) => runnev::outbox::cli::sink(args, shutdown_signal()).await?,
     }
     Ok(())
 }

@@ -53,7 +53,9 @@ pub enum OutboxError {
         source: tokio_postgres::Error,
     },
     /// PostgreSQL refused the user, password or database of the URL.
-    #[error("PostgreSQL at {target} refused the connection: {message} (check the user, password and database in the URL)")]
+    #[error(
+        "PostgreSQL at {target} refused the connection: {message} (check the user, password and database in the URL)"
+    )]
     Auth {
         /// `user@host:port/dbname`.
         target: String,
@@ -152,7 +154,9 @@ pub fn check_identifier(name: &str) -> Result<(), OutboxError> {
     if ok {
         Ok(())
     } else {
-        Err(OutboxError::Config(format!("table name {name:?} must match [a-z_][a-z0-9_]* and be at most 40 characters")))
+        Err(OutboxError::Config(format!(
+            "table name {name:?} must match [a-z_][a-z0-9_]* and be at most 40 characters"
+        )))
     }
 }
 
@@ -367,7 +371,8 @@ pub async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
 /// `runnev_outbox_last_error_timestamp_seconds{component}` (seconds since the Unix epoch).
 pub(crate) fn count_error(component: &'static str, e: &OutboxError) {
     metrics::counter!("runnev_outbox_errors_total", "component" => component, "kind" => e.kind()).increment(1);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
     metrics::gauge!("runnev_outbox_last_error_timestamp_seconds", "component" => component).set(now);
 }
 

@@ -174,7 +174,7 @@ impl Relay {
         let pg_err = |e| OutboxError::from_pg(&self.target.display, e, SCHEMA_FILE);
         let (mut pg, mut notes) = self.target.connect().await?;
         if self.opts.init_schema {
-            init_schema(&pg, table).await.map_err(pg_err)?;
+            init_schema(&pg, table).await?;
         }
         self.check_tables(&pg).await?;
         // Singleton: a session-level advisory lock, released by the server when this session
@@ -318,7 +318,11 @@ impl Relay {
         let rows = pg.query(&sql, &[&(self.opts.batch_size as i64)]).await.map_err(|e| self.pg_err(e))?;
         Ok(rows
             .into_iter()
-            .map(|r| Row { stream: r.get(0), seq: r.get::<_, i64>(1) as u64, payload: Bytes::from(r.get::<_, Vec<u8>>(2)) })
+            .map(|r| Row {
+                stream: r.get(0),
+                seq: r.get::<_, i64>(1) as u64,
+                payload: Bytes::from(r.get::<_, Vec<u8>>(2)),
+            })
             .collect())
     }
 
@@ -328,9 +332,10 @@ impl Relay {
         let (t, p) = (&self.opts.table, &self.progress);
         let tx = pg.transaction().await.map_err(|e| self.pg_err(e))?;
         let rows = tx
-            .query(&format!("SELECT id, stream, payload FROM {t} WHERE seq IS NULL ORDER BY id LIMIT $1"), &[&(
-                self.opts.batch_size as i64
-            )])
+            .query(
+                &format!("SELECT id, stream, payload FROM {t} WHERE seq IS NULL ORDER BY id LIMIT $1"),
+                &[&(self.opts.batch_size as i64)],
+            )
             .await
             .map_err(|e| self.pg_err(e))?;
         if rows.is_empty() {
@@ -374,7 +379,9 @@ impl Relay {
             work.push(Row { stream, seq: *n, payload: Bytes::from(r.get::<_, Vec<u8>>(2)) });
         }
         tx.execute(
-            &format!("UPDATE {t} SET seq = v.seq FROM unnest($1::int8[], $2::int8[]) AS v(id, seq) WHERE {t}.id = v.id"),
+            &format!(
+                "UPDATE {t} SET seq = v.seq FROM unnest($1::int8[], $2::int8[]) AS v(id, seq) WHERE {t}.id = v.id"
+            ),
             &[&ids, &seqs],
         )
         .await
@@ -506,7 +513,9 @@ impl Relay {
                 .map_err(|e| self.pg_err(e))?;
             let after = o.last_seq.max(taken) as i64;
             tx.execute(
-                &format!("UPDATE {p} SET assigned_seq = GREATEST($2, published_seq), updated_at = now() WHERE stream = $1"),
+                &format!(
+                    "UPDATE {p} SET assigned_seq = GREATEST($2, published_seq), updated_at = now() WHERE stream = $1"
+                ),
                 &[s, &after],
             )
             .await
@@ -520,12 +529,13 @@ impl Relay {
 /// Creates the outbox schema for `table` ([`super::outbox_schema`]) if missing, under a
 /// transaction-level advisory lock so that relays starting together do not race on the DDL.
 ///
-/// Errors: the driver's error (e.g. permission denied); a bad `table` is reported as a
-/// `Config`-style message inside [`tokio_postgres::Error`]-free [`OutboxError`] by callers.
-pub async fn init_schema(pg: &tokio_postgres::Client, table: &str) -> Result<(), tokio_postgres::Error> {
-    let ddl = super::outbox_schema(table).unwrap_or_default();
+/// Errors: [`OutboxError::Config`] for a bad table name; [`OutboxError::Postgres`] when a
+/// statement fails (e.g. permission denied).
+pub async fn init_schema(pg: &tokio_postgres::Client, table: &str) -> Result<(), OutboxError> {
+    let ddl = super::outbox_schema(table)?;
     let sql = format!(
-        "BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('runnev-outbox-schema:{table}', 0)); SET LOCAL client_min_messages = warning; {ddl}; COMMIT;"
+        "BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('runnev-outbox-schema:{table}', 0));
+         SET LOCAL client_min_messages = warning; {ddl}; COMMIT;"
     );
-    pg.batch_execute(&sql).await
+    pg.batch_execute(&sql).await.map_err(OutboxError::Postgres)
 }

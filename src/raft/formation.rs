@@ -23,7 +23,8 @@ use crate::net::HttpClient;
 enum Peer {
     Down,
     Fresh,
-    InCluster,
+    /// Part of a formed cluster, at this term.
+    InCluster(u64),
 }
 
 async fn probe(http: &HttpClient, addr: &str) -> Peer {
@@ -38,7 +39,7 @@ async fn probe(http: &HttpClient, addr: &str) -> Peer {
     };
     match tokio::time::timeout(Duration::from_secs(1), exchange).await {
         Ok(Some(v)) => match v.get("members").and_then(|m| m.as_array()) {
-            Some(m) if !m.is_empty() => Peer::InCluster,
+            Some(m) if !m.is_empty() => Peer::InCluster(v.get("term").and_then(|t| t.as_u64()).unwrap_or(0)),
             Some(_) => Peer::Fresh,
             None => Peer::Down,
         },
@@ -75,7 +76,7 @@ pub async fn form(raft: Raft, self_id: NodeId, peers: BTreeMap<NodeId, String>, 
             match probe(&http, addr).await {
                 Peer::Down => {}
                 Peer::Fresh => up += 1,
-                Peer::InCluster => {
+                Peer::InCluster(_) => {
                     tracing::info!(
                         peer = id,
                         "peer already belongs to a cluster: waiting for its leader to catch this node up"
@@ -102,4 +103,35 @@ pub async fn form(raft: Raft, self_id: NodeId, peers: BTreeMap<NodeId, String>, 
         }
         tokio::time::sleep(Duration::from_millis(FORMATION_PROBE_MS)).await;
     }
+}
+
+/// Protects the vote of a node whose data dir was wiped (Raft paper §5.2: a server votes at most
+/// once per term, which needs the vote to survive). A pristine node listed in `peers` whose
+/// peers already formed a cluster may have voted before it lost its disk, in a term up to the
+/// highest term they report; it records a vote for itself at that term before Raft starts, so
+/// it cannot grant a second vote in any term it might have voted in. Returns the term recorded.
+///
+/// Errors: the vote could not be stored.
+pub async fn guard_wiped_node(
+    store: &crate::storage::Store,
+    self_id: NodeId,
+    peers: &BTreeMap<NodeId, String>,
+    http: &HttpClient,
+) -> Result<Option<u64>, crate::storage::StoreError> {
+    if !peers.contains_key(&self_id) || !store.is_pristine()? {
+        return Ok(None);
+    }
+    let mut max_term = None;
+    for (_, addr) in peers.iter().filter(|(id, _)| **id != self_id) {
+        if let Peer::InCluster(term) = probe(http, addr).await {
+            max_term = max_term.max(Some(term));
+        }
+    }
+    let Some(term) = max_term else { return Ok(None) };
+    store.seed_vote(&openraft::Vote::new(term, self_id))?;
+    tracing::warn!(
+        term,
+        "empty data dir but the peers form a cluster: rejoining as a wiped node, vote held at term {term}"
+    );
+    Ok(Some(term))
 }

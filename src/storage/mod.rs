@@ -222,6 +222,26 @@ impl Store {
         }
     }
 
+    /// True when this store has never held Raft state: no vote, no log entry, nothing purged.
+    ///
+    /// Errors: redb failures.
+    pub fn is_pristine(&self) -> Result<bool, StoreError> {
+        let txn = self.db.begin_read()?;
+        let meta = txn.open_table(RAFT_META)?;
+        let log = txn.open_table(LOG)?;
+        Ok(meta.get("vote")?.is_none() && meta.get("last_purged")?.is_none() && log.first()?.is_none())
+    }
+
+    /// Durably records `vote` before Raft starts (see `raft::formation::guard_wiped_node`).
+    ///
+    /// Errors: redb failures.
+    pub fn seed_vote(&self, vote: &openraft::Vote<crate::raft::NodeId>) -> Result<(), StoreError> {
+        let txn = self.db.begin_write()?;
+        txn.open_table(RAFT_META)?.insert("vote", encode(vote)?.as_slice())?;
+        txn.commit()?;
+        Ok(())
+    }
+
     /// One stream's metadata, or `None` if it does not exist.
     pub fn stream(&self, name: &str) -> Result<Option<StreamMeta>, StoreError> {
         let txn = self.db.begin_read()?;
