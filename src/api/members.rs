@@ -37,11 +37,6 @@ fn yes() -> bool {
     true
 }
 
-fn forwardable(method: Method, uri: &Uri, headers: HeaderMap, body: bytes::Bytes) -> Forwardable {
-    let path_and_query = uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| uri.path().to_string());
-    Forwardable { method, path_and_query, headers, body }
-}
-
 fn answer(s: &AppState, led: Led<()>) -> Response {
     match led {
         Led::Here(()) => json(StatusCode::OK, &cluster::view_of(s)),
@@ -88,7 +83,7 @@ pub(super) async fn add(
     if b.addr.trim().is_empty() || !b.addr.contains(':') {
         return Err(ApiError::InvalidBody(format!("addr {:?} is not HOST:PORT", b.addr)));
     }
-    let req = forwardable(method, &uri, headers, bytes);
+    let req = Forwardable::new(method, &uri, headers, bytes);
     let led = on_leader(&s, &req, || async {
         let _serial = s.membership_lock.lock().await;
         let membership = s.raft.metrics().borrow().membership_config.membership().clone();
@@ -154,7 +149,7 @@ pub(super) async fn remove(
 ) -> Result<Response, ApiError> {
     let Path(id) = path.map_err(|e| ApiError::InvalidParameter(format!("node id: {e}")))?;
     let _ = body.collect().await;
-    let req = forwardable(method, &uri, headers, bytes::Bytes::new());
+    let req = Forwardable::new(method, &uri, headers, bytes::Bytes::new());
     let led = on_leader(&s, &req, || async {
         let _serial = s.membership_lock.lock().await;
         let membership = s.raft.metrics().borrow().membership_config.membership().clone();

@@ -87,11 +87,6 @@ pub(super) fn param_u64(
         .map_err(|_| ApiError::InvalidParameter(format!("{key}={raw:?} must be a non-negative integer")))
 }
 
-fn forwardable(method: Method, uri: &Uri, headers: HeaderMap, body: bytes::Bytes) -> Forwardable {
-    let path_and_query = uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| uri.path().to_string());
-    Forwardable { method, path_and_query, headers, body }
-}
-
 /// Maps an applied outcome to its answer (SPEC §3).
 fn answer(name: &str, outcome: Outcome, index: u64) -> Result<Response, ApiError> {
     match outcome {
@@ -153,7 +148,7 @@ pub(super) async fn put(
         })?;
         Some(b.retention)
     };
-    let req = forwardable(method, &uri, headers, body);
+    let req = Forwardable::new(method, &uri, headers, body);
     decide(&s, &name, req, |ts| Command::PutStream { name: name.clone(), retention, ts }).await
 }
 
@@ -166,7 +161,7 @@ pub(super) async fn delete(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let name = stream_name(path)?;
-    let req = forwardable(method, &uri, headers, bytes::Bytes::new());
+    let req = Forwardable::new(method, &uri, headers, bytes::Bytes::new());
     decide(&s, &name, req, |_| Command::DeleteStream { name: name.clone() }).await
 }
 
@@ -219,7 +214,7 @@ pub(super) async fn publish(
     }
     let body = read_body(body, limit).await?;
     let auto_create = s.auto_create_streams;
-    let req = forwardable(method, &uri, headers, body.clone());
+    let req = Forwardable::new(method, &uri, headers, body.clone());
     let stream = name.clone();
     decide(&s, &name, req, move |ts| Command::Publish {
         stream: stream.clone(),

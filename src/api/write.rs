@@ -36,6 +36,13 @@ pub(crate) struct Forwardable {
 }
 
 impl Forwardable {
+    /// Keeps a request's method, path and query, headers and body.
+    pub(crate) fn new(method: Method, uri: &axum::http::Uri, headers: HeaderMap, body: Bytes) -> Self {
+        let path_and_query =
+            uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| uri.path().to_string());
+        Forwardable { method, path_and_query, headers, body }
+    }
+
     fn hops(&self) -> u32 {
         self.headers.get(HOPS_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0)
     }

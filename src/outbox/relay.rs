@@ -172,6 +172,7 @@ impl Relay {
     async fn session_inner(&self, backoff: &mut Backoff) -> Result<std::convert::Infallible, OutboxError> {
         let table = &self.opts.table;
         let pg_err = |e| OutboxError::from_pg(&self.target.display, e, SCHEMA_FILE);
+        metrics::gauge!("runnev_outbox_active", "table" => table.clone()).set(0.0);
         let (mut pg, mut notes) = self.target.connect().await?;
         if self.opts.init_schema {
             init_schema(&pg, table).await?;
@@ -293,6 +294,10 @@ impl Relay {
             acked += o.acked_rows as usize;
             metrics::counter!("runnev_outbox_relayed_total", "table" => table.clone()).increment(o.acked_rows);
             metrics::counter!("runnev_outbox_duplicates_total", "table" => table.clone()).increment(o.duplicates);
+            if o.duplicates > 0 {
+                tracing::info!(table = %table, stream = %stream, duplicates = o.duplicates,
+                    "the cluster already had these rows (answered duplicate: true): a retry after a crash");
+            }
             if let Some(e) = o.error {
                 tracing::warn!(table = %table, stream = %stream, error = %e, "publishing stopped for this stream");
                 first_error.get_or_insert(e);
