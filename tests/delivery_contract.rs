@@ -309,3 +309,55 @@ async fn a_lagging_node_waits_for_the_cursor() {
     let seqs: Vec<u64> = v["batches"].as_array().expect("batches").iter().filter_map(|b| b["seq"].as_u64()).collect();
     assert_eq!(seqs, vec![9, 10], "the lagging node waited and then served the batches: {v}");
 }
+
+/// SPEC §2.7: `max_age_ms` evicts from an idle stream through the leader's tick entries (and
+/// may empty it); `max_bytes` never evicts the newest batch. Every node agrees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn age_and_byte_retention_evict_deterministically() {
+    let c = Cluster::start(3, &[]).await;
+    let leader = c.leader().await;
+    let put = |name: &'static str, body: &'static str| {
+        let url = format!("{}/v1/streams/{name}", c.url(leader));
+        let http = c.http.clone();
+        async move { http.put(&url, Some(body)).await.expect("PUT") }
+    };
+    assert_eq!(put("aging", r#"{"retention":{"max_age_ms":1000}}"#).await.status, 201);
+    assert_eq!(put("sized", r#"{"retention":{"max_bytes":10}}"#).await.status, 201);
+    for i in 1..=3 {
+        assert_eq!(publish(&c, leader, "aging", None, format!("a{i}").as_bytes()).await.status, 201);
+    }
+    for body in [&b"1234"[..], b"5678", b"9abc", b"0123456789abcdef"] {
+        assert_eq!(publish(&c, leader, "sized", None, body).await.status, 201);
+    }
+    for id in c.ids() {
+        let v = wait_for("the idle stream to age out", Duration::from_secs(15), Duration::from_millis(200), || {
+            let c = &c;
+            async move {
+                let v = c.http.get(&format!("{}/v1/streams/aging", c.url(id))).await?.json();
+                if v["batches"] == 0 {
+                    Ok(v)
+                } else {
+                    Err(v.to_string())
+                }
+            }
+        })
+        .await;
+        assert_eq!(
+            (v["first_seq"].as_u64(), v["last_seq"].as_u64(), v["evicted_through"].as_u64()),
+            (Some(4), Some(3), Some(3)),
+            "node {id}: {v}"
+        );
+        let r = c.http.get(&format!("{}/v1/streams/aging/batches?after=0", c.url(id))).await.expect("read").json();
+        assert_eq!(r["gap"], serde_json::json!({"from": 1, "to": 3}), "node {id}: {r}");
+        assert_eq!(r["next_after"], 3, "node {id}: {r}");
+    }
+    let next = publish(&c, leader, "aging", None, b"a4").await;
+    assert_eq!(next.json()["seq"], 4, "an emptied stream continues after its last seq");
+    let sized = c.http.get(&format!("{}/v1/streams/sized", c.url(leader))).await.expect("info").json();
+    // 16 bytes > 10: only the newest batch is left, because it is the newest.
+    assert_eq!(
+        (sized["batches"].as_u64(), sized["bytes"].as_u64(), sized["first_seq"].as_u64()),
+        (Some(1), Some(16), Some(4)),
+        "{sized}"
+    );
+}
