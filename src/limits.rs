@@ -91,3 +91,7 @@ pub const PROPOSAL_COMMANDS_MAX: usize = 512;
 pub const PROPOSAL_BYTES_MAX: usize = 2 * 1024 * 1024;
 /// Entries the proposer keeps in flight at once; more requests wait and join the next batch.
 pub const PROPOSALS_IN_FLIGHT_MAX: usize = 4;
+
+/// How long a subscription to a stream this node does not know waits for it to appear (the node
+/// may be behind the stream's creation) before `404 stream_not_found`, in ms.
+pub const SUBSCRIBE_STREAM_WAIT_MS: u64 = 2_000;

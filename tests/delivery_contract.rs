@@ -304,6 +304,7 @@ async fn a_lagging_node_waits_for_the_cursor() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     unsafe { libc::kill(pid, libc::SIGCONT) };
     let r = read.await.expect("task").expect("answer");
+    assert_eq!(r.status, 200, "a node behind the stream's creation waits too: {}", r.describe());
     let v = r.json();
     assert!(v["gap"].is_null(), "no false gap: {v}");
     let seqs: Vec<u64> = v["batches"].as_array().expect("batches").iter().filter_map(|b| b["seq"].as_u64()).collect();
@@ -360,4 +361,35 @@ async fn age_and_byte_retention_evict_deterministically() {
         (Some(1), Some(16), Some(4)),
         "{sized}"
     );
+}
+
+/// Regression: a follower that had not yet applied a stream's creation answered a long-poll
+/// read `404 stream_not_found` (seen as a flaky `a_lagging_node_waits_for_the_cursor`). A node
+/// behind the creation now waits like a node behind the cursor, for reads and subscriptions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_behind_a_streams_creation_waits_instead_of_404() {
+    let c = Cluster::start(3, &[]).await;
+    let leader = c.leader().await;
+    let lagging = c.followers().await[0];
+    let pid = c.node(lagging).pid().expect("running") as libc::pid_t;
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    create_stream(&c.http, &c.url(leader), "late").await;
+    assert_eq!(publish(&c, leader, "late", None, b"first").await.status, 201);
+    let read_url = format!("{}/v1/streams/late/batches?after=0&wait_ms=10000", c.url(lagging));
+    let http = c.http.clone();
+    let read =
+        tokio::spawn(
+            async move { http.request(hyper::Method::GET, &read_url, None, &[], Duration::from_secs(20)).await },
+        );
+    let sub_url = format!("{}/v1/streams/late/subscribe?after=0", c.url(lagging));
+    let curl = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("curl").args(["-sN", "--max-time", "4", &sub_url]).output().expect("curl")
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let r = read.await.expect("task").expect("answer");
+    assert_eq!(r.status, 200, "{}", r.describe());
+    assert_eq!(r.json()["batches"][0]["seq"], 1, "{}", r.describe());
+    let out = String::from_utf8(curl.await.expect("curl task").stdout).expect("utf-8");
+    assert!(out.contains("id: 1"), "the subscription waited for the stream and delivered seq 1:\n{out}");
 }

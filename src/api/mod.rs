@@ -74,6 +74,7 @@ pub struct AppState {
 /// The router serving SPEC §3 and the Raft RPCs.
 pub fn router(state: AppState) -> Router {
     let node_header = HeaderValue::from(state.node_id);
+    let raft = state.raft.clone();
     Router::new()
         .route("/v1/streams", get(streams::list))
         .route("/v1/streams/{name}", put(streams::put).get(streams::info).delete(streams::delete))
@@ -94,13 +95,26 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn(record_request))
         .layer(axum::middleware::map_response(move |mut resp: Response| {
             let v = node_header.clone();
+            let leader = leader_addr(&raft);
             async move {
-                // A forwarded answer keeps the header of the leader that decided it.
+                // A forwarded answer keeps the headers of the leader that decided it.
                 resp.headers_mut().entry("runnev-node").or_insert(v);
+                if let Some(addr) = leader.and_then(|a| HeaderValue::from_str(&a).ok()) {
+                    resp.headers_mut().entry("runnev-leader").or_insert(addr);
+                }
                 resp
             }
         }))
         .with_state(state)
+}
+
+/// The leader's address as this node knows it, sent as `Runnev-Leader` so clients can send
+/// writes straight to the leader instead of through a forwarding hop.
+fn leader_addr(raft: &Raft) -> Option<String> {
+    let m = raft.metrics();
+    let m = m.borrow();
+    let leader = m.current_leader?;
+    m.membership_config.membership().get_node(&leader).map(|n| n.addr.clone())
 }
 
 /// Counts requests by route and status, and times them (`/metrics`).

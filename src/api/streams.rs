@@ -311,12 +311,24 @@ pub(super) async fn read(
         applied.borrow_and_update();
         let store = s.store.clone();
         let n = name.clone();
-        let view = blocking(move || store.read_batches(&n, after, limit, READ_ANSWER_BYTES_MAX))
-            .await?
-            .ok_or_else(|| ApiError::StreamNotFound(name.clone()))?;
-        let has_news = !view.batches.is_empty() || stream::gap_for(&view.meta, after).is_some();
+        let found = blocking(move || store.read_batches(&n, after, limit, READ_ANSWER_BYTES_MAX)).await?;
         let now = Instant::now();
-        if has_news || now >= deadline || *stopping.borrow() {
+        let done = now >= deadline || *stopping.borrow();
+        // A node that has not applied the stream's creation yet waits like one behind the
+        // cursor: "not found" is only answered once the wait is over.
+        let Some(view) = found else {
+            if done {
+                return Err(ApiError::StreamNotFound(name));
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(deadline - now) => {}
+                _ = applied.changed() => {}
+                _ = stopping.changed() => {}
+            }
+            continue;
+        };
+        let has_news = !view.batches.is_empty() || stream::gap_for(&view.meta, after).is_some();
+        if has_news || done {
             return Ok(json(StatusCode::OK, &read_json(view, after)));
         }
         // Long poll: a node behind the cursor waits rather than answering a false "empty".

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use super::streams::{param_u64, query, stream_name, BatchJson, GapJson};
 use super::AppState;
 use crate::error::ApiError;
-use crate::limits::{READ_ANSWER_BYTES_MAX, SUBSCRIBE_KEEPALIVE_MS, SUBSCRIBE_READ_BATCHES};
+use crate::limits::{READ_ANSWER_BYTES_MAX, SUBSCRIBE_KEEPALIVE_MS, SUBSCRIBE_READ_BATCHES, SUBSCRIBE_STREAM_WAIT_MS};
 use crate::storage::blocking;
 use crate::stream;
 
@@ -85,6 +85,25 @@ async fn refill(c: &mut Cursor) -> bool {
     }
 }
 
+/// Waits up to [`SUBSCRIBE_STREAM_WAIT_MS`] for this node to know the stream: a node that has not
+/// applied the stream's creation yet must not turn a subscriber away.
+///
+/// Errors: `404 stream_not_found` when it is still unknown after the wait.
+async fn wait_for_stream(s: &AppState, name: &str) -> Result<(), ApiError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(SUBSCRIBE_STREAM_WAIT_MS);
+    let mut applied = s.store.watch_applied();
+    loop {
+        applied.borrow_and_update();
+        let (store, n) = (s.store.clone(), name.to_string());
+        if blocking(move || store.stream(&n)).await?.is_some() {
+            return Ok(());
+        }
+        if tokio::time::timeout_at(deadline, applied.changed()).await.is_err() {
+            return Err(ApiError::StreamNotFound(name.to_string()));
+        }
+    }
+}
+
 /// `GET /v1/streams/{name}/subscribe?after=C`.
 pub(super) async fn subscribe(
     State(s): State<AppState>,
@@ -95,11 +114,7 @@ pub(super) async fn subscribe(
     let name = stream_name(path)?;
     let q = query(q)?;
     let after = start_cursor(&headers, &q)?;
-    let store = s.store.clone();
-    let n = name.clone();
-    if blocking(move || store.stream(&n)).await?.is_none() {
-        return Err(ApiError::StreamNotFound(name));
-    }
+    wait_for_stream(&s, &name).await?;
     let applied = s.store.watch_applied();
     let stopping = s.stopping.clone();
     if *stopping.borrow() {

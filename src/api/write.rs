@@ -183,8 +183,10 @@ async fn forward(s: &AppState, addr: &str, req: &Forwardable) -> Result<Response
                 out.headers_mut().insert(name, v.clone());
             }
         }
-        if let Some(v) = parts.headers.get("runnev-node") {
-            out.headers_mut().insert("runnev-node", v.clone());
+        for name in ["runnev-node", "runnev-leader"] {
+            if let Some(v) = parts.headers.get(name) {
+                out.headers_mut().insert(name, v.clone());
+            }
         }
         Ok(out)
     };

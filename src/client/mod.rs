@@ -222,6 +222,9 @@ struct Inner {
     nodes: Vec<String>,
     http: HttpClient,
     next: AtomicUsize,
+    /// Index in `nodes` of the leader, learned from the `Runnev-Leader` header; `usize::MAX`
+    /// when unknown. Writes go there first, saving the forwarding hop.
+    leader: AtomicUsize,
     policy: RetryPolicy,
 }
 
@@ -250,7 +253,13 @@ impl Client {
             clean.push(n.to_string());
         }
         Ok(Client {
-            inner: Arc::new(Inner { nodes: clean, http: http_client(dialer), next: AtomicUsize::new(0), policy }),
+            inner: Arc::new(Inner {
+                nodes: clean,
+                http: http_client(dialer),
+                next: AtomicUsize::new(0),
+                leader: AtomicUsize::new(usize::MAX),
+                policy,
+            }),
         })
     }
 
@@ -278,6 +287,21 @@ impl Client {
         self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.nodes.len()
     }
 
+    /// The node for a write: the known leader, else the next in rotation.
+    fn pick_for_write(&self) -> usize {
+        match self.inner.leader.load(Ordering::Relaxed) {
+            i if i < self.inner.nodes.len() => i,
+            _ => self.pick(),
+        }
+    }
+
+    /// Remembers which configured node the `Runnev-Leader` header names, if any.
+    fn learn_leader(&self, headers: &hyper::HeaderMap) {
+        let Some(addr) = headers.get("runnev-leader").and_then(|v| v.to_str().ok()) else { return };
+        let found = self.inner.nodes.iter().position(|n| n.strip_prefix("http://").is_some_and(|a| a == addr));
+        self.inner.leader.store(found.unwrap_or(usize::MAX), Ordering::Relaxed);
+    }
+
     async fn exchange(
         &self,
         node: &str,
@@ -294,6 +318,7 @@ impl Client {
         let run = async {
             let resp = self.inner.http.request(req).await.map_err(|e| Attempt::Retry(format!("{node}: {e}")))?;
             let status = resp.status();
+            self.learn_leader(resp.headers());
             let bytes = Limited::new(resp.into_body(), ANSWER_BYTES_MAX)
                 .collect()
                 .await
@@ -317,8 +342,9 @@ impl Client {
         let policy = self.inner.policy;
         let started = tokio::time::Instant::now();
         let mut backoff = policy.backoff_min;
+        let write = method != Method::GET;
         loop {
-            let node = self.inner.nodes[self.pick()].clone();
+            let node = self.inner.nodes[if write { self.pick_for_write() } else { self.pick() }].clone();
             let last = match self.exchange(&node, &method, path, &body, policy.request_timeout + extra_timeout).await {
                 Ok((status, bytes)) if status == StatusCode::SERVICE_UNAVAILABLE => {
                     format!("{node}: 503 {}", String::from_utf8_lossy(&bytes))
@@ -328,6 +354,8 @@ impl Client {
                 Err(Attempt::Fail(e)) => return Err(e),
                 Err(Attempt::Retry(why)) => why,
             };
+            // The leader we knew failed us: rotate until a response names the new one.
+            self.inner.leader.store(usize::MAX, Ordering::Relaxed);
             let elapsed = started.elapsed();
             if elapsed + backoff > policy.give_up_after {
                 return Err(ClientError::Unavailable { after: elapsed, last });
