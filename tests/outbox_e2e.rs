@@ -1,0 +1,167 @@
+//! End to end against a real PostgreSQL (`RUNNEV_TEST_POSTGRES_URL`): many concurrent
+//! application transactions (some rolled back) write business rows and outbox rows → `runnev
+//! outbox-relay` → a three-node cluster whose leader is killed in the middle → `runnev
+//! sink-postgres`. Every committed business row appears exactly once in the sink table; rolled-
+//! back ones never do.
+
+mod common;
+mod outbox_common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use outbox_common::*;
+
+const WRITERS: u64 = 6;
+const TXS_PER_WRITER: u64 = 250;
+const STREAM: &str = "orders-e2e";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once() {
+    let url = require_pg!("outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once");
+    let mut c = Cluster::start(3, &[]).await;
+    let pg = connect(&url).await;
+    let outbox = unique("e2e_outbox");
+    let orders = unique("e2e_orders");
+    let sunk = unique("e2e_sunk");
+    create_outbox(&pg, &outbox).await;
+    pg.batch_execute(&format!(
+        "CREATE TABLE {orders} (id text PRIMARY KEY, amount int8 NOT NULL);
+         CREATE TABLE {sunk} (order_id text NOT NULL, seq int8 NOT NULL);"
+    ))
+    .await
+    .unwrap();
+    let consumer = unique("e2e");
+
+    let relay = Proc::start("relay", &relay_args(&url, &c.urls(), &outbox, &["--batch-size", "100"]), &[]);
+    // The sink extracts the order id from the JSON payload into its own table (no unique
+    // constraint: a second application would show as a second row).
+    let apply = format!("INSERT INTO {sunk} (order_id, seq) SELECT convert_from($4, 'UTF8')::jsonb->>'order', $2");
+    let sink_args: Vec<String> = [
+        "sink-postgres",
+        "--postgres",
+        &url,
+        "--nodes",
+        &c.urls().join(","),
+        "--stream",
+        STREAM,
+        "--consumer",
+        &consumer,
+        "--apply-sql",
+        &apply,
+        "--init-schema",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let sink = Proc::start("sink", &sink_args, &[]);
+
+    // The application: WRITERS connections, each running transactions that insert an order and
+    // its outbox row; about one in six rolls back, one in ten writes two orders.
+    let done = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (url, outbox, orders) = (url.clone(), outbox.clone(), orders.clone());
+        writers.push(tokio::spawn(async move {
+            let mut pg = connect(&url).await;
+            let mut rng = Rng::new(Rng::from_time().next_u64() ^ (w + 1));
+            let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
+            for t in 0..TXS_PER_WRITER {
+                let tx = pg.transaction().await.unwrap();
+                let n = if rng.below(10) == 0 { 2 } else { 1 };
+                let ids: Vec<String> = (0..n).map(|k| format!("w{w}-t{t}-{k}")).collect();
+                for id in &ids {
+                    tx.execute(
+                        &format!("INSERT INTO {orders} (id, amount) VALUES ($1, $2)"),
+                        &[id, &(rng.below(1000) as i64)],
+                    )
+                    .await
+                    .unwrap();
+                    let body = serde_json::json!({"order": id}).to_string().into_bytes();
+                    tx.execute(&format!("INSERT INTO {outbox} (stream, payload) VALUES ($1, $2)"), &[&STREAM, &body])
+                        .await
+                        .unwrap();
+                }
+                if rng.below(6) == 0 {
+                    tx.rollback().await.unwrap();
+                    rolled_back.extend(ids);
+                } else {
+                    tx.commit().await.unwrap();
+                    committed.extend(ids);
+                }
+                if rng.below(4) == 0 {
+                    tokio::time::sleep(Duration::from_millis(rng.below(5))).await;
+                }
+            }
+            (committed, rolled_back)
+        }));
+    }
+
+    // Kill the leader once some rows have gone through, restart it later.
+    until("the first rows in the sink", Duration::from_secs(60), || async {
+        let n: i64 = pg.query_one(&format!("SELECT count(*) FROM {sunk}"), &[]).await.unwrap().get(0);
+        if n >= 50 {
+            Ok(())
+        } else {
+            Err(format!("{n} rows sunk"))
+        }
+    })
+    .await;
+    let leader = c.leader().await;
+    c.kill_9(leader);
+    let killed = Instant::now();
+    eprintln!("killed leader {leader}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.restart(leader).await;
+
+    let mut committed = BTreeSet::new();
+    let mut rolled_back = BTreeSet::new();
+    for w in writers {
+        let (c, r) = w.await.unwrap();
+        committed.extend(c);
+        rolled_back.extend(r);
+    }
+    done.store(true, Ordering::Relaxed);
+    assert!(!rolled_back.is_empty() && committed.len() > 1000);
+
+    let want = committed.len() as i64;
+    until("every committed order in the sink", Duration::from_secs(180), || async {
+        let n: i64 = pg.query_one(&format!("SELECT count(*) FROM {sunk}"), &[]).await.unwrap().get(0);
+        if n >= want {
+            Ok(())
+        } else {
+            Err(format!("{n} of {want} sunk; relay alive {}, sink alive {}", relay.alive(), sink.alive()))
+        }
+    })
+    .await;
+    eprintln!(
+        "{} committed and {} rolled-back orders; all committed ones sunk {:.1?} after the leader kill",
+        committed.len(),
+        rolled_back.len(),
+        killed.elapsed()
+    );
+    // Let any stray duplicate show up before counting.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut seqs = BTreeSet::new();
+    for r in pg.query(&format!("SELECT order_id, seq FROM {sunk}"), &[]).await.unwrap() {
+        *seen.entry(r.get(0)).or_default() += 1;
+        assert!(seqs.insert(r.get::<_, i64>(1)), "seq applied twice");
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "orders applied more than once: {twice:?}");
+    let in_db: BTreeSet<String> =
+        pg.query(&format!("SELECT id FROM {orders}"), &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(in_db, committed, "the business table holds exactly the committed orders");
+    let sunk_ids: BTreeSet<String> = seen.keys().cloned().collect();
+    assert_eq!(sunk_ids, committed, "the sink holds exactly the committed orders");
+    assert!(rolled_back.iter().all(|id| !sunk_ids.contains(id)));
+    // The stream itself: each committed order once, read from the restarted node.
+    let batches = read_all(&c.http, &c.url(leader), STREAM, 0, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(batches.len(), committed.len(), "stream length");
+    assert!(relay.alive() && sink.alive());
+}

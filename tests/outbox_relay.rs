@@ -1,0 +1,353 @@
+//! The outbox relay against a real PostgreSQL (`RUNNEV_TEST_POSTGRES_URL`) and a real three-node
+//! cluster: crash points, repeated `kill -9`, out-of-order commits, the hot standby, and clear
+//! retried errors for an unreachable database, wrong credentials and a missing table.
+
+mod common;
+mod outbox_common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::*;
+use outbox_common::*;
+
+/// Inserts `n` rows into `table` (one transaction), payloads `"{tag}-{i}"` spread over
+/// `streams` round robin. Returns the payloads per stream in id order.
+async fn insert_rows(
+    pg: &tokio_postgres::Client,
+    table: &str,
+    streams: &[&str],
+    tag: &str,
+    n: usize,
+) -> BTreeMap<String, Vec<Vec<u8>>> {
+    let mut out: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+    let (mut ss, mut ps) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let s = streams[i % streams.len()].to_string();
+        let p = payload(tag, i as u64);
+        out.entry(s.clone()).or_default().push(p.clone());
+        ss.push(s);
+        ps.push(p);
+    }
+    for (cs, cp) in ss.chunks(5000).zip(ps.chunks(5000)) {
+        pg.execute(
+            &format!("INSERT INTO {table} (stream, payload) SELECT s, p FROM unnest($1::text[], $2::bytea[]) WITH ORDINALITY AS x(s, p, o) ORDER BY o"),
+            &[&cs, &cp],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("insert: {e:?}"));
+    }
+    out
+}
+
+/// Checks that each stream holds exactly the expected payloads once, and that every row's seq
+/// in the table is the seq of its batch.
+async fn check_streams(c: &Cluster, pg: &tokio_postgres::Client, table: &str, want: &BTreeMap<String, Vec<Vec<u8>>>) {
+    for (stream, payloads) in want {
+        let got = read_all(&c.http, &c.url(1), stream, 0, Duration::from_secs(20)).await.unwrap();
+        let mut count: BTreeMap<&[u8], usize> = BTreeMap::new();
+        for b in &got {
+            *count.entry(&b.data).or_default() += 1;
+        }
+        let dups: Vec<_> = count.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(dups.is_empty(), "stream {stream}: {} payloads appear more than once", dups.len());
+        let missing = payloads.iter().filter(|p| !count.contains_key(p.as_slice())).count();
+        assert_eq!(missing, 0, "stream {stream}: {missing} committed rows are missing");
+        assert_eq!(got.len(), payloads.len(), "stream {stream}: batch count");
+        let rows = pg
+            .query(&format!("SELECT seq, payload FROM {table} WHERE stream = $1 ORDER BY seq"), &[stream])
+            .await
+            .unwrap();
+        let by_seq: BTreeMap<u64, Vec<u8>> =
+            rows.iter().map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, Vec<u8>>(1))).collect();
+        for b in &got {
+            assert_eq!(
+                by_seq.get(&b.seq),
+                Some(&b.data),
+                "stream {stream}: seq {} is not the row with that seq",
+                b.seq
+            );
+        }
+    }
+}
+
+async fn wait_relayed(pg: &tokio_postgres::Client, table: &str, timeout: Duration, relay: &Proc) {
+    until("every row relayed", timeout, || async {
+        let n = unrelayed(pg, table).await;
+        if n == 0 {
+            Ok(())
+        } else {
+            Err(format!("{n} rows not relayed; relay alive: {}", relay.alive()))
+        }
+    })
+    .await
+}
+
+/// A crash after publishing and before recording the progress, and a crash after assigning and
+/// before publishing: nothing lost, nothing twice, and the retry is answered duplicate: true.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_relay_crash_points_lose_nothing_and_publish_once() {
+    let url = require_pg!("outbox_relay_crash_points_lose_nothing_and_publish_once");
+    let c = Cluster::start(3, &[]).await;
+    let pg = connect(&url).await;
+    let table = unique("ob_fp");
+    create_outbox(&pg, &table).await;
+    let want = insert_rows(&pg, &table, &["fp"], "fp", 10).await;
+    let args = relay_args(&url, &c.urls(), &table, &["--batch-size", "4", "--poll-ms", "100"]);
+
+    // 1. Abort after the first batch of 4 is acknowledged, before the progress is committed.
+    let mut relay = Proc::start("relay", &args, &[("RUNNEV_OUTBOX_FAILPOINT", "after-publish")]);
+    relay.wait_exit(Duration::from_secs(60)).await;
+    let stored = read_all(&c.http, &c.url(1), "fp", 0, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(stored.len(), 4, "the first batch was published before the crash");
+    assert_eq!(progress(&pg, &table, "fp").await, (0, 4), "assigned 4, recorded none");
+
+    // 2. Restart, crash again after the second assignment (before publishing it). The first
+    //    cycle republishes seqs 1-4 and the cluster answers duplicate: true.
+    relay.set_env("RUNNEV_OUTBOX_FAILPOINT", Some("after-assign:2"));
+    relay.spawn();
+    relay.wait_exit(Duration::from_secs(60)).await;
+    assert!(
+        relay.log_text().contains("answered duplicate: true"),
+        "the retry after the crash was not answered duplicate: true:\n{}",
+        relay.log_tail(30)
+    );
+    assert_eq!(progress(&pg, &table, "fp").await, (4, 8), "recorded 4, assigned 8");
+    assert_eq!(read_all(&c.http, &c.url(1), "fp", 0, Duration::from_secs(10)).await.unwrap().len(), 4);
+
+    // 3. A clean run finishes the job.
+    relay.set_env("RUNNEV_OUTBOX_FAILPOINT", None);
+    relay.spawn();
+    wait_relayed(&pg, &table, Duration::from_secs(60), &relay).await;
+    assert_eq!(progress(&pg, &table, "fp").await, (10, 10));
+    check_streams(&c, &pg, &table, &want).await;
+    let got = read_all(&c.http, &c.url(2), "fp", 0, Duration::from_secs(10)).await.unwrap();
+    let seqs: Vec<u64> = got.iter().map(|b| b.seq).collect();
+    assert_eq!(seqs, (1..=10).collect::<Vec<_>>());
+    let data: Vec<&Vec<u8>> = got.iter().map(|b| &b.data).collect();
+    assert_eq!(data, want["fp"].iter().collect::<Vec<_>>(), "rows in id order");
+    let relayed = until("relay metrics", Duration::from_secs(10), || async {
+        relay.metric(&c.http, "runnev_outbox_relayed_total").await.ok_or_else(|| "no metric yet".to_string())
+    })
+    .await;
+    assert!(relayed >= 2.0, "runnev_outbox_relayed_total = {relayed}");
+}
+
+/// A large relay while the relay process is SIGKILLed at random points, over and over; rows are
+/// also inserted while it runs. Every row ends up in its stream exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_relay_killed_repeatedly_keeps_every_row_once() {
+    let url = require_pg!("outbox_relay_killed_repeatedly_keeps_every_row_once");
+    let c = Cluster::start(3, &[]).await;
+    let pg = connect(&url).await;
+    let table = unique("ob_kill");
+    create_outbox(&pg, &table).await;
+    let streams = ["kill-a", "kill-b", "kill-c"];
+    let mut want = insert_rows(&pg, &table, &streams, "first", 4000).await;
+    let args = relay_args(&url, &c.urls(), &table, &["--batch-size", "200", "--poll-ms", "200"]);
+    let mut relay = Proc::start("relay", &args, &[]);
+    let mut rng = Rng::from_time();
+    let started = Instant::now();
+    for round in 0..12 {
+        tokio::time::sleep(Duration::from_millis(300 + rng.below(1200))).await;
+        relay.kill_9();
+        let more = insert_rows(&pg, &table, &streams, &format!("round{round}"), 150).await;
+        for (s, p) in more {
+            want.entry(s).or_default().extend(p);
+        }
+        relay.spawn();
+    }
+    wait_relayed(&pg, &table, Duration::from_secs(180), &relay).await;
+    let total: usize = want.values().map(Vec::len).sum();
+    eprintln!("relayed {total} rows through {} relay starts (12 SIGKILLs) in {:.1?}", relay.starts, started.elapsed());
+    check_streams(&c, &pg, &table, &want).await;
+    assert!(relay.alive(), "the relay exited:\n{}", relay.log_tail(30));
+}
+
+/// Two transactions commit out of id order: the one with the higher id is relayed first, the
+/// lower id commits afterwards and is relayed after it (next seq), not lost, not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_relay_out_of_order_commits_are_neither_lost_nor_refused() {
+    let url = require_pg!("outbox_relay_out_of_order_commits_are_neither_lost_nor_refused");
+    let c = Cluster::start(3, &[]).await;
+    let pg = connect(&url).await;
+    let table = unique("ob_order");
+    create_outbox(&pg, &table).await;
+    let args = relay_args(&url, &c.urls(), &table, &["--poll-ms", "100"]);
+    let relay = Proc::start("relay", &args, &[]);
+
+    let a = connect(&url).await;
+    let b = connect(&url).await;
+    a.batch_execute("BEGIN").await.unwrap();
+    let id_a: i64 = a
+        .query_one(&format!("INSERT INTO {table} (stream, payload) VALUES ('order', 'A'::bytea) RETURNING id"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    b.batch_execute("BEGIN").await.unwrap();
+    let id_b: i64 = b
+        .query_one(&format!("INSERT INTO {table} (stream, payload) VALUES ('order', 'B'::bytea) RETURNING id"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(id_a < id_b);
+    b.batch_execute("COMMIT").await.unwrap();
+
+    let first = until("B relayed", Duration::from_secs(30), || async {
+        let got = read_all(&c.http, &c.url(1), "order", 0, Duration::from_secs(5)).await?;
+        if got.len() == 1 {
+            Ok(got)
+        } else {
+            Err(format!("{} batches", got.len()))
+        }
+    })
+    .await;
+    assert_eq!((first[0].seq, first[0].data.as_slice()), (1, &b"B"[..]));
+
+    // A commits late, with the lower id.
+    a.batch_execute("COMMIT").await.unwrap();
+    wait_relayed(&pg, &table, Duration::from_secs(30), &relay).await;
+    let got = read_all(&c.http, &c.url(3), "order", 0, Duration::from_secs(10)).await.unwrap();
+    let seen: Vec<(u64, &[u8])> = got.iter().map(|b| (b.seq, b.data.as_slice())).collect();
+    assert_eq!(seen, vec![(1, &b"B"[..]), (2, &b"A"[..])]);
+    let log = relay.log_text();
+    assert!(!log.contains("seq_not_increasing") && !log.contains("ERROR"), "relay log has errors:\n{log}");
+}
+
+/// One active relay per table; a second instance waits as a hot standby and takes over when the
+/// first is killed. Both expose `runnev_outbox_active`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_relay_standby_takes_over_when_the_active_relay_dies() {
+    let url = require_pg!("outbox_relay_standby_takes_over_when_the_active_relay_dies");
+    let c = Cluster::start(3, &[]).await;
+    let pg = connect(&url).await;
+    let table = unique("ob_standby");
+    create_outbox(&pg, &table).await;
+    let args = relay_args(&url, &c.urls(), &table, &["--poll-ms", "5000", "--standby-poll-ms", "200"]);
+    let r1 = Proc::start("relay-1", &args, &[]);
+    until("relay 1 active", Duration::from_secs(20), || async {
+        match r1.metric(&c.http, "runnev_outbox_active").await {
+            Some(1.0) => Ok(()),
+            v => Err(format!("active = {v:?}")),
+        }
+    })
+    .await;
+    let r2 = Proc::start("relay-2", &args, &[]);
+    until("relay 2 on standby", Duration::from_secs(20), || async {
+        match r2.metric(&c.http, "runnev_outbox_active").await {
+            Some(0.0) => Ok(()),
+            v => Err(format!("active = {v:?}")),
+        }
+    })
+    .await;
+
+    // The active relay wakes on NOTIFY: well before its 5 s poll.
+    let mut want = insert_rows(&pg, &table, &["standby"], "one", 100).await;
+    let t = Instant::now();
+    wait_relayed(&pg, &table, Duration::from_secs(30), &r1).await;
+    eprintln!("100 rows relayed {:.0?} after the commit (poll every 5 s: woken by NOTIFY)", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(4), "not woken by NOTIFY");
+    assert!(r2.log_text().contains("hot standby"));
+
+    r1.kill_9();
+    let killed = Instant::now();
+    for (s, p) in insert_rows(&pg, &table, &["standby"], "two", 100).await {
+        want.entry(s).or_default().extend(p);
+    }
+    wait_relayed(&pg, &table, Duration::from_secs(30), &r2).await;
+    eprintln!("standby took over and relayed 100 rows {:.1?} after the kill", killed.elapsed());
+    assert_eq!(r2.metric(&c.http, "runnev_outbox_active").await, Some(1.0));
+    check_streams(&c, &pg, &table, &want).await;
+}
+
+/// Unreachable database, wrong credentials, missing table: a clear error, retried with
+/// backoff, the process stays up, and once the table exists the rows flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_relay_database_problems_are_clear_errors_retried_with_backoff() {
+    let url = require_pg!("outbox_relay_database_problems_are_clear_errors_retried_with_backoff");
+    let c = Cluster::start(3, &[]).await;
+    let pg = connect(&url).await;
+
+    let closed = format!("postgres://runnev:runnev@127.0.0.1:{}/runnev", free_port());
+    let cfg: tokio_postgres::Config = url.parse().unwrap();
+    let wrong = {
+        let user = cfg.get_user().unwrap_or("runnev");
+        let host = match &cfg.get_hosts()[0] {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        };
+        let port = cfg.get_ports().first().copied().unwrap_or(5432);
+        format!("postgres://{user}:definitely-wrong@{host}:{port}/{}", cfg.get_dbname().unwrap_or("runnev"))
+    };
+    let table = unique("ob_err");
+    let unreachable = Proc::start("unreachable", &relay_args(&closed, &c.urls(), &table, &[]), &[]);
+    let badauth = Proc::start("badauth", &relay_args(&wrong, &c.urls(), &table, &[]), &[]);
+    let missing = Proc::start("missing", &relay_args(&url, &c.urls(), &table, &["--poll-ms", "100"]), &[]);
+
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for (p, needle) in [
+        (&unreachable, "cannot reach PostgreSQL at runnev@127.0.0.1"),
+        (&badauth, "password authentication failed"),
+        (&missing, "does not exist"),
+    ] {
+        assert!(p.alive(), "{} exited:\n{}", p.name, p.log_tail(20));
+        let log = p.log_text();
+        assert!(log.contains(needle), "{}: no {needle:?} in the log:\n{}", p.name, p.log_tail(20));
+        assert!(log.matches("reconnecting").count() >= 2, "{}: not retried:\n{}", p.name, p.log_tail(20));
+        assert!(!log.contains("definitely-wrong"), "{}: the password is in the log", p.name);
+        let errors = p.metric(&c.http, "runnev_outbox_errors_total").await;
+        assert!(errors.unwrap_or(0.0) >= 2.0, "{}: runnev_outbox_errors_total = {errors:?}", p.name);
+    }
+    assert!(missing.log_text().contains("--init-schema"), "the missing-table error says how to fix it");
+    assert!(badauth.log_text().contains("check the user, password and database"));
+
+    // Create the table: the waiting relay picks it up on its next retry and relays.
+    create_outbox(&pg, &table).await;
+    let want = insert_rows(&pg, &table, &["late"], "late", 20).await;
+    wait_relayed(&pg, &table, Duration::from_secs(60), &missing).await;
+    check_streams(&c, &pg, &table, &want).await;
+}
+
+/// Relay throughput on this machine: `RUNNEV_OUTBOX_BENCH_ROWS` rows (default 20 000) over
+/// `RUNNEV_OUTBOX_BENCH_STREAMS` streams (default 4), 1 KiB payloads, default relay flags.
+/// Run: `cargo test --release --test outbox_relay -- --ignored --nocapture throughput`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn outbox_relay_throughput() {
+    let url = require_pg!("outbox_relay_throughput");
+    let rows: usize = std::env::var("RUNNEV_OUTBOX_BENCH_ROWS").ok().and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    let nstreams: usize = std::env::var("RUNNEV_OUTBOX_BENCH_STREAMS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
+    let c = Cluster::start(3, &[]).await;
+    let pg = connect(&url).await;
+    let table = unique("ob_bench");
+    create_outbox(&pg, &table).await;
+    let names: Vec<String> = (0..nstreams).map(|i| format!("bench-{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (mut ss, mut ps) = (Vec::new(), Vec::new());
+    for i in 0..rows {
+        ss.push(refs[i % refs.len()].to_string());
+        let mut p = payload("bench", i as u64);
+        p.resize(1024, b'x');
+        ps.push(p);
+    }
+    for (cs, cp) in ss.chunks(5000).zip(ps.chunks(5000)) {
+        pg.execute(
+            &format!("INSERT INTO {table} (stream, payload) SELECT * FROM unnest($1::text[], $2::bytea[])"),
+            &[&cs, &cp],
+        )
+        .await
+        .unwrap();
+    }
+    // Create the streams first so the measurement is the relay's steady state.
+    for s in &names {
+        create_stream(&c.http, &c.url(1), s).await;
+    }
+    let relay = Proc::start("relay", &relay_args(&url, &c.urls(), &table, &[]), &[]);
+    let t = Instant::now();
+    wait_relayed(&pg, &table, Duration::from_secs(600), &relay).await;
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "outbox relay throughput: {rows} rows of 1 KiB over {nstreams} streams in {secs:.2} s = {:.0} rows/s",
+        rows as f64 / secs
+    );
+}

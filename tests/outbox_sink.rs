@@ -1,0 +1,209 @@
+//! The PostgreSQL sink against a real PostgreSQL (`RUNNEV_TEST_POSTGRES_URL`): redelivery is
+//! deduped inside the transaction, `kill -9` at random points and a crash just before the commit
+//! apply each batch exactly once, and a gap is logged, counted and recorded.
+
+mod common;
+mod outbox_common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use outbox_common::*;
+use runnev::client::{Batch as CBatch, Client, Delivery, Gap};
+use runnev::outbox::sink::{apply_deliveries, init_schema, SqlApply};
+
+fn sink_args(url: &str, nodes: &[String], stream: &str, consumer: &str, apply_sql: &str) -> Vec<String> {
+    [
+        "sink-postgres",
+        "--postgres",
+        url,
+        "--nodes",
+        &nodes.join(","),
+        "--stream",
+        stream,
+        "--consumer",
+        consumer,
+        "--apply-sql",
+        apply_sql,
+        "--init-schema",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// A table without unique constraints, so a second application would show as a second row.
+async fn effects_table(pg: &tokio_postgres::Client, table: &str) {
+    pg.batch_execute(&format!("CREATE TABLE {table} (seq bigint NOT NULL, payload bytea NOT NULL)")).await.unwrap();
+}
+
+async fn effects(pg: &tokio_postgres::Client, table: &str) -> BTreeMap<u64, (usize, Vec<u8>)> {
+    let mut out: BTreeMap<u64, (usize, Vec<u8>)> = BTreeMap::new();
+    for r in pg.query(&format!("SELECT seq, payload FROM {table}"), &[]).await.unwrap() {
+        let e = out.entry(r.get::<_, i64>(0) as u64).or_insert((0, r.get(1)));
+        e.0 += 1;
+    }
+    out
+}
+
+async fn cursor(pg: &tokio_postgres::Client, consumer: &str, stream: &str) -> u64 {
+    pg.query_opt("SELECT cursor FROM runnev_sink_cursor WHERE consumer = $1 AND stream = $2", &[&consumer, &stream])
+        .await
+        .unwrap()
+        .map(|r| r.get::<_, i64>(0) as u64)
+        .unwrap_or(0)
+}
+
+/// The library helper: the same deliveries applied twice (a redelivery) take effect once; a
+/// batch at or below the committed cursor is skipped inside the transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_sink_redelivery_is_deduped_inside_the_transaction() {
+    let url = require_pg!("outbox_sink_redelivery_is_deduped_inside_the_transaction");
+    let mut pg = connect(&url).await;
+    init_schema(&pg).await.unwrap();
+    let table = unique("sink_dedupe");
+    effects_table(&pg, &table).await;
+    let consumer = unique("c");
+    let mut apply = SqlApply::new(format!("INSERT INTO {table} (seq, payload) VALUES ($2, $4)"), consumer.clone());
+    let batch =
+        |seq: u64| Delivery::Batch(CBatch { seq, ts: 1_700_000_000_000 + seq, data: Bytes::from(format!("b{seq}")) });
+    let first: Vec<Delivery> = (1..=5).map(batch).collect();
+    let out = apply_deliveries(&mut pg, &consumer, "s", &first, &mut apply).await.unwrap();
+    assert_eq!((out.applied, out.redelivered, out.cursor), (5, 0, 5));
+    let again: Vec<Delivery> = (3..=8).map(batch).collect();
+    let out = apply_deliveries(&mut pg, &consumer, "s", &again, &mut apply).await.unwrap();
+    assert_eq!((out.applied, out.redelivered, out.cursor), (3, 3, 8));
+    let out = apply_deliveries(&mut pg, &consumer, "s", &again, &mut apply).await.unwrap();
+    assert_eq!((out.applied, out.redelivered, out.cursor), (0, 6, 8));
+    // A gap is recorded and moves the cursor; the batch after it is applied.
+    let gap = vec![Delivery::Gap(Gap { from: 9, to: 12 }), batch(13)];
+    let out = apply_deliveries(&mut pg, &consumer, "s", &gap, &mut apply).await.unwrap();
+    assert_eq!((out.applied, out.gaps.clone(), out.cursor), (1, vec![Gap { from: 9, to: 12 }], 13));
+    let e = effects(&pg, &table).await;
+    assert_eq!(e.keys().copied().collect::<Vec<_>>(), vec![1, 2, 3, 4, 5, 6, 7, 8, 13]);
+    assert!(e.values().all(|(n, _)| *n == 1), "applied twice: {e:?}");
+    assert_eq!(cursor(&pg, &consumer, "s").await, 13);
+    let gaps: i64 = pg
+        .query_one(
+            "SELECT count(*) FROM runnev_sink_gaps WHERE consumer = $1 AND from_seq = 9 AND to_seq = 12",
+            &[&consumer],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(gaps, 1);
+}
+
+/// `runnev sink-postgres` killed at random points, and once aborted between applying and
+/// committing: every batch is applied exactly once and the cursor ends at the last seq.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_sink_killed_repeatedly_applies_each_batch_once() {
+    let url = require_pg!("outbox_sink_killed_repeatedly_applies_each_batch_once");
+    let c = Cluster::start(3, &[]).await;
+    let pg = connect(&url).await;
+    let table = unique("sink_kill");
+    effects_table(&pg, &table).await;
+    let stream = "sink-kill";
+    let client = Client::new(&c.urls()).unwrap();
+    client.put_stream(stream, None).await.unwrap();
+    let n = 2000u64;
+    // One writer, in order: payload i has seq i + 1.
+    for i in 0..n {
+        client.publish(stream, Some(i + 1), payload("sk", i)).await.unwrap();
+    }
+    let consumer = unique("killer");
+    let args =
+        sink_args(&url, &c.urls(), stream, &consumer, &format!("INSERT INTO {table} (seq, payload) VALUES ($2, $4)"));
+    // First run: abort right before the third commit (effects applied, not committed).
+    let mut sink = Proc::start("sink", &args, &[("RUNNEV_OUTBOX_FAILPOINT", "before-commit:3")]);
+    sink.wait_exit(Duration::from_secs(60)).await;
+    let before = cursor(&pg, &consumer, stream).await;
+    let applied = effects(&pg, &table).await;
+    assert_eq!(applied.len() as u64, before, "effects and cursor committed together");
+    sink.set_env("RUNNEV_OUTBOX_FAILPOINT", None);
+    let mut rng = Rng::from_time();
+    for _ in 0..10 {
+        sink.spawn();
+        tokio::time::sleep(Duration::from_millis(200 + rng.below(600))).await;
+        sink.kill_9();
+        let cur = cursor(&pg, &consumer, stream).await;
+        let e = effects(&pg, &table).await;
+        assert_eq!(e.len() as u64, cur, "effects and cursor out of step after a kill");
+    }
+    sink.spawn();
+    until("the sink caught up", Duration::from_secs(120), || async {
+        let cur = cursor(&pg, &consumer, stream).await;
+        if cur == n {
+            Ok(())
+        } else {
+            Err(format!("cursor {cur}"))
+        }
+    })
+    .await;
+    let e = effects(&pg, &table).await;
+    assert_eq!(e.len() as u64, n);
+    for (seq, (count, data)) in &e {
+        assert_eq!(*count, 1, "seq {seq} applied {count} times");
+        assert_eq!(data, &payload("sk", seq - 1), "seq {seq} payload");
+    }
+    let gauge = until("the cursor gauge", Duration::from_secs(10), || async {
+        sink.metric(&c.http, "runnev_outbox_sink_cursor").await.ok_or_else(|| "no metric yet".to_string())
+    })
+    .await;
+    assert_eq!(gauge, n as f64);
+}
+
+/// A consumer that fell behind retention: the gap is logged as an error, counted in
+/// `runnev_outbox_sink_gaps_total`, recorded in `runnev_sink_gaps`, and the retained batches
+/// after it are applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_sink_surfaces_a_gap() {
+    let url = require_pg!("outbox_sink_surfaces_a_gap");
+    let c = Cluster::start(3, &[]).await;
+    let pg = connect(&url).await;
+    let table = unique("sink_gap");
+    effects_table(&pg, &table).await;
+    let stream = "sink-gap";
+    let client = Client::new(&c.urls()).unwrap();
+    client.put_stream(stream, Some(serde_json::from_str(r#"{"max_batches": 5}"#).unwrap())).await.unwrap();
+    for i in 0..20u64 {
+        client.publish(stream, None, payload("gap", i)).await.unwrap();
+    }
+    let consumer = unique("gapper");
+    let args =
+        sink_args(&url, &c.urls(), stream, &consumer, &format!("INSERT INTO {table} (seq, payload) VALUES ($2, $4)"));
+    let sink = Proc::start("sink", &args, &[]);
+    until("the sink applied the retained batches", Duration::from_secs(30), || async {
+        let cur = cursor(&pg, &consumer, stream).await;
+        if cur == 20 {
+            Ok(())
+        } else {
+            Err(format!("cursor {cur}"))
+        }
+    })
+    .await;
+    let gaps: Vec<(i64, i64)> = pg
+        .query(
+            "SELECT from_seq, to_seq FROM runnev_sink_gaps WHERE consumer = $1 AND stream = $2",
+            &[&consumer, &stream],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(gaps, vec![(1, 15)]);
+    let e = effects(&pg, &table).await;
+    assert_eq!(e.keys().copied().collect::<Vec<_>>(), (16..=20).collect::<Vec<_>>());
+    let log = sink.log_text();
+    assert!(log.contains("ERROR") && log.contains("GAP"), "the gap is logged as an error:\n{}", sink.log_tail(20));
+    let counted = until("gap metric", Duration::from_secs(10), || async {
+        sink.metric(&c.http, "runnev_outbox_sink_gaps_total").await.ok_or_else(|| "no metric".to_string())
+    })
+    .await;
+    assert_eq!(counted, 1.0);
+    let seqs = sink.metric(&c.http, "runnev_outbox_sink_gap_seqs_total").await;
+    assert_eq!(seqs, Some(15.0));
+}
