@@ -39,9 +39,8 @@ log "assembling the root filesystem in $CTX"
 # Debug info stays on the host binary; the image gets a copy without it (symbols are kept, so
 # panics still show function names).
 objcopy --strip-debug "$BIN" "$CTX/rootfs/usr/local/bin/runnev"
-# Two std-only helpers, built with plain rustc: an HTTP probe for health checks (no curl/wget in a
-# scratch image) and the StatefulSet launcher (node id = pod ordinal + 1) for Kubernetes.
-rustc --edition 2021 -O -C strip=symbols deploy/probe.rs -o "$CTX/rootfs/usr/local/bin/runnev-probe"
+# Health checks use `runnev probe URL` (no curl/wget in a scratch image). One std-only helper,
+# built with plain rustc: the StatefulSet launcher (node id = pod ordinal + 1) for Kubernetes.
 rustc --edition 2021 -O -C strip=symbols deploy/statefulset-launcher.rs \
   -o "$CTX/rootfs/usr/local/bin/runnev-statefulset"
 
@@ -60,7 +59,6 @@ copy_libs() {
   done < <(ldd "$exe")
 }
 copy_libs "$CTX/rootfs/usr/local/bin/runnev"
-copy_libs "$CTX/rootfs/usr/local/bin/runnev-probe"
 copy_libs "$CTX/rootfs/usr/local/bin/runnev-statefulset"
 
 cat > "$CTX/rootfs/etc/nsswitch.conf" <<'NSS'
@@ -85,7 +83,7 @@ DOCKER_BUILDKIT=0 docker build --build-arg "RUNNEV_REVISION=$REV" -t "$IMAGE" "$
 log "checking the image"
 docker run --rm "$IMAGE" --version
 # The probe runs and fails cleanly on a closed port.
-if docker run --rm --entrypoint /usr/local/bin/runnev-probe "$IMAGE" http://127.0.0.1:7001/readyz --timeout-ms 500; then
+if docker run --rm "$IMAGE" probe http://127.0.0.1:7001/readyz --timeout-ms 500; then
   echo "build-image.sh: the probe reported a closed port as healthy" >&2; exit 1
 fi
 # Name resolution inside a scratch container: Docker's /etc/hosts (the container's own host name)
@@ -98,16 +96,16 @@ cleanup() {
 trap cleanup EXIT
 docker network create "$NET" >/dev/null
 docker run -d --name "$NET-a" --network "$NET" --network-alias peer-a "$IMAGE" >/dev/null
-# runnev-probe resolves the alias with getaddrinfo (the same call runnev's dialer makes), then
+# runnev probe resolves the alias with getaddrinfo (the same call runnev's dialer makes), then
 # connects: the one-node default cluster in peer-a answers /healthz.
 ok=""
 for _ in $(seq 1 50); do
-  if docker run --rm --network "$NET" --entrypoint /usr/local/bin/runnev-probe "$IMAGE" \
+  if docker run --rm --network "$NET" "$IMAGE" probe \
        http://peer-a:7001/healthz --timeout-ms 1000; then ok=1; break; fi
   sleep 0.2
 done
 [[ -n "$ok" ]] || { echo "build-image.sh: could not reach peer-a by name from another container" >&2; docker logs "$NET-a" >&2 || true; exit 1; }
-docker run --rm --network "$NET" --entrypoint /usr/local/bin/runnev-probe "$IMAGE" \
+docker run --rm --network "$NET" "$IMAGE" probe \
   http://no-such-host.invalid:7001/healthz --timeout-ms 1000 && { echo "build-image.sh: resolving a missing name succeeded?" >&2; exit 1; }
 # The StatefulSet launcher derives the node id from the pod's host name.
 docker rm -f -v "$NET-a" >/dev/null
@@ -115,7 +113,7 @@ docker run -d --name "$NET-a" --network "$NET" --hostname runnev-2 --entrypoint 
   "$IMAGE" --data-dir /var/lib/runnev --listen 0.0.0.0:7001 --peers 3=127.0.0.1:7001 >/dev/null
 ok=""
 for _ in $(seq 1 50); do
-  if docker run --rm --network "$NET" --entrypoint /usr/local/bin/runnev-probe "$IMAGE" \
+  if docker run --rm --network "$NET" "$IMAGE" probe \
        http://$NET-a:7001/readyz --timeout-ms 1000 >/dev/null; then ok=1; break; fi
   sleep 0.2
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Smoke test of deploy/docker-compose.yml: brings the three-node cluster up under a project name of
-# its own on free loopback ports, waits for all three healthchecks (/readyz through runnev-probe),
+# its own on free loopback ports, waits for all three healthchecks (/readyz through runnev probe),
 # publishes through one node, reads it back through another, restarts a node and reads again,
 # then removes everything (containers, network, volumes), also on failure.
 set -euo pipefail
