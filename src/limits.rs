@@ -8,6 +8,10 @@ pub const STREAM_NAME_CHARS_MAX: usize = 128;
 /// Default largest batch payload, in bytes (SPEC §1; `--max-batch-bytes`).
 pub const BATCH_BYTES_DEFAULT: usize = 1024 * 1024;
 
+/// Largest `--max-batch-bytes` accepted, in bytes: a batch must fit one snapshot record and,
+/// with a full proposal, one Raft RPC.
+pub const BATCH_BYTES_MAX: usize = 32 * 1024 * 1024;
+
 /// Largest body accepted by `PUT /v1/streams/{name}` (a retention document), in bytes.
 pub const ADMIN_BODY_BYTES_MAX: usize = 64 * 1024;
 
@@ -42,7 +46,8 @@ pub const FORWARD_TIMEOUT_MS: u64 = 30_000;
 /// at most the batch limit, plus framing. Checked before decoding.
 pub const RAFT_RPC_BYTES_MAX: usize = 256 * 1024 * 1024;
 
-/// Most log entries in one append-entries RPC (openraft `max_payload_entries`).
+/// Most log entries in one append-entries RPC (openraft `max_payload_entries`); fewer when
+/// batches are large, so an RPC stays under [`RAFT_RPC_BYTES_MAX`].
 pub const RAFT_ENTRIES_PER_APPEND_MAX: u64 = 64;
 
 /// Raft heartbeat interval, in ms (Raft paper §5.2).

@@ -61,12 +61,21 @@ pub enum NodeError {
 }
 
 fn raft_config(cfg: &NodeConfig) -> Result<openraft::Config, NodeError> {
+    if cfg.max_batch_bytes > BATCH_BYTES_MAX {
+        return Err(NodeError::Config(format!(
+            "--max-batch-bytes {} is over the most this build supports, {BATCH_BYTES_MAX} bytes",
+            cfg.max_batch_bytes
+        )));
+    }
+    // An entry holds at most PROPOSAL_BYTES_MAX plus one batch; size appends to fit one RPC.
+    let entry_bytes_max = (PROPOSAL_BYTES_MAX + cfg.max_batch_bytes + 4096) as u64;
+    let entries_per_append = (RAFT_RPC_BYTES_MAX as u64 / entry_bytes_max).clamp(1, RAFT_ENTRIES_PER_APPEND_MAX);
     let c = openraft::Config {
         cluster_name: "runnev".into(),
         heartbeat_interval: RAFT_HEARTBEAT_MS,
         election_timeout_min: RAFT_ELECTION_TIMEOUT_MIN_MS,
         election_timeout_max: RAFT_ELECTION_TIMEOUT_MAX_MS,
-        max_payload_entries: RAFT_ENTRIES_PER_APPEND_MAX,
+        max_payload_entries: entries_per_append,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_logs.max(1)),
         max_in_snapshot_log_to_keep: cfg.snapshot_keep_logs,
         snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
