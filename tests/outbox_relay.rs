@@ -308,6 +308,86 @@ async fn outbox_relay_database_problems_are_clear_errors_retried_with_backoff() 
     check_streams(&c, &pg, &table, &want).await;
 }
 
+/// The relay should be its streams' only publisher; when another publisher takes seqs the relay
+/// had assigned (a 409), those rows get new seqs after the stream's last one — none lost, none
+/// twice. A row the cluster refuses for good (413) holds back only its own stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_relay_foreign_publisher_and_a_stuck_stream() {
+    let url = require_pg!("outbox_relay_foreign_publisher_and_a_stuck_stream");
+    let c = Cluster::start(3, &["--max-batch-bytes", "1000"]).await;
+    let pg = connect(&url).await;
+    let table = unique("ob_foreign");
+    create_outbox(&pg, &table).await;
+    let args = relay_args(&url, &c.urls(), &table, &["--poll-ms", "100"]);
+    let mut want = insert_rows(&pg, &table, &["shared"], "one", 2).await;
+    let mut relay = Proc::start("relay", &args, &[]);
+    wait_relayed(&pg, &table, Duration::from_secs(30), &relay).await;
+    relay.kill_9();
+
+    // Seqs 3-5 assigned, then the relay dies before publishing them; another publisher takes 10.
+    for (s, p) in insert_rows(&pg, &table, &["shared"], "two", 3).await {
+        want.entry(s).or_default().extend(p);
+    }
+    relay.set_env("RUNNEV_OUTBOX_FAILPOINT", Some("after-assign"));
+    relay.spawn();
+    relay.wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(progress(&pg, &table, "shared").await, (2, 5));
+    let client = runnev::client::Client::new(&c.urls()).unwrap();
+    client.publish("shared", Some(10), &b"foreign"[..]).await.unwrap();
+
+    // A row too large for the cluster, in its own stream, next to rows of a healthy stream.
+    pg.execute(&format!("INSERT INTO {table} (stream, payload) VALUES ('big', $1)"), &[&vec![7u8; 2000]])
+        .await
+        .unwrap();
+    let ok = insert_rows(&pg, &table, &["healthy"], "ok", 5).await;
+    relay.set_env("RUNNEV_OUTBOX_FAILPOINT", None);
+    relay.spawn();
+    until("shared and healthy relayed", Duration::from_secs(30), || async {
+        let n: i64 = pg
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM {table} o JOIN {table}_progress p USING (stream)
+                     WHERE o.stream <> 'big' AND (o.seq IS NULL OR o.seq > p.published_seq)"
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n == 0 {
+            Ok(())
+        } else {
+            Err(format!("{n} rows left"))
+        }
+    })
+    .await;
+    let shared = read_all(&c.http, &c.url(1), "shared", 0, Duration::from_secs(10)).await.unwrap();
+    let seqs: Vec<u64> = shared.iter().map(|b| b.seq).collect();
+    assert_eq!(seqs, vec![1, 2, 10, 11, 12, 13], "rows 3-5 moved after the foreign seq 10");
+    assert_eq!(shared[2].data, b"foreign");
+    let ours: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::from([(
+        "shared".to_string(),
+        shared.iter().filter(|b| b.seq != 10).map(|b| b.data.clone()).collect(),
+    )]);
+    assert_eq!(ours, want, "each row once, in id order");
+    check_streams(&c, &pg, &table, &ok).await;
+    let reassigned = relay.metric(&c.http, "runnev_outbox_reassigned_total").await;
+    assert_eq!(reassigned, Some(3.0));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let log = relay.log_text();
+    assert!(log.contains("payload_too_large"), "the stuck row is reported:\n{}", relay.log_tail(20));
+    until("the big row alone counted as lag", Duration::from_secs(10), || async {
+        match relay.metric(&c.http, "runnev_outbox_lag_rows").await {
+            Some(1.0) => Ok(()),
+            v => Err(format!("lag rows {v:?}")),
+        }
+    })
+    .await;
+    let errors = relay.metric(&c.http, "runnev_outbox_errors_total").await.unwrap_or(0.0);
+    assert!(errors >= 1.0, "the stuck row is counted as an error");
+    assert!(relay.alive());
+}
+
 /// Relay throughput on this machine: `RUNNEV_OUTBOX_BENCH_ROWS` rows (default 20 000) over
 /// `RUNNEV_OUTBOX_BENCH_STREAMS` streams (default 4), 1 KiB payloads, default relay flags.
 /// Run: `cargo test --release --test outbox_relay -- --ignored --nocapture throughput`.

@@ -77,7 +77,7 @@ pub enum OutboxError {
     #[error("Runnev cluster: {0}")]
     Cluster(#[from] ClientError),
     /// A stream refused a row for a reason retrying cannot fix by itself (e.g. `413
-    /// payload_too_large`, `409 seq_evicted`); the relay keeps retrying that stream.
+    /// payload_too_large`); the relay keeps retrying that stream, and relaying the others.
     #[error("stream {stream}, seq {seq}: {source}; the row stays unpublished until this is fixed")]
     Stuck {
         /// The stream.

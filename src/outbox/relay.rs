@@ -27,7 +27,7 @@
 //! is stored, so the row and those after it in that stream go back to `seq IS NULL` and get
 //! seqs after the stream's last seq; `runnev_outbox_reassigned_total` counts them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -275,11 +275,18 @@ impl Relay {
     /// batch and publish it; then record the progress. Returns the rows acknowledged.
     async fn cycle(&self, pg: &mut tokio_postgres::Client) -> Result<usize, OutboxError> {
         let mut work = self.load_unpublished(pg).await?;
-        if work.is_empty() {
-            work = self.assign(pg).await?;
-        } else {
-            tracing::info!(rows = work.len(), "publishing rows assigned before a restart (duplicates expected)");
+        // Streams with rows assigned but not acknowledged (after a crash or a failed publish)
+        // continue with exactly those rows, in seq order; their newly assigned rows wait for a
+        // later cycle so that no seq overtakes an unpublished one. Other streams are not held
+        // back by a stream that keeps failing.
+        let blocked: BTreeSet<String> = work.iter().map(|r| r.stream.clone()).collect();
+        if !work.is_empty() {
+            tracing::info!(
+                rows = work.len(),
+                "publishing rows assigned but not yet acknowledged (duplicates expected after a crash)"
+            );
         }
+        work.extend(self.assign(pg).await?.into_iter().filter(|r| !blocked.contains(&r.stream)));
         if work.is_empty() {
             return Ok(0);
         }
@@ -304,7 +311,14 @@ impl Relay {
             }
         }
         match first_error {
-            Some(e) => Err(e),
+            // Nothing moved and waiting may help (database, cluster): back off.
+            Some(e) if acked == 0 && !matches!(e, OutboxError::Stuck { .. }) => Err(e),
+            // Other streams moved, or the row is refused for good: count the error and go on
+            // (the stuck stream is retried every poll interval; the others are not held back).
+            Some(e) => {
+                count_error("relay", &e);
+                Ok(acked)
+            }
             None => Ok(acked),
         }
     }
@@ -469,6 +483,20 @@ impl Relay {
                         o.error = Some(e.into());
                         break;
                     }
+                }
+                Err(e) if e.code() == Some("seq_evicted") => {
+                    // seq <= evicted_through: a batch with a seq at or above it was stored, and
+                    // as the streams' only publisher, publishing in seq order, the relay stored
+                    // this one before it; retention has since evicted it.
+                    tracing::warn!(
+                        stream,
+                        seq = row.seq,
+                        "already published and since evicted by retention; counted as relayed"
+                    );
+                    o.acked = Some(row.seq);
+                    o.acked_rows += 1;
+                    o.duplicates += 1;
+                    i += 1;
                 }
                 Err(e @ ClientError::Api { .. }) if e.code() != Some("stream_not_found") => {
                     o.error = Some(OutboxError::Stuck { stream: stream.to_string(), seq: row.seq, source: e });

@@ -317,8 +317,8 @@ impl<A: Apply> Sink<A> {
             let first = match sub.next().await {
                 Some(Ok(d)) => d,
                 Some(Err(e @ ClientError::Unavailable { .. })) => {
-                    count_error("sink", &OutboxError::Cluster(ClientError::Config(e.to_string())));
                     tracing::warn!(stream = %stream, error = %e, "no node answers the subscription; still trying");
+                    count_error("sink", &OutboxError::Cluster(e));
                     continue;
                 }
                 Some(Err(e)) => return Err(e.into()),
