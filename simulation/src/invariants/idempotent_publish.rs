@@ -1,0 +1,130 @@
+//! **Idempotent publish on (stream, seq)** — SPEC §2.3: a retry of the same (stream, seq) and
+//! payload is recognised (`200`, `"duplicate": true`, nothing written), across leader failover
+//! and crashes, so it is stored once.
+//!
+//! Checked for every publish that carried a seq:
+//! - every acknowledgement names the seq that was asked for;
+//! - its payload is stored under that seq only (never a second time under another seq);
+//! - `duplicate: true` comes only when the batch really is stored (observed with this payload
+//!   at that seq, or since evicted by retention). (It may answer the first call of a publish:
+//!   the client retries inside one call, and an earlier HTTP send may have stored the batch.)
+//! - the cluster never rejects one of the workload's publishes: publishers only resend the
+//!   same (seq, payload) and only move forward, so `409 seq_conflict`, `seq_not_increasing`,
+//!   `seq_evicted` or a `404` (the stream was created before publishing began) are wrong.
+//!
+//! Publishes without seq are at-least-once by design (a resend after an unknown outcome may
+//! store the payload twice, README "Retries"); for them only the last rule applies, and
+//! `duplicate: true` must never appear.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::history::{History, Outcome};
+
+use super::{Observations, Source, Violation};
+
+const NAME: &str = "idempotent_publish";
+
+pub(super) fn check(h: &History, obs: &Observations, out: &mut Vec<Violation>) {
+    // (stream, payload) → seqs it was seen at (outside acknowledgements).
+    let mut stored_at: BTreeMap<(&str, &[u8]), BTreeSet<u64>> = BTreeMap::new();
+    for ((stream, seq), seen) in obs {
+        for o in seen.iter().filter(|o| !matches!(o.source, Source::Ack(_))) {
+            stored_at.entry((stream.as_str(), o.data.as_slice())).or_default().insert(*seq);
+        }
+    }
+    for (i, p) in h.publishes.iter().enumerate() {
+        let mut v = |detail: String| out.push(Violation { invariant: NAME, detail });
+        for (k, a) in p.attempts.iter().enumerate() {
+            match &a.outcome {
+                Outcome::Rejected { status, code } => v(format!(
+                    "publish #{i} to {} (seq {:?}, attempt {k}) was rejected with {status} {code}",
+                    p.stream, p.seq
+                )),
+                Outcome::Ack { seq, duplicate, .. } => {
+                    if p.seq.is_some_and(|s| s != *seq) {
+                        v(format!("publish #{i} asked for {}/{:?} but was acknowledged as seq {seq}", p.stream, p.seq));
+                    }
+                    if *duplicate && p.seq.is_none() {
+                        v(format!("publish #{i} to {} had no seq yet was answered duplicate: true", p.stream));
+                    }
+                    if *duplicate {
+                        let seen_here = stored_at
+                            .get(&(p.stream.as_str(), p.payload.as_slice()))
+                            .is_some_and(|seqs| seqs.contains(seq));
+                        let evicted = h.may_evict(&p.stream) && *seq <= h.evicted_through(&p.stream);
+                        if !seen_here && !evicted {
+                            v(format!(
+                                "publish #{i} to {}/{seq} was answered duplicate: true but that batch is stored nowhere",
+                                p.stream
+                            ));
+                        }
+                    }
+                }
+                Outcome::Unknown(_) => {}
+            }
+        }
+        if let Some(requested) = p.seq {
+            if let Some(seqs) = stored_at.get(&(p.stream.as_str(), p.payload.as_slice())) {
+                let elsewhere: Vec<&u64> = seqs.iter().filter(|s| **s != requested).collect();
+                if !elsewhere.is_empty() {
+                    v(format!(
+                        "publish #{i} to {}/{requested} is stored under other seqs too: {elsewhere:?}",
+                        p.stream
+                    ));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::history::{Attempt, Outcome};
+    use crate::invariants::fixtures::*;
+
+    #[test]
+    fn a_retried_publish_stored_twice_is_flagged() {
+        let mut h = good();
+        // The retried seq 2 ("b") also shows up as seq 5 on every node.
+        on_all_nodes(&mut h, "s", |s| {
+            s.batches.push(batch(5, "b"));
+            s.batches_counted += 1;
+            s.last_seq = 5;
+        });
+        h.liveness.subscriber_positions = vec![(0, 5, 5), (1, 4, 4)];
+        assert!(broken(&h).contains(&"idempotent_publish"));
+    }
+
+    #[test]
+    fn duplicate_true_for_a_batch_stored_nowhere_is_flagged() {
+        let mut h = good();
+        h.publishes.push(crate::history::Publish {
+            publisher: crate::history::Publisher::Workload(0),
+            stream: "s".into(),
+            seq: Some(6),
+            payload: b"f".to_vec(),
+            attempts: vec![unknown(), ack(6, true)],
+        });
+        let b = broken(&h);
+        assert!(b.contains(&"idempotent_publish"), "{b:?}");
+    }
+
+    #[test]
+    fn duplicate_true_for_a_seqless_publish_is_flagged() {
+        let mut h = good();
+        h.publishes[0].seq = None;
+        h.publishes[0].attempts = vec![ack(1, true)];
+        assert_eq!(broken(&h), vec!["idempotent_publish"]);
+    }
+
+    #[test]
+    fn a_conflict_answer_to_a_resend_is_flagged() {
+        let mut h = good();
+        h.publishes[2].attempts.push(Attempt {
+            at_ms: 99,
+            deliberate_resend: true,
+            outcome: Outcome::Rejected { status: 409, code: "seq_not_increasing".into() },
+        });
+        assert_eq!(broken(&h), vec!["idempotent_publish"]);
+    }
+}

@@ -1,0 +1,68 @@
+//! **Liveness after the faults end** — the Raft paper §5.2 (with a majority up and connected, a
+//! leader is elected and serves) and SPEC §2.6 (any node takes publishes), §2.4 (subscriptions
+//! deliver everything retained).
+//!
+//! Once every fault has ended (network repaired, crashed nodes restarted, RPC faults off), the
+//! cluster must converge within the heal budget (every node agrees on one leader and has
+//! applied what it knows committed), the heal-phase publishes must succeed, every workload
+//! publish must end with an answer, every subscriber must reach its stream's last seq, and
+//! every node must be readable for the final comparison.
+
+use crate::history::{History, Outcome};
+
+use super::Violation;
+
+const NAME: &str = "liveness";
+
+pub(super) fn check(h: &History, out: &mut Vec<Violation>) {
+    let mut v = |detail: String| out.push(Violation { invariant: NAME, detail });
+    for p in &h.liveness.problems {
+        v(p.clone());
+    }
+    if h.liveness.converged_at_ms.is_none() && h.liveness.problems.is_empty() {
+        v("the cluster never converged after the faults ended".into());
+    }
+    let heal = h.liveness.heal_started_at_ms;
+    for (i, p) in h.publishes.iter().enumerate() {
+        match p.attempts.last() {
+            None => v(format!("publish #{i} to {} was never sent", p.stream)),
+            Some(a) if matches!(a.outcome, Outcome::Unknown(_)) && a.at_ms >= heal => v(format!(
+                "publish #{i} to {} (seq {:?}) still had no answer at {} ms, after the faults ended at {heal} ms: {:?}",
+                p.stream, p.seq, a.at_ms, a.outcome
+            )),
+            Some(_) => {}
+        }
+    }
+    for (id, pos, target) in &h.liveness.subscriber_positions {
+        if pos < target {
+            v(format!("sub{id} reached seq {pos} but its stream holds up to {target}"));
+        }
+    }
+    for f in &h.finals {
+        if let Err(e) = &f.streams {
+            v(format!("n{} could not be read after the heal phase: {e}", f.node));
+        }
+    }
+    if h.finals.is_empty() {
+        v("no node's final state was read".into());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::invariants::fixtures::*;
+
+    #[test]
+    fn no_convergence_or_a_stuck_publish_or_subscriber_is_flagged() {
+        let mut h = good();
+        h.liveness.converged_at_ms = None;
+        assert_eq!(broken(&h), vec!["liveness"]);
+        let mut h = good();
+        h.publishes[2].attempts.push(unknown());
+        h.publishes[2].attempts.last_mut().unwrap().at_ms = 500;
+        assert_eq!(broken(&h), vec!["liveness"]);
+        let mut h = good();
+        h.liveness.subscriber_positions[0].1 = 2;
+        assert_eq!(broken(&h), vec!["liveness"]);
+    }
+}

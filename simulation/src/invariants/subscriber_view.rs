@@ -1,0 +1,110 @@
+//! **Subscribers see one ordered history, gaps announced** — SPEC §2.4 (delivery in seq order,
+//! at least once; clients dedupe by `seq <= cursor`; the server never skips a retained batch)
+//! and §2.5 (a gap is announced, `{"from": after + 1, "to": evicted_through}`, before the
+//! oldest retained batch; never silent), and §4 (resume after `Last-Event-ID`).
+//!
+//! A subscriber's view (after the client's dedupe, across reconnects and restarts) must be
+//! strictly increasing. Between two consecutive items, every seq skipped must never have held
+//! a batch (a publisher's hole): a seq known to exist (from any node, delivery, read or
+//! acknowledgement) skipped without a gap is a silent gap. A gap must start right after the
+//! cursor, lie on a stream with retention, not go past what the nodes report evicted, and not
+//! cover a batch that any node still retains. A restart resumes from the cursor.
+
+use crate::history::{History, Seen};
+
+use super::{known_seqs, Observations, Violation};
+
+const NAME: &str = "subscriber_view";
+
+pub(super) fn check(h: &History, obs: &Observations, out: &mut Vec<Violation>) {
+    for sub in &h.subscribers {
+        let known = known_seqs(obs, &sub.stream);
+        let retained: Vec<u64> = h
+            .finals
+            .iter()
+            .filter_map(|f| f.streams.as_ref().ok())
+            .filter_map(|m| m.get(&sub.stream))
+            .flat_map(|s| s.batches.iter().map(|b| b.seq))
+            .collect();
+        let evicted_through = h.evicted_through(&sub.stream);
+        let mut v = |detail: String| {
+            out.push(Violation { invariant: NAME, detail: format!("sub{} on {}: {detail}", sub.id, sub.stream) })
+        };
+        let mut pos = sub.start_after;
+        for (at, e) in &sub.events {
+            let (next_start, next_pos) = match e {
+                Seen::Batch(b) => (b.seq, b.seq),
+                Seen::Gap { from, to } => (*from, *to),
+                Seen::Restart { cursor } => {
+                    if *cursor != pos {
+                        v(format!("at {at} ms restarted from cursor {cursor}, but had processed up to {pos}"));
+                    }
+                    continue;
+                }
+                Seen::Error(_) => continue,
+            };
+            if next_pos <= pos {
+                v(format!("at {at} ms got {e:?} after reaching {pos}: not strictly increasing"));
+                continue;
+            }
+            let skipped: Vec<u64> = known.range(pos + 1..next_start).copied().collect();
+            if !skipped.is_empty() {
+                v(format!("at {at} ms jumped from {pos} to {e:?}, silently skipping existing seqs {skipped:?}"));
+            }
+            if let Seen::Gap { from, to } = e {
+                if *from != pos + 1 {
+                    v(format!("at {at} ms the gap {from}..={to} does not start right after the cursor {pos}"));
+                }
+                if !h.may_evict(&sub.stream) {
+                    v(format!("at {at} ms announced gap {from}..={to} on a stream without retention"));
+                }
+                if *to > evicted_through {
+                    v(format!("at {at} ms announced gap {from}..={to} past evicted_through {evicted_through}"));
+                }
+                let hidden: Vec<&u64> = retained.iter().filter(|s| (*from..=*to).contains(*s)).collect();
+                if !hidden.is_empty() {
+                    v(format!("at {at} ms announced gap {from}..={to} over batches still retained: {hidden:?}"));
+                }
+            }
+            pos = next_pos;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::history::Seen;
+    use crate::invariants::fixtures::*;
+
+    #[test]
+    fn a_silent_gap_is_flagged() {
+        let mut h = good();
+        // sub1 on `r` skips from 1 to 3 without announcing that 2 was evicted.
+        h.subscribers[1].events.retain(|(_, e)| !matches!(e, Seen::Gap { .. } | Seen::Restart { .. }));
+        assert_eq!(broken(&h), vec!["subscriber_view"]);
+    }
+
+    #[test]
+    fn a_skipped_batch_on_a_stream_without_retention_is_flagged() {
+        let mut h = good();
+        h.subscribers[0].events.remove(1);
+        assert_eq!(broken(&h), vec!["subscriber_view"]);
+    }
+
+    #[test]
+    fn a_publishers_hole_is_not_a_gap() {
+        // sub0 goes 2 → 4: seq 3 never existed.
+        let h = good();
+        assert!(!broken(&h).contains(&"subscriber_view"));
+    }
+
+    #[test]
+    fn redelivery_after_the_cursor_and_false_gaps_are_flagged() {
+        let mut h = good();
+        h.subscribers[0].events.push((9, Seen::Batch(batch(2, "b"))));
+        assert_eq!(broken(&h), vec!["subscriber_view"]);
+        let mut h = good();
+        h.subscribers[1].events[1].1 = Seen::Gap { from: 2, to: 3 };
+        assert_eq!(broken(&h), vec!["subscriber_view"], "gap past evicted_through over a retained batch");
+    }
+}

@@ -1,0 +1,80 @@
+//! The simulated nodes: production `runnev::node::run` on turmoil's network, the simulated disk
+//! and simulated time.
+//!
+//! Owns: a node's host factory (turmoil calls it again on every restart). Must never: give a
+//! node anything production does not (no shortcut around the router, the Raft transport or the
+//! store): only the socket, clock, disk and RPC-fault seams differ.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use runnev::api::Clock;
+use runnev::node::{Environment, NodeConfig};
+use runnev::storage::Store;
+
+use crate::disk::SimDisk;
+use crate::history::NodeId;
+use crate::net::{SimDialer, SimListener};
+use crate::plan::{node_host, NODES, NODE_PORT};
+use crate::world::{now_ms, Shared, SimRpcFaults};
+
+/// Simulated time as ms since the Unix epoch: what stamps `ts` on proposals.
+pub fn sim_clock() -> Clock {
+    Arc::new(|| turmoil::since_epoch().map(|d| d.as_millis() as u64).unwrap_or(0))
+}
+
+/// The configuration of node `id` in a run of `shared.plan`.
+pub fn node_config(shared: &Shared, id: NodeId, data_dir: PathBuf) -> NodeConfig {
+    let peers: BTreeMap<NodeId, String> = (1..=NODES).map(|n| (n, format!("{}:{NODE_PORT}", node_host(n)))).collect();
+    NodeConfig {
+        id,
+        data_dir,
+        advertise: peers[&id].clone(),
+        peers,
+        max_batch_bytes: runnev::limits::BATCH_BYTES_DEFAULT,
+        auto_create_streams: false,
+        snapshot_logs: shared.plan.snapshot_logs,
+        snapshot_keep_logs: shared.plan.snapshot_keep_logs,
+    }
+}
+
+/// The host software of node `id`: each call starts one incarnation on the same disk and
+/// data directory.
+pub fn node_software(
+    shared: Arc<Shared>,
+    id: NodeId,
+    disk: SimDisk,
+    data_dir: PathBuf,
+) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = turmoil::Result>>> {
+    let incarnations = Arc::new(AtomicU64::new(0));
+    move || {
+        let (shared, disk, data_dir) = (shared.clone(), disk.clone(), data_dir.clone());
+        let incarnation = incarnations.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            let cfg = node_config(&shared, id, data_dir);
+            let store = match Store::open_with_backend(&cfg.data_dir, disk.handle()) {
+                Ok(s) => s,
+                Err(e) => {
+                    let why = format!("n{id} incarnation {incarnation} at {} ms: store did not open: {e}", now_ms());
+                    shared.record(|h| h.node_errors.push(why));
+                    std::future::pending::<()>().await;
+                    return Ok(());
+                }
+            };
+            let listener = SimListener::bind(NODE_PORT).await?;
+            let env = Environment {
+                dialer: Arc::new(SimDialer),
+                clock: sim_clock(),
+                prometheus: None,
+                rpc_faults: Some(Arc::new(SimRpcFaults::new(shared.clone(), id, incarnation))),
+            };
+            if let Err(e) = runnev::node::run(cfg, store, listener, env, std::future::pending()).await {
+                let why = format!("n{id} incarnation {incarnation} at {} ms: node stopped: {e}", now_ms());
+                shared.record(|h| h.node_errors.push(why));
+            }
+            Ok(())
+        })
+    }
+}

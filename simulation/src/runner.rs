@@ -1,0 +1,466 @@
+//! One run: builds the turmoil world from the plan, steps it, applies the fault schedule
+//! between steps, heals everything when the fault phase ends, and hands the history to the
+//! checker.
+//!
+//! Owns: the order of events in simulated time, and everything that needs the `Sim` handle
+//! (crashes, restarts, partitions, loss, latency). Must never: read the wall clock or iterate a
+//! hashed collection; everything here is ordered by time, then by plan position.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Once};
+use std::time::{Duration, UNIX_EPOCH};
+
+use crate::disk::{CrashKind, DiskStats, SimDisk};
+use crate::history::{History, NodeId};
+use crate::invariants::{self, Violation};
+use crate::plan::{node_host, Fault, Knobs, Plan, NODES};
+use crate::rng::SimRng;
+use crate::world::Shared;
+use crate::{nodes, workload};
+
+/// Simulated start of every run: 2026-06-01T00:00:00Z (fixed, so `ts` values replay).
+pub const EPOCH_SECS: u64 = 1_780_272_000;
+/// Simulated time per turmoil step.
+pub const TICK_MS: u64 = 1;
+/// Capacity of each simulated socket's and listener's queue, in segments or pending
+/// connections (turmoil's default is 64, and a full listener queue panics).
+pub const TCP_CAPACITY: usize = 16_384;
+
+thread_local! {
+    static PANICS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Records every panic on this thread (a run lives on one thread) for the checker, then lets
+/// the previous hook print it.
+fn install_panic_recorder() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let at = turmoil::sim_elapsed().map(|d| d.as_millis()).unwrap_or(0);
+            let _ = PANICS.try_with(|p| p.borrow_mut().push(format!("at {at} ms: {info}")));
+            previous(info);
+        }));
+    });
+}
+
+/// Counters of a run, for the report.
+#[derive(Debug, Clone, Default)]
+pub struct RunStats {
+    /// Simulated time the run took, in ms.
+    pub sim_ms: u64,
+    /// Logical publishes (workload and heal).
+    pub publishes: usize,
+    /// Publish attempts.
+    pub attempts: usize,
+    /// Acknowledgements (duplicates included).
+    pub acks: usize,
+    /// Acknowledgements with `duplicate: true`.
+    pub duplicate_acks: usize,
+    /// Batches delivered to subscribers.
+    pub delivered: usize,
+    /// Gaps announced to subscribers.
+    pub gaps: usize,
+    /// Faults started.
+    pub faults: usize,
+    /// Disk counters summed over the nodes.
+    pub disk: DiskStats,
+    /// Raft RPCs duplicated.
+    pub rpc_duplicated: u64,
+    /// Raft RPCs replayed.
+    pub rpc_replayed: u64,
+}
+
+/// The result of one seed.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// The seed.
+    pub seed: u64,
+    /// The knobs.
+    pub knobs: Knobs,
+    /// Digest of the plan (fault schedule and workload): a pure function of seed and knobs.
+    pub plan_digest: u64,
+    /// Digest of the whole history.
+    pub history_digest: u64,
+    /// What the checker found.
+    pub violations: Vec<Violation>,
+    /// Counters.
+    pub stats: RunStats,
+    /// The history itself.
+    pub history: History,
+}
+
+impl RunReport {
+    /// The command that replays this run.
+    pub fn replay_command(&self) -> String {
+        replay_command(self.seed, self.knobs)
+    }
+}
+
+/// The command that replays seed `seed` with `knobs`.
+pub fn replay_command(seed: u64, knobs: Knobs) -> String {
+    let mut cmd = format!("cargo run -p simulation --release -- --seed {seed}");
+    if knobs != Knobs::default() {
+        cmd.push_str(&format!(" --fault-ms {}", knobs.fault_phase_ms));
+    }
+    cmd
+}
+
+/// A fault as applied, with the leader isolation resolved to a node.
+#[derive(Debug, Clone, Copy)]
+struct Active {
+    fault: Fault,
+    /// For a mid-write cut: whether it has struck (and the node is down because of it).
+    struck: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Start(usize),
+    End(usize),
+}
+
+/// Applies the plan's faults to the simulation.
+struct Driver {
+    shared: Arc<Shared>,
+    disks: Vec<SimDisk>,
+    rng: SimRng,
+    clients: Vec<String>,
+    events: BTreeMap<(u64, Event), ()>,
+    active: BTreeMap<usize, Active>,
+    down: BTreeMap<NodeId, u32>,
+    blocked: BTreeSet<(String, String)>,
+    loss: BTreeMap<(NodeId, NodeId), u64>,
+    latency_max_ms: u64,
+    healed: bool,
+    faults_started: usize,
+}
+
+impl Driver {
+    fn new(shared: Arc<Shared>, disks: Vec<SimDisk>) -> Self {
+        let plan = &shared.plan;
+        let mut events = BTreeMap::new();
+        for (i, f) in plan.faults.iter().enumerate() {
+            events.insert((f.at_ms, Event::Start(i)), ());
+            events.insert((f.at_ms + f.duration_ms, Event::End(i)), ());
+        }
+        Driver {
+            rng: SimRng::derive(plan.seed, "driver", 0),
+            clients: plan.client_hosts(),
+            latency_max_ms: plan.latency_ms.1,
+            shared,
+            disks,
+            events,
+            active: BTreeMap::new(),
+            down: BTreeMap::new(),
+            blocked: BTreeSet::new(),
+            loss: BTreeMap::new(),
+            healed: false,
+            faults_started: 0,
+        }
+    }
+
+    fn log(&self, now: u64, what: String) {
+        tracing::info!(target: "simulation", at_ms = now, "{what}");
+        self.shared.record(|h| h.fault_log.push(format!("{now:>7} ms {what}")));
+    }
+
+    /// Applies every event due at `now`.
+    fn tick(&mut self, sim: &mut turmoil::Sim<'_>, now: u64) {
+        if self.healed {
+            return;
+        }
+        self.reap_cuts(sim, now);
+        if now >= self.shared.plan.knobs.fault_phase_ms {
+            self.heal(sim, now);
+            return;
+        }
+        while let Some((&(at, ev), _)) = self.events.first_key_value() {
+            if at > now {
+                break;
+            }
+            self.events.pop_first();
+            match ev {
+                Event::Start(i) => self.start(sim, now, i),
+                Event::End(i) => self.end(sim, now, i),
+            }
+        }
+    }
+
+    fn start(&mut self, sim: &mut turmoil::Sim<'_>, now: u64, i: usize) {
+        let mut fault = self.shared.plan.faults[i].fault;
+        if fault == Fault::IsolateLeader {
+            let seen = self.shared.leader_seen.load(Ordering::SeqCst);
+            let node = if seen == 0 { self.rng.between(1, NODES) } else { seen };
+            fault = Fault::Isolate { node };
+        }
+        self.faults_started += 1;
+        self.log(now, format!("start #{i}: {fault:?}"));
+        if let Fault::Crash { node, kind } = fault {
+            let count = self.down.entry(node).or_insert(0);
+            *count += 1;
+            if *count == 1 {
+                self.crash(sim, now, node, kind);
+            }
+        }
+        if let Fault::CutMidWrite { node, kind, after_ops } = fault {
+            let rng = self.rng.fork();
+            self.disks[(node - 1) as usize].arm_cut(after_ops, kind, rng);
+        }
+        self.active.insert(i, Active { fault, struck: false });
+        self.apply_network(sim);
+    }
+
+    /// Tears down hosts whose disk was cut mid-write during the last step.
+    fn reap_cuts(&mut self, sim: &mut turmoil::Sim<'_>, now: u64) {
+        let struck: Vec<usize> = self
+            .active
+            .iter()
+            .filter_map(|(i, a)| match a.fault {
+                Fault::CutMidWrite { node, .. } if !a.struck && self.disks[(node - 1) as usize].take_fired_cut() => {
+                    Some(*i)
+                }
+                _ => None,
+            })
+            .collect();
+        for i in struck {
+            let Some(a) = self.active.get_mut(&i) else { continue };
+            a.struck = true;
+            let Fault::CutMidWrite { node, kind, after_ops } = a.fault else { continue };
+            // The node died inside its last step; what it sent in that step after the cut (say,
+            // a 500 for a failed commit) must not arrive: drop its packets still in flight.
+            // (Latency is at least one step, so nothing it sent has been delivered yet.)
+            let host = node_host(node);
+            let others: Vec<String> = (1..=NODES)
+                .filter(|n| *n != node)
+                .map(node_host)
+                .chain(self.clients.iter().cloned())
+                .chain(["control".to_string()])
+                .collect();
+            for o in &others {
+                sim.partition_oneway(host.as_str(), o.as_str());
+                if !self.blocked.contains(&(host.clone(), o.clone())) {
+                    sim.repair_oneway(host.as_str(), o.as_str());
+                }
+            }
+            let count = self.down.entry(node).or_insert(0);
+            *count += 1;
+            if *count == 1 {
+                sim.crash(host);
+            }
+            self.log(now, format!("crash n{node} mid-write ({kind:?}, at disk operation {after_ops})"));
+        }
+    }
+
+    fn end(&mut self, sim: &mut turmoil::Sim<'_>, now: u64, i: usize) {
+        let Some(a) = self.active.remove(&i) else { return };
+        self.log(now, format!("end #{i}"));
+        if let Fault::CutMidWrite { node, .. } = a.fault {
+            if !a.struck && self.disks[(node - 1) as usize].disarm_cut() {
+                self.log(now, format!("the cut of n{node} never struck"));
+            }
+        }
+        let crashed = match a.fault {
+            Fault::Crash { node, .. } => Some(node),
+            Fault::CutMidWrite { node, .. } if a.struck => Some(node),
+            _ => None,
+        };
+        if let Some(node) = crashed {
+            if let Some(count) = self.down.get_mut(&node) {
+                *count -= 1;
+                if *count == 0 {
+                    self.down.remove(&node);
+                    self.log(now, format!("restart n{node}"));
+                    sim.bounce(node_host(node));
+                }
+            }
+        }
+        self.apply_network(sim);
+    }
+
+    fn crash(&mut self, sim: &mut turmoil::Sim<'_>, now: u64, node: NodeId, kind: CrashKind) {
+        let disk = &self.disks[(node - 1) as usize];
+        let dirty = disk.dirty_pages();
+        // The disk first, so the dying incarnation's redb cannot flush on its way out.
+        disk.crash(kind, &mut self.rng);
+        sim.crash(node_host(node));
+        self.log(now, format!("crash n{node} ({kind:?}, {dirty} unsynced pages)"));
+    }
+
+    /// Brings partitions, loss and latency in line with the active faults.
+    fn apply_network(&mut self, sim: &mut turmoil::Sim<'_>) {
+        let mut blocked = BTreeSet::new();
+        let mut loss: BTreeMap<(NodeId, NodeId), u64> = BTreeMap::new();
+        let mut latency = self.shared.plan.latency_ms.1;
+        for a in self.active.values() {
+            match a.fault {
+                Fault::Isolate { node } => {
+                    for o in (1..=NODES).filter(|o| *o != node) {
+                        blocked.insert((node_host(node), node_host(o)));
+                        blocked.insert((node_host(o), node_host(node)));
+                    }
+                }
+                Fault::OneWay { from, to } => {
+                    blocked.insert((node_host(from), node_host(to)));
+                }
+                Fault::ClientCut { client, node } => {
+                    let c = self.clients[client].clone();
+                    blocked.insert((c.clone(), node_host(node)));
+                    blocked.insert((node_host(node), c));
+                }
+                Fault::Loss { a, b, per_mille } => {
+                    let key = (a.min(b), a.max(b));
+                    let e = loss.entry(key).or_insert(0);
+                    *e = (*e).max(per_mille);
+                }
+                Fault::Slow { max_latency_ms } => latency = latency.max(max_latency_ms),
+                Fault::Crash { .. } | Fault::CutMidWrite { .. } | Fault::IsolateLeader => {}
+            }
+        }
+        for (from, to) in self.blocked.difference(&blocked) {
+            sim.repair_oneway(from.as_str(), to.as_str());
+        }
+        for (from, to) in blocked.difference(&self.blocked) {
+            sim.partition_oneway(from.as_str(), to.as_str());
+        }
+        self.blocked = blocked;
+        for (a, b) in self.loss.keys() {
+            if !loss.contains_key(&(*a, *b)) {
+                sim.set_link_fail_rate(node_host(*a), node_host(*b), 0.0);
+            }
+        }
+        for ((a, b), per_mille) in &loss {
+            sim.set_link_fail_rate(node_host(*a), node_host(*b), *per_mille as f64 / 1000.0);
+        }
+        self.loss = loss;
+        if latency != self.latency_max_ms {
+            sim.set_max_message_latency(Duration::from_millis(latency));
+            self.latency_max_ms = latency;
+        }
+    }
+
+    /// Ends every fault: repairs the network, restarts crashed nodes, stops RPC faults.
+    fn heal(&mut self, sim: &mut turmoil::Sim<'_>, now: u64) {
+        self.healed = true;
+        for d in &self.disks {
+            d.disarm_cut();
+        }
+        self.active.clear();
+        self.apply_network(sim);
+        self.shared.rpc_faults_on.store(false, Ordering::SeqCst);
+        for a in 1..=NODES {
+            for b in (a + 1)..=NODES {
+                sim.repair(node_host(a), node_host(b));
+                sim.set_link_fail_rate(node_host(a), node_host(b), 0.0);
+            }
+        }
+        for node in std::mem::take(&mut self.down).into_keys() {
+            self.log(now, format!("restart n{node}"));
+            sim.bounce(node_host(node));
+        }
+        self.log(now, "heal: every fault ended".into());
+    }
+}
+
+/// Turns on logs when `RUST_LOG` is set (e.g. `RUST_LOG=simulation=info,runnev=debug`).
+pub fn init_tracing() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .without_time()
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}
+
+/// Runs seed `seed` and checks its history.
+pub fn run_seed(seed: u64, knobs: Knobs) -> RunReport {
+    install_panic_recorder();
+    PANICS.with(|p| p.borrow_mut().clear());
+    runnev::storage::io::set_inline_io(true);
+
+    let plan = Plan::generate(seed, knobs);
+    let plan_digest = plan.digest();
+    let data = tempfile::Builder::new().prefix("runnev-sim-").tempdir().expect("a temporary directory");
+    let shared = Shared::new(plan.clone());
+
+    let mut sim = turmoil::Builder::new()
+        .epoch(UNIX_EPOCH + Duration::from_secs(EPOCH_SECS))
+        .simulation_duration(Duration::from_millis(knobs.fault_phase_ms + plan.heal_budget_ms + 60_000))
+        .tick_duration(Duration::from_millis(TICK_MS))
+        .tcp_capacity(TCP_CAPACITY)
+        .min_message_latency(Duration::from_millis(plan.latency_ms.0))
+        .max_message_latency(Duration::from_millis(plan.latency_ms.1))
+        .rng_seed(seed)
+        .build();
+
+    let disks: Vec<SimDisk> = (1..=NODES).map(|_| SimDisk::new()).collect();
+    for id in 1..=NODES {
+        let dir = data.path().join(format!("n{id}"));
+        sim.host(node_host(id), nodes::node_software(shared.clone(), id, disks[(id - 1) as usize].clone(), dir));
+    }
+    for p in &plan.publishers {
+        sim.client(format!("pub{}", p.id), workload::publisher(shared.clone(), p.id));
+    }
+    for s in &plan.subscribers {
+        sim.client(format!("sub{}", s.id), workload::subscriber(shared.clone(), s.id));
+    }
+    sim.client("control", workload::control(shared.clone()));
+
+    let mut driver = Driver::new(shared.clone(), disks.clone());
+    let sim_error = loop {
+        let now = sim.elapsed().as_millis() as u64;
+        if now.is_multiple_of(5_000) {
+            tracing::info!(target: "simulation", at_ms = now, "simulated time");
+        }
+        driver.tick(&mut sim, now);
+        match sim.step() {
+            Ok(true) => break None,
+            Ok(false) => {}
+            Err(e) => break Some(e.to_string()),
+        }
+    };
+    let sim_ms = sim.elapsed().as_millis() as u64;
+    drop(sim);
+
+    let mut history = shared.take_history();
+    history.sim_error = sim_error;
+    history.panics = PANICS.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    let violations = invariants::check(&history);
+
+    let mut stats = RunStats {
+        sim_ms,
+        publishes: history.publishes.len(),
+        faults: driver.faults_started,
+        rpc_duplicated: shared.rpc_duplicated.load(Ordering::Relaxed),
+        rpc_replayed: shared.rpc_replayed.load(Ordering::Relaxed),
+        ..Default::default()
+    };
+    for p in &history.publishes {
+        stats.attempts += p.attempts.len();
+        for (_, _, dup, _) in p.acks() {
+            stats.acks += 1;
+            stats.duplicate_acks += usize::from(dup);
+        }
+    }
+    for s in &history.subscribers {
+        for (_, e) in &s.events {
+            match e {
+                crate::history::Seen::Batch(_) => stats.delivered += 1,
+                crate::history::Seen::Gap { .. } => stats.gaps += 1,
+                _ => {}
+            }
+        }
+    }
+    for d in &disks {
+        let s = d.stats();
+        stats.disk.syncs += s.syncs;
+        stats.disk.crashes += s.crashes;
+        stats.disk.pages_lost += s.pages_lost;
+        stats.disk.pages_torn_in += s.pages_torn_in;
+        stats.disk.stale_ops += s.stale_ops;
+    }
+    RunReport { seed, knobs, plan_digest, history_digest: history.digest(), violations, stats, history }
+}

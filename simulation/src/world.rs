@@ -1,0 +1,130 @@
+//! State shared by the simulated hosts of one run: the plan, the history being recorded, and
+//! the few signals the control client and the fault driver exchange.
+//!
+//! Owns: the recorder and the Raft RPC fault injector. Must never: let a host read another
+//! host's private state through it (nodes see only their [`RpcFaults`] injector; clients see
+//! the history only to append to it).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use runnev::raft::network::{RpcFault, RpcFaults};
+use runnev::raft::NodeId;
+
+use crate::history::History;
+use crate::plan::{Plan, RpcFaultRates};
+use crate::rng::SimRng;
+
+/// Simulated time since the run started, in ms (0 outside a simulated host).
+pub fn now_ms() -> u64 {
+    turmoil::sim_elapsed().map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// What the hosts of one run share.
+pub struct Shared {
+    /// The run's plan.
+    pub plan: Plan,
+    history: Mutex<History>,
+    /// The leader the control client last saw (0 = none known); the driver isolates it.
+    pub leader_seen: AtomicU64,
+    /// Set once the workload's streams exist: publishers and subscribers start.
+    pub workload_ready: AtomicBool,
+    /// Workload publishers still running.
+    pub publishers_active: AtomicUsize,
+    /// Set by the control client when subscribers should stop.
+    pub stop_subscribers: AtomicBool,
+    /// Whether Raft RPC duplication and replay are on (the fault phase only).
+    pub rpc_faults_on: Arc<AtomicBool>,
+    /// Raft RPCs duplicated so far.
+    pub rpc_duplicated: AtomicU64,
+    /// Raft RPCs replayed so far.
+    pub rpc_replayed: AtomicU64,
+}
+
+impl Shared {
+    /// Fresh shared state for `plan`.
+    pub fn new(plan: Plan) -> Arc<Shared> {
+        let history = History {
+            seed: plan.seed,
+            streams: plan
+                .streams
+                .iter()
+                .cloned()
+                .chain(std::iter::once(crate::history::StreamSpec {
+                    name: crate::plan::HEAL_STREAM.into(),
+                    max_batches: None,
+                }))
+                .collect(),
+            liveness: crate::history::Liveness { heal_started_at_ms: plan.knobs.fault_phase_ms, ..Default::default() },
+            ..Default::default()
+        };
+        Arc::new(Shared {
+            publishers_active: AtomicUsize::new(plan.publishers.len()),
+            plan,
+            history: Mutex::new(history),
+            leader_seen: AtomicU64::new(0),
+            workload_ready: AtomicBool::new(false),
+            stop_subscribers: AtomicBool::new(false),
+            rpc_faults_on: Arc::new(AtomicBool::new(true)),
+            rpc_duplicated: AtomicU64::new(0),
+            rpc_replayed: AtomicU64::new(0),
+        })
+    }
+
+    /// Appends to (or reads) the history.
+    pub fn record<R>(&self, f: impl FnOnce(&mut History) -> R) -> R {
+        f(&mut self.history.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Takes the history out at the end of the run.
+    pub fn take_history(&self) -> History {
+        std::mem::take(&mut *self.history.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Waits (polling simulated time) until `flag` is set or `deadline_ms` passes; returns
+    /// whether it was set.
+    pub async fn wait_for(&self, flag: &AtomicBool, deadline_ms: u64) -> bool {
+        while !flag.load(Ordering::SeqCst) {
+            if now_ms() >= deadline_ms {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        true
+    }
+}
+
+/// The Raft RPC fault injector of one node incarnation: duplicates and replays outgoing RPCs
+/// at the plan's rates while the fault phase lasts, drawing from its own seeded generator.
+pub struct SimRpcFaults {
+    rates: RpcFaultRates,
+    shared: Arc<Shared>,
+    rng: Mutex<SimRng>,
+}
+
+impl SimRpcFaults {
+    /// The injector of `node`'s incarnation number `incarnation`.
+    pub fn new(shared: Arc<Shared>, node: NodeId, incarnation: u64) -> Self {
+        let rng = SimRng::derive(shared.plan.seed, "rpc-faults", node * 1_000 + incarnation);
+        SimRpcFaults { rates: shared.plan.rpc, shared, rng: Mutex::new(rng) }
+    }
+}
+
+impl RpcFaults for SimRpcFaults {
+    fn on_send(&self, _target: NodeId, _path: &'static str) -> RpcFault {
+        if !self.shared.rpc_faults_on.load(Ordering::SeqCst) {
+            return RpcFault::Deliver;
+        }
+        let mut r = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        if r.chance(self.rates.duplicate_per_mille) {
+            self.shared.rpc_duplicated.fetch_add(1, Ordering::Relaxed);
+            RpcFault::Duplicate
+        } else if r.chance(self.rates.replay_per_mille) {
+            self.shared.rpc_replayed.fetch_add(1, Ordering::Relaxed);
+            RpcFault::ReplayAfter(Duration::from_millis(r.between(1, self.rates.replay_max_ms)))
+        } else {
+            RpcFault::Deliver
+        }
+    }
+}
