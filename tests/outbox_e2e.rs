@@ -8,8 +8,6 @@ mod common;
 mod outbox_common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -61,7 +59,6 @@ async fn outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once() {
 
     // The application: WRITERS connections, each running transactions that insert an order and
     // its outbox row; about one in six rolls back, one in ten writes two orders.
-    let done = Arc::new(AtomicBool::new(false));
     let mut writers = Vec::new();
     for w in 0..WRITERS {
         let (url, outbox, orders) = (url.clone(), outbox.clone(), orders.clone());
@@ -92,9 +89,8 @@ async fn outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once() {
                     tx.commit().await.unwrap();
                     committed.extend(ids);
                 }
-                if rng.below(4) == 0 {
-                    tokio::time::sleep(Duration::from_millis(rng.below(5))).await;
-                }
+                // Paced, so that transactions are still running when the leader is killed.
+                tokio::time::sleep(Duration::from_millis(rng.below(30))).await;
             }
             (committed, rolled_back)
         }));
@@ -111,9 +107,10 @@ async fn outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once() {
     })
     .await;
     let leader = c.leader().await;
+    let writing = writers.iter().filter(|w| !w.is_finished()).count();
     c.kill_9(leader);
     let killed = Instant::now();
-    eprintln!("killed leader {leader}");
+    eprintln!("killed leader {leader} while {writing} of {WRITERS} writers were still running");
     tokio::time::sleep(Duration::from_secs(3)).await;
     c.restart(leader).await;
 
@@ -124,7 +121,6 @@ async fn outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once() {
         committed.extend(c);
         rolled_back.extend(r);
     }
-    done.store(true, Ordering::Relaxed);
     assert!(!rolled_back.is_empty() && committed.len() > 1000);
 
     let want = committed.len() as i64;

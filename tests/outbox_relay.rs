@@ -102,8 +102,9 @@ async fn outbox_relay_crash_points_lose_nothing_and_publish_once() {
     assert_eq!(stored.len(), 4, "the first batch was published before the crash");
     assert_eq!(progress(&pg, &table, "fp").await, (0, 4), "assigned 4, recorded none");
 
-    // 2. Restart, crash again after the second assignment (before publishing it). The first
-    //    cycle republishes seqs 1-4 and the cluster answers duplicate: true.
+    // 2. Restart, crash again in the second cycle, before it publishes. The first cycle
+    //    republishes seqs 1-4 (the cluster answers duplicate: true) and assigns 5-8 (held back:
+    //    "fp" had unacknowledged rows); the second assigns 9-10 and dies before publishing 5-8.
     relay.set_env("RUNNEV_OUTBOX_FAILPOINT", Some("after-assign:2"));
     relay.spawn();
     relay.wait_exit(Duration::from_secs(60)).await;
@@ -112,7 +113,7 @@ async fn outbox_relay_crash_points_lose_nothing_and_publish_once() {
         "the retry after the crash was not answered duplicate: true:\n{}",
         relay.log_tail(30)
     );
-    assert_eq!(progress(&pg, &table, "fp").await, (4, 8), "recorded 4, assigned 8");
+    assert_eq!(progress(&pg, &table, "fp").await, (4, 10), "recorded 4, assigned all 10");
     assert_eq!(read_all(&c.http, &c.url(1), "fp", 0, Duration::from_secs(10)).await.unwrap().len(), 4);
 
     // 3. A clean run finishes the job.
