@@ -160,4 +160,6 @@ async fn outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once() {
     let batches = read_all(&c.http, &c.url(leader), STREAM, 0, Duration::from_secs(30)).await.unwrap();
     assert_eq!(batches.len(), committed.len(), "stream length");
     assert!(relay.alive() && sink.alive());
+    drop_outbox(&pg, &outbox).await;
+    drop_tables(&pg, &[&orders, &sunk]).await;
 }

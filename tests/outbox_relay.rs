@@ -132,6 +132,7 @@ async fn outbox_relay_crash_points_lose_nothing_and_publish_once() {
     })
     .await;
     assert!(relayed >= 2.0, "runnev_outbox_relayed_total = {relayed}");
+    drop_outbox(&pg, &table).await;
 }
 
 /// A large relay while the relay process is SIGKILLed at random points, over and over; rows are
@@ -163,6 +164,7 @@ async fn outbox_relay_killed_repeatedly_keeps_every_row_once() {
     eprintln!("relayed {total} rows through {} relay starts (12 SIGKILLs) in {:.1?}", relay.starts, started.elapsed());
     check_streams(&c, &pg, &table, &want).await;
     assert!(relay.alive(), "the relay exited:\n{}", relay.log_tail(30));
+    drop_outbox(&pg, &table).await;
 }
 
 /// Two transactions commit out of id order: the one with the higher id is relayed first, the
@@ -213,6 +215,7 @@ async fn outbox_relay_out_of_order_commits_are_neither_lost_nor_refused() {
     assert_eq!(seen, vec![(1, &b"B"[..]), (2, &b"A"[..])]);
     let log = relay.log_text();
     assert!(!log.contains("seq_not_increasing") && !log.contains("ERROR"), "relay log has errors:\n{log}");
+    drop_outbox(&pg, &table).await;
 }
 
 /// One active relay per table; a second instance waits as a hot standby and takes over when the
@@ -259,6 +262,7 @@ async fn outbox_relay_standby_takes_over_when_the_active_relay_dies() {
     eprintln!("standby took over and relayed 100 rows {:.1?} after the kill", killed.elapsed());
     assert_eq!(r2.metric(&c.http, "runnev_outbox_active").await, Some(1.0));
     check_streams(&c, &pg, &table, &want).await;
+    drop_outbox(&pg, &table).await;
 }
 
 /// Unreachable database, wrong credentials, missing table: a clear error, retried with
@@ -307,6 +311,7 @@ async fn outbox_relay_database_problems_are_clear_errors_retried_with_backoff() 
     let want = insert_rows(&pg, &table, &["late"], "late", 20).await;
     wait_relayed(&pg, &table, Duration::from_secs(60), &missing).await;
     check_streams(&c, &pg, &table, &want).await;
+    drop_outbox(&pg, &table).await;
 }
 
 /// The relay should be its streams' only publisher; when another publisher takes seqs the relay
@@ -387,6 +392,7 @@ async fn outbox_relay_foreign_publisher_and_a_stuck_stream() {
     let errors = relay.metric(&c.http, "runnev_outbox_errors_total").await.unwrap_or(0.0);
     assert!(errors >= 1.0, "the stuck row is counted as an error");
     assert!(relay.alive());
+    drop_outbox(&pg, &table).await;
 }
 
 /// Relay throughput on this machine: `RUNNEV_OUTBOX_BENCH_ROWS` rows (default 20 000) over
@@ -431,4 +437,5 @@ async fn outbox_relay_throughput() {
         "outbox relay throughput: {rows} rows of 1 KiB over {nstreams} streams in {secs:.2} s = {:.0} rows/s",
         rows as f64 / secs
     );
+    drop_outbox(&pg, &table).await;
 }

@@ -94,6 +94,7 @@ async fn outbox_sink_redelivery_is_deduped_inside_the_transaction() {
         .unwrap()
         .get(0);
     assert_eq!(gaps, 1);
+    drop_tables(&pg, &[&table]).await;
 }
 
 /// `runnev sink-postgres` killed at random points, and once aborted between applying and
@@ -153,6 +154,7 @@ async fn outbox_sink_killed_repeatedly_applies_each_batch_once() {
     })
     .await;
     assert_eq!(gauge, n as f64);
+    drop_tables(&pg, &[&table]).await;
 }
 
 /// A consumer that fell behind retention: the gap is logged as an error, counted in
@@ -206,4 +208,5 @@ async fn outbox_sink_surfaces_a_gap() {
     assert_eq!(counted, 1.0);
     let seqs = sink.metric(&c.http, "runnev_outbox_sink_gap_seqs_total").await;
     assert_eq!(seqs, Some(15.0));
+    drop_tables(&pg, &[&table]).await;
 }

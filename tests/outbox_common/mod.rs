@@ -252,3 +252,26 @@ pub fn relay_args(url: &str, nodes: &[String], table: &str, extra: &[&str]) -> V
     a.extend(extra.iter().map(|s| s.to_string()));
     a
 }
+
+/// Drops an outbox table and everything its schema created (call at the end of a passing
+/// test; a failing one keeps them for a look). Best effort: a failure is only printed.
+pub async fn drop_outbox(pg: &tokio_postgres::Client, table: &str) {
+    cleanup(
+        pg,
+        &format!(
+            "DROP TABLE IF EXISTS {table}, {table}_progress; DROP FUNCTION IF EXISTS {table}_notify(), {table}_frozen();"
+        ),
+    )
+    .await
+}
+
+/// Drops plain tables (end of a passing test). Best effort.
+pub async fn drop_tables(pg: &tokio_postgres::Client, tables: &[&str]) {
+    cleanup(pg, &format!("DROP TABLE IF EXISTS {}", tables.join(", "))).await
+}
+
+async fn cleanup(pg: &tokio_postgres::Client, sql: &str) {
+    if let Err(e) = pg.batch_execute(&format!("SET lock_timeout = '10s'; {sql}")).await {
+        eprintln!("cleanup failed (tables left behind): {sql}: {e}");
+    }
+}
