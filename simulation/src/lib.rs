@@ -17,6 +17,7 @@
 
 pub mod disk;
 pub mod history;
+pub mod inspect;
 pub mod invariants;
 pub mod net;
 pub mod nodes;

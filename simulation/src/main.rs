@@ -1,14 +1,22 @@
-//! `cargo run -p simulation --release -- [--seeds N] [--start S] [--seed S] [--fault-ms MS]
-//! [--twice] [--plan] [--history]`: sweeps seeds, or replays one; every failure prints the one
-//! command that replays it. See `README.md`.
+//! `cargo run -p simulation --release -- --seeds N [--start S] [--jobs J]` sweeps seeds (each in
+//! its own process, so a livelocked seed is reported and the sweep goes on);
+//! `-- --seed S` runs (replays) one seed in this process, printing its plan and fault log when
+//! it fails. Other flags: `--fault-ms MS` (length of the fault phase), `--twice` (run each seed
+//! twice and compare the histories), `--plan` (print the plans only), `--history` (print the
+//! plan and fault log even when the seed passes). Every failure prints the one command that
+//! replays it. See `README.md`.
 
-use std::process::ExitCode;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::Instant;
 
+use simulation::runner::LIVELOCK_EXIT;
 use simulation::{replay_command, run_seed, Knobs, Plan, RunReport};
 
 struct Args {
     seeds: Vec<u64>,
+    sweep: bool,
+    jobs: usize,
     knobs: Knobs,
     twice: bool,
     plan_only: bool,
@@ -16,11 +24,11 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: simulation [--seeds N [--start S]] [--seed S] [--fault-ms MS] [--twice] [--plan] [--history]";
+    "usage: simulation [--seeds N [--start S] [--jobs J]] [--seed S] [--fault-ms MS] [--twice] [--plan] [--history]";
 
 fn parse() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
-    let (mut count, mut start, mut one) = (None, 1u64, None);
+    let (mut count, mut start, mut one, mut jobs) = (None, 1u64, None, 1usize);
     let mut knobs = Knobs::default();
     let (mut twice, mut plan_only, mut history) = (false, false, false);
     let num = |v: Option<String>, flag: &str| -> Result<u64, String> {
@@ -31,6 +39,7 @@ fn parse() -> Result<Args, String> {
             "--seeds" => count = Some(num(args.next(), "--seeds")?),
             "--start" => start = num(args.next(), "--start")?,
             "--seed" => one = Some(num(args.next(), "--seed")?),
+            "--jobs" => jobs = num(args.next(), "--jobs")?.max(1) as usize,
             "--fault-ms" => knobs.fault_phase_ms = num(args.next(), "--fault-ms")?,
             "--twice" => twice = true,
             "--plan" => plan_only = true,
@@ -39,18 +48,18 @@ fn parse() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
-    let seeds = match (one, count) {
-        (Some(s), _) => vec![s],
-        (None, Some(n)) => (start..start + n).collect(),
-        (None, None) => (start..start + 10).collect(),
+    let (seeds, sweep) = match (one, count) {
+        (Some(s), _) => (vec![s], false),
+        (None, Some(n)) => ((start..start + n).collect(), true),
+        (None, None) => return Err(USAGE.into()),
     };
-    Ok(Args { seeds, knobs, twice, plan_only, history })
+    Ok(Args { seeds, sweep, jobs, knobs, twice, plan_only, history })
 }
 
 fn summary(r: &RunReport, wall_s: f64) -> String {
     let s = &r.stats;
     format!(
-        "seed {:>6} {}  sim {:>5.1} s  wall {:>5.1} s  publishes {} acks {} (dup {}) attempts {}  delivered {} gaps {}  faults {} crashes {} lost pages {}  rpc dup {} replay {}  digest {:016x}",
+        "seed {:>6} {}  sim {:>5.1} s  wall {:>5.1} s  publishes {} acks {} (dup {}) attempts {}  delivered {} gaps {}  faults {} crashes {} lost pages {} torn in {}  rpc dup {} replay {}  digest {:016x}",
         r.seed,
         if r.violations.is_empty() { "ok  " } else { "FAIL" },
         s.sim_ms as f64 / 1000.0,
@@ -64,10 +73,139 @@ fn summary(r: &RunReport, wall_s: f64) -> String {
         s.faults,
         s.disk.crashes,
         s.disk.pages_lost,
+        s.disk.pages_torn_in,
         s.rpc_duplicated,
         s.rpc_replayed,
         r.history_digest
     )
+}
+
+/// Runs one seed here; prints its summary, and on failure its violations, plan and fault log.
+/// The last line is machine-readable for a sweeping parent: `RESULT <seed> <ok|fail> <sim_ms>
+/// <digest>[ <digest of the second run>]`.
+fn run_here(seed: u64, args: &Args) -> bool {
+    let t = Instant::now();
+    let r = run_seed(seed, args.knobs);
+    println!("{}", summary(&r, t.elapsed().as_secs_f64()));
+    let ok = r.violations.is_empty();
+    if args.history || !ok {
+        print!("{}", Plan::generate(seed, args.knobs));
+        for line in &r.history.fault_log {
+            println!("  {line}");
+        }
+    }
+    for v in r.violations.iter().take(40) {
+        println!("    {v}");
+    }
+    if r.violations.len() > 40 {
+        println!("    … and {} more", r.violations.len() - 40);
+    }
+    if !ok {
+        println!("    replay: {}", r.replay_command());
+    }
+    let mut sim_ms = r.stats.sim_ms;
+    let mut second = String::new();
+    if args.twice {
+        let again = run_seed(seed, args.knobs);
+        sim_ms += again.stats.sim_ms;
+        println!(
+            "    determinism: plan {}, history {} ({:016x} vs {:016x})",
+            if again.plan_digest == r.plan_digest { "same" } else { "DIFFERENT" },
+            if again.history_digest == r.history_digest { "same" } else { "different" },
+            r.history_digest,
+            again.history_digest
+        );
+        second = format!(" {:016x}", again.history_digest);
+    }
+    println!("RESULT {seed} {} {sim_ms} {:016x}{second}", if ok { "ok" } else { "fail" }, r.history_digest);
+    ok
+}
+
+fn spawn(seed: u64, args: &Args) -> std::io::Result<Child> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.arg("--seed").arg(seed.to_string()).arg("--fault-ms").arg(args.knobs.fault_phase_ms.to_string());
+    if args.twice {
+        cmd.arg("--twice");
+    }
+    if args.history {
+        cmd.arg("--history");
+    }
+    cmd.stdout(Stdio::piped()).spawn()
+}
+
+/// Runs every seed in a child process, `args.jobs` at a time.
+fn sweep(args: &Args) -> ExitCode {
+    let started = Instant::now();
+    let (mut failed, mut livelocked, mut differed) = (Vec::new(), Vec::new(), Vec::new());
+    let mut sim_total_ms = 0u64;
+    let mut pending = args.seeds.iter().copied();
+    let mut running: Vec<(u64, Child)> = Vec::new();
+    loop {
+        while running.len() < args.jobs {
+            let Some(seed) = pending.next() else { break };
+            match spawn(seed, args) {
+                Ok(c) => running.push((seed, c)),
+                Err(e) => {
+                    eprintln!("seed {seed}: could not start a child process: {e}");
+                    failed.push(seed);
+                }
+            }
+        }
+        if running.is_empty() {
+            break;
+        }
+        // Children are collected in start order; with --jobs > 1 the others keep running.
+        let (seed, mut child) = running.remove(0);
+        let mut result = None;
+        if let Some(out) = child.stdout.take() {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(rest) = line.strip_prefix("RESULT ") {
+                    result = Some(rest.split(' ').map(str::to_string).collect::<Vec<_>>());
+                } else {
+                    println!("{line}");
+                }
+            }
+        }
+        let status = child.wait().map(|s| s.code()).unwrap_or(None);
+        match (status, &result) {
+            (Some(0), Some(r)) | (Some(1), Some(r)) => {
+                sim_total_ms += r.get(2).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+                if r.get(1).map(String::as_str) != Some("ok") {
+                    failed.push(seed);
+                }
+                if r.len() > 4 && r[3] != r[4] {
+                    differed.push(seed);
+                }
+            }
+            (Some(LIVELOCK_EXIT), _) => livelocked.push(seed),
+            _ => {
+                println!(
+                    "seed {seed}: the run died (status {status:?})\n    replay: {}",
+                    replay_command(seed, args.knobs)
+                );
+                failed.push(seed);
+            }
+        }
+    }
+    println!(
+        "{} seeds: {} failed, {} livelocked; {:.1} simulated s in {:.1} wall s",
+        args.seeds.len(),
+        failed.len(),
+        livelocked.len(),
+        sim_total_ms as f64 / 1000.0,
+        started.elapsed().as_secs_f64()
+    );
+    if args.twice {
+        println!("histories differed between two runs of the same seed for {} seeds: {differed:?}", differed.len());
+    }
+    for s in failed.iter().chain(&livelocked) {
+        println!("  replay: {}", replay_command(*s, args.knobs));
+    }
+    if failed.is_empty() && livelocked.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 fn main() -> ExitCode {
@@ -85,62 +223,10 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    let (mut failed, mut nondeterministic) = (Vec::new(), Vec::new());
-    let (mut sim_total_ms, started) = (0u64, Instant::now());
-    for &seed in &args.seeds {
-        let t = Instant::now();
-        let r = run_seed(seed, args.knobs);
-        println!("{}", summary(&r, t.elapsed().as_secs_f64()));
-        sim_total_ms += r.stats.sim_ms;
-        if args.history || (args.seeds.len() == 1 && !r.violations.is_empty()) {
-            println!("{}", Plan::generate(seed, args.knobs));
-            for line in &r.history.fault_log {
-                println!("  {line}");
-            }
-        }
-        if !r.violations.is_empty() {
-            for v in r.violations.iter().take(30) {
-                println!("    {v}");
-            }
-            if r.violations.len() > 30 {
-                println!("    … and {} more", r.violations.len() - 30);
-            }
-            println!("    replay: {}", r.replay_command());
-            failed.push(seed);
-        }
-        if args.twice {
-            let again = run_seed(seed, args.knobs);
-            sim_total_ms += again.stats.sim_ms;
-            let same = again.history_digest == r.history_digest;
-            println!(
-                "    determinism: plan {} , history {} ({:016x} vs {:016x})",
-                if again.plan_digest == r.plan_digest { "same" } else { "DIFFERENT" },
-                if same { "same" } else { "different" },
-                r.history_digest,
-                again.history_digest
-            );
-            if !same {
-                nondeterministic.push(seed);
-            }
-        }
+    if args.sweep {
+        return sweep(&args);
     }
-    println!(
-        "{} seeds, {} failed, {:.1} simulated s in {:.1} wall s",
-        args.seeds.len(),
-        failed.len(),
-        sim_total_ms as f64 / 1000.0,
-        started.elapsed().as_secs_f64()
-    );
-    if args.twice {
-        println!(
-            "histories differed between two runs of the same seed for {} seeds: {nondeterministic:?}",
-            nondeterministic.len()
-        );
-    }
-    for s in &failed {
-        println!("  replay: {}", replay_command(*s, args.knobs));
-    }
-    if failed.is_empty() {
+    if run_here(args.seeds[0], &args) {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

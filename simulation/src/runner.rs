@@ -8,7 +8,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Once};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -41,6 +41,8 @@ fn install_panic_recorder() {
         std::panic::set_hook(Box::new(move |info| {
             let at = turmoil::sim_elapsed().map(|d| d.as_millis()).unwrap_or(0);
             let _ = PANICS.try_with(|p| p.borrow_mut().push(format!("at {at} ms: {info}")));
+            // With RUST_LOG set, this line carries the turmoil host's span (which node).
+            tracing::error!(target: "simulation", at_ms = at, "panic: {info}");
             previous(info);
         }));
     });
@@ -162,6 +164,20 @@ impl Driver {
         }
     }
 
+    /// Checks the log node `node` will restart on; a hole is recorded as a node error.
+    fn inspect_before_restart(&self, now: u64, node: NodeId) {
+        match crate::inspect::log_holes(&self.disks[(node - 1) as usize]) {
+            Ok(Some((first, last, holes))) if !holes.is_empty() => {
+                let why = format!("n{node} at {now} ms restarts on a Raft log ({first}..={last}) with holes {holes:?}");
+                self.log(now, why.clone());
+                self.shared.record(|h| h.node_errors.push(why));
+            }
+            Ok(Some((first, last, _))) => self.log(now, format!("n{node} restarts on log {first}..={last}")),
+            Ok(None) => self.log(now, format!("n{node} restarts on an empty log")),
+            Err(e) => self.log(now, format!("n{node}: its disk could not be inspected: {e}")),
+        }
+    }
+
     fn log(&self, now: u64, what: String) {
         tracing::info!(target: "simulation", at_ms = now, "{what}");
         self.shared.record(|h| h.fault_log.push(format!("{now:>7} ms {what}")));
@@ -272,6 +288,7 @@ impl Driver {
                 *count -= 1;
                 if *count == 0 {
                     self.down.remove(&node);
+                    self.inspect_before_restart(now, node);
                     self.log(now, format!("restart n{node}"));
                     sim.bounce(node_host(node));
                 }
@@ -357,10 +374,62 @@ impl Driver {
             }
         }
         for node in std::mem::take(&mut self.down).into_keys() {
+            self.inspect_before_restart(now, node);
             self.log(now, format!("restart n{node}"));
             sim.bounce(node_host(node));
         }
         self.log(now, "heal: every fault ended".into());
+    }
+}
+
+/// Wall-clock seconds without simulated progress after which the watchdog declares a livelock
+/// (overridden by `SIM_WATCHDOG_SECS`). A turmoil step runs each host until its runtime is idle;
+/// a task that loops without ever awaiting a timer or I/O keeps its host busy forever, and
+/// simulated time stops.
+pub const WATCHDOG_SECS_DEFAULT: u64 = 120;
+
+/// Exit status of a process whose run livelocked.
+pub const LIVELOCK_EXIT: i32 = 3;
+
+/// Watches a run from another thread: if simulated time stops advancing, prints the replay
+/// command and ends the process (a livelocked thread cannot be stopped any other way). Uses
+/// the wall clock, which is fine: it never influences the run, it only ends it.
+struct Watchdog {
+    progress: Arc<AtomicU64>,
+    done: Arc<AtomicBool>,
+}
+
+impl Watchdog {
+    fn start(seed: u64, knobs: Knobs) -> Watchdog {
+        let progress = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let secs =
+            std::env::var("SIM_WATCHDOG_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(WATCHDOG_SECS_DEFAULT);
+        let (p, d) = (progress.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut last = (u64::MAX, std::time::Instant::now());
+            while !d.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(500));
+                let now = p.load(Ordering::SeqCst);
+                if now != last.0 {
+                    last = (now, std::time::Instant::now());
+                } else if last.1.elapsed() >= Duration::from_secs(secs) && !d.load(Ordering::SeqCst) {
+                    println!(
+                        "seed {seed} LIVELOCK: simulated time stuck at {now} ms for {secs} s of wall time (a task \
+                         keeps its host busy without awaiting time or I/O)\n    replay: {}",
+                        replay_command(seed, knobs)
+                    );
+                    std::process::exit(LIVELOCK_EXIT);
+                }
+            }
+        });
+        Watchdog { progress, done }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::SeqCst);
     }
 }
 
@@ -410,8 +479,10 @@ pub fn run_seed(seed: u64, knobs: Knobs) -> RunReport {
     sim.client("control", workload::control(shared.clone()));
 
     let mut driver = Driver::new(shared.clone(), disks.clone());
+    let watchdog = Watchdog::start(seed, knobs);
     let sim_error = loop {
         let now = sim.elapsed().as_millis() as u64;
+        watchdog.progress.store(now, Ordering::SeqCst);
         if now.is_multiple_of(5_000) {
             tracing::info!(target: "simulation", at_ms = now, "simulated time");
         }
@@ -424,6 +495,7 @@ pub fn run_seed(seed: u64, knobs: Knobs) -> RunReport {
     };
     let sim_ms = sim.elapsed().as_millis() as u64;
     drop(sim);
+    drop(watchdog);
 
     let mut history = shared.take_history();
     history.sim_error = sim_error;

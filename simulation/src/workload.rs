@@ -188,7 +188,9 @@ pub async fn subscriber(shared: Arc<Shared>, id: usize) -> turmoil::Result {
                     Some(Ok(Delivery::Batch(b))) => {
                         cursor = b.seq;
                         log(Seen::Batch(batch(&b)));
-                        if spec.slow_ms > 0 {
+                        // Slow consumers dawdle during the fault phase only: in the heal phase
+                        // every subscriber must catch up within the budget.
+                        if spec.slow_ms > 0 && now_ms() < plan.knobs.fault_phase_ms {
                             tokio::time::sleep(Duration::from_millis(spec.slow_ms)).await;
                         }
                     }

@@ -107,7 +107,13 @@ impl SimRpcFaults {
     /// The injector of `node`'s incarnation number `incarnation`.
     pub fn new(shared: Arc<Shared>, node: NodeId, incarnation: u64) -> Self {
         let rng = SimRng::derive(shared.plan.seed, "rpc-faults", node * 1_000 + incarnation);
-        SimRpcFaults { rates: shared.plan.rpc, shared, rng: Mutex::new(rng) }
+        let mut rates = shared.plan.rpc;
+        // Diagnosis aid: `SIM_NO_RPC_FAULTS=1` keeps the plan but sends every RPC once.
+        if std::env::var_os("SIM_NO_RPC_FAULTS").is_some() {
+            rates.duplicate_per_mille = 0;
+            rates.replay_per_mille = 0;
+        }
+        SimRpcFaults { rates, shared, rng: Mutex::new(rng) }
     }
 }
 

@@ -35,7 +35,17 @@ pub(super) fn check(h: &History, out: &mut Vec<Violation>) {
     }
     for (id, pos, target) in &h.liveness.subscriber_positions {
         if pos < target {
-            v(format!("sub{id} reached seq {pos} but its stream holds up to {target}"));
+            let last: Vec<String> = h
+                .subscribers
+                .iter()
+                .filter(|s| s.id == *id)
+                .flat_map(|s| s.events.iter().rev().take(4).rev())
+                .map(|(at, e)| match e {
+                    crate::history::Seen::Batch(b) => format!("{at} ms: batch {}", b.seq),
+                    other => format!("{at} ms: {other:?}"),
+                })
+                .collect();
+            v(format!("sub{id} reached seq {pos} but its stream holds up to {target}; its last events: {last:?}"));
         }
     }
     for f in &h.finals {
