@@ -84,3 +84,12 @@ fn regression_seed_215_log_hole_after_duplicated_appends() {
 fn regression_seed_160_log_hole_serves_a_silent_gap() {
     must_pass_repeatedly(160, 5);
 }
+
+/// Bug 4 (README, "Bugs found"): a follower that installed a snapshot and crashed before its old
+/// log was purged restarts with a Raft core that quits on a defensive storage error
+/// (`try to get log at index 38 but got Some(103)`) and never rejoins. Five runs in five.
+#[test]
+#[ignore = "reproduces bug 4 (restart after a snapshot install, before the purge, leaves the Raft core dead); see README"]
+fn regression_seed_112_restart_after_snapshot_install_before_purge() {
+    must_pass_repeatedly(112, 3);
+}
