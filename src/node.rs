@@ -122,6 +122,8 @@ where
     let http = net::http_client(dialer);
     let config = Arc::new(raft_config(&cfg)?);
     formation::guard_wiped_node(&store, cfg.id, &cfg.peers, &http).await?;
+    let restore = store.clone();
+    crate::storage::blocking(move || crate::storage::snapshot::restore_state_machine(&restore)).await?;
     let sm = StateMachine::new(store.clone());
     metrics::counter!("runnev_snapshots_installed_total").absolute(0);
     let raft = Raft::new(cfg.id, config, Network::new(http.clone(), rpc_faults), LogStore::new(store.clone()), sm)

@@ -1,6 +1,6 @@
 //! The simulation in CI: a fixed set of seeds, each run by the `simulation` binary in its own
 //! process (so a livelock is reported by the watchdog instead of hanging the test run), and the
-//! seeds that reproduce known bugs, pinned and ignored until the bugs are fixed.
+//! seeds that reproduced bugs, pinned as regression tests (fixed; run in release by scripts/test).
 //!
 //! `cargo test -p simulation` runs the CI seeds (debug build). Replay one with the command it
 //! prints, e.g. `cargo run -p simulation --release -- --seed 2`.
@@ -62,7 +62,7 @@ ci_seeds! {
 /// panics (`snapshot_last_log_id <= committed`) and the node never rejoins. Then bug 2 (the
 /// write path spins when the Raft core has stopped) livelocks the run.
 #[test]
-#[ignore = "reproduces bug 1 (snapshot ahead of the durable state machine) and bug 2 (write-path spin); see README"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seed_4_snapshot_ahead_of_durable_state_machine() {
     must_pass_repeatedly(4, 3);
 }
@@ -72,7 +72,7 @@ fn regression_seed_4_snapshot_ahead_of_durable_state_machine() {
 /// with the hole (skipping committed entries) and openraft then panics at
 /// `raft_core.rs:779` (`applying_entries.next().unwrap()`). About one run in two or three.
 #[test]
-#[ignore = "reproduces bug 3 (hole in a follower's log after duplicated append-entries); see README"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seed_215_log_hole_after_duplicated_appends() {
     must_pass_repeatedly(215, 5);
 }
@@ -80,7 +80,7 @@ fn regression_seed_215_log_hole_after_duplicated_appends() {
 /// Bug 3 again, with its consequences on what the node serves: a read with `min_index` that
 /// misses an acknowledged batch and a subscriber that silently skips two seqs.
 #[test]
-#[ignore = "reproduces bug 3 (hole in a follower's log after duplicated append-entries); see README"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seed_160_log_hole_serves_a_silent_gap() {
     must_pass_repeatedly(160, 5);
 }
@@ -89,7 +89,7 @@ fn regression_seed_160_log_hole_serves_a_silent_gap() {
 /// log was purged restarts with a Raft core that quits on a defensive storage error
 /// (`try to get log at index 38 but got Some(103)`) and never rejoins. Five runs in five.
 #[test]
-#[ignore = "reproduces bug 4 (restart after a snapshot install, before the purge, leaves the Raft core dead); see README"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seed_112_restart_after_snapshot_install_before_purge() {
     must_pass_repeatedly(112, 3);
 }

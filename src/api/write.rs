@@ -149,7 +149,11 @@ where
         }
         // Wake on any Raft state change, and re-check at least every 100 ms.
         let pause = (deadline - now).min(Duration::from_millis(100));
-        let _ = tokio::time::timeout(pause, metrics.changed()).await;
+        if let Ok(Err(_)) = tokio::time::timeout(pause, metrics.changed()).await {
+            // The Raft core has stopped (a storage failure): its metrics will never change again,
+            // and waiting on them would spin. Found by the simulation (seed 4).
+            return Err(ApiError::Internal("raft has stopped on this node; use another node".into()));
+        }
     }
 }
 

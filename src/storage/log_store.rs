@@ -74,9 +74,20 @@ impl RaftLogReader<TypeConfig> for LogStore {
             }
             let txn = store.db().begin_read()?;
             let t = txn.open_table(LOG)?;
-            let mut out = Vec::new();
+            let mut out: Vec<Entry> = Vec::new();
             for row in t.range(start..=end)? {
-                let (_, v) = row?;
+                let (k, v) = row?;
+                // openraft checks only a range's ends; a hole inside must be an error, never
+                // entries silently skipped (the simulation once produced one).
+                if let Some(prev) = out.last() {
+                    if k.value() != prev.get_log_id().index + 1 {
+                        return Err(StoreError::Corrupt(format!(
+                            "raft log hole: index {} follows {}",
+                            k.value(),
+                            prev.get_log_id().index
+                        )));
+                    }
+                }
                 out.push(decode(v.value())?);
             }
             Ok(out)
@@ -148,8 +159,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let store = self.store.clone();
         let res = blocking(move || {
             Self::write(&store, |txn| {
+                // Entries at or below the purge point are covered by a snapshot; writing them
+                // would put stale entries below a gap (a late, duplicated append can carry them).
+                let purged =
+                    txn.open_table(RAFT_META)?.get("last_purged")?.map(|v| decode::<LogId>(v.value())).transpose()?;
                 let mut t = txn.open_table(LOG)?;
-                for (index, bytes) in &rows {
+                for (index, bytes) in rows.iter().filter(|(i, _)| purged.is_none_or(|p| *i > p.index)) {
                     t.insert(*index, bytes.as_slice())?;
                 }
                 Ok(())

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use redb::{ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
-use super::{decode, encode, Store, StoreError, BATCHES, SM_META, STREAMS, TOMBSTONES};
+use super::{decode, encode, Store, StoreError, BATCHES, LOG, RAFT_META, SM_META, STREAMS, TOMBSTONES};
 use crate::raft::{LogId, NodeId};
 use crate::stream::StreamMeta;
 
@@ -100,6 +100,10 @@ fn sync_dir(dir: &Path) -> Result<(), StoreError> {
 /// Errors: redb or file I/O failures; the previous snapshot stays in place.
 pub(crate) fn build(store: &Store) -> Result<(SnapshotMeta, File), StoreError> {
     let txn = store.db().begin_read()?;
+    // State-machine commits are not fsynced (the log is the durable record). Make everything this
+    // read sees durable before a snapshot of it exists: otherwise a crash could leave the snapshot
+    // ahead of the durable state machine and openraft refuses to start (simulation seed 4).
+    durable_barrier(store)?;
     let sm = txn.open_table(SM_META)?;
     let last_applied: Option<LogId> = sm.get("last_applied")?.map(|v| decode(v.value())).transpose()?.flatten();
     let membership: StoredMembership =
@@ -137,6 +141,14 @@ pub(crate) fn build(store: &Store) -> Result<(SnapshotMeta, File), StoreError> {
     let current = publish(store, &tmp)?;
     tracing::info!(snapshot = %meta.snapshot_id, streams, batches, "built snapshot");
     Ok((meta, current))
+}
+
+/// A durable commit: redb then persists every earlier non-durable commit too.
+fn durable_barrier(store: &Store) -> Result<(), StoreError> {
+    let w = store.db().begin_write()?;
+    w.open_table(SM_META)?.insert("durable_barrier", [1u8].as_slice())?;
+    w.commit()?;
+    Ok(())
 }
 
 /// Makes `tmp` the current snapshot: rename over the old one, then fsync the directory. Returns
@@ -237,6 +249,18 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
         let mut sm = txn.open_table(SM_META)?;
         sm.insert("last_applied", encode(&meta.last_log_id)?.as_slice())?;
         sm.insert("membership", encode(&meta.last_membership)?.as_slice())?;
+        // Purge the log the snapshot covers in the same transaction: a crash between installing
+        // and openraft's own purge would otherwise leave old entries below a gap, which openraft
+        // cannot start from (simulation seed 112). openraft's purge that follows is idempotent.
+        if let Some(last) = meta.last_log_id {
+            let mut raft_meta = txn.open_table(RAFT_META)?;
+            let purged: Option<crate::raft::LogId> =
+                raft_meta.get("last_purged")?.map(|v| decode(v.value())).transpose()?;
+            if purged.is_none_or(|p| p.index < last.index) {
+                raft_meta.insert("last_purged", encode(&last)?.as_slice())?;
+                txn.open_table(LOG)?.retain_in(..=last.index, |_, _| false)?;
+            }
+        }
     }
     let copy = r.to.into_inner().map_err(|e| e.into_error())?;
     copy.sync_all()?;
@@ -258,4 +282,27 @@ impl Read for Tee {
         self.to.write_all(&buf[..n])?;
         Ok(n)
     }
+}
+
+/// Brings the state machine up to the current snapshot when it is behind it, before Raft
+/// starts: after a crash that lost the (unsynced or damaged) state machine but left the
+/// snapshot file, openraft cannot start from a snapshot ahead of the applied state. Returns the
+/// log index restored to, if any.
+///
+/// Errors: the snapshot file cannot be read, or redb fails.
+pub fn restore_state_machine(store: &Store) -> Result<Option<u64>, StoreError> {
+    let Some((meta, file)) = open_current(store)? else { return Ok(None) };
+    let applied: Option<LogId> = {
+        let txn = store.db().begin_read()?;
+        let sm = txn.open_table(SM_META)?;
+        sm.get("last_applied")?.map(|v| decode(v.value())).transpose()?.flatten()
+    };
+    let Some(snap) = meta.last_log_id else { return Ok(None) };
+    if applied.is_some_and(|a| a.index >= snap.index) {
+        return Ok(None);
+    }
+    tracing::warn!(snapshot = %meta.snapshot_id, applied = ?applied, "state machine behind its snapshot: restoring it from the snapshot");
+    install(store, file, &meta)?;
+    store.set_applied(snap.index);
+    Ok(Some(snap.index))
 }
