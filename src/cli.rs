@@ -145,12 +145,12 @@ pub async fn status(client: &Client) -> Result<()> {
             Ok(v) => println!(
                 "{:<28} {:>4} {:>10} {:>7} {:>6} {:>10} {:>10}",
                 node,
-                v["node_id"],
+                v["node_id"].to_string(),
                 v["state"].as_str().unwrap_or("?"),
-                v["leader_id"],
-                v["term"],
-                v["commit_index"],
-                v["applied_index"]
+                v["leader_id"].to_string(),
+                v["term"].to_string(),
+                v["commit_index"].to_string(),
+                v["applied_index"].to_string()
             ),
             Err(e) => println!("{node:<28} unreachable: {e}"),
         }

@@ -11,6 +11,9 @@ use crate::limits::RETRY_AFTER_SECS;
 use crate::storage::StoreError;
 use crate::stream::{NameError, PublishRejection};
 
+/// Header on a `503` whose write may still commit (see [`ApiError::OutcomeUnknown`]).
+pub const OUTCOME_HEADER: &str = "runnev-outcome";
+
 /// An error answered to a client (SPEC §3, "Errors"). Each variant's message says what was wrong
 /// and how to fix it.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -45,6 +48,10 @@ pub enum ApiError {
     /// `503 no_leader`, with `Retry-After`.
     #[error("{0}")]
     NoLeader(String),
+    /// `503 no_leader`, with `Retry-After` and `Runnev-Outcome: unknown`: the write was proposed
+    /// (or handed to the leader) and may still commit. Only a retry with the same seq is safe.
+    #[error("{0}")]
+    OutcomeUnknown(String),
     /// `503 not_ready`.
     #[error("{0}")]
     NotReady(String),
@@ -86,7 +93,7 @@ impl ApiError {
             }
             Rejected(PublishRejection::SeqEvicted { .. }) => (StatusCode::CONFLICT, "seq_evicted"),
             PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
-            NoLeader(_) => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
+            NoLeader(_) | OutcomeUnknown(_) => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
             NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
             StorageFull(_) => (StatusCode::INSUFFICIENT_STORAGE, "storage_full"),
             Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
@@ -113,6 +120,10 @@ impl IntoResponse for ApiError {
         match self {
             ApiError::NoLeader(_) => {
                 resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            }
+            ApiError::OutcomeUnknown(_) => {
+                resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+                resp.headers_mut().insert(OUTCOME_HEADER, HeaderValue::from_static("unknown"));
             }
             // The rest of the body is left unread, so the connection cannot carry another
             // request: say so, instead of letting the client find a closed socket.

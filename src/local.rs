@@ -115,6 +115,10 @@ pub async fn run(opts: LocalOptions) -> Result<(), LocalError> {
                     }
                 }
                 children.retain_mut(|(_, c)| !matches!(c.try_wait(), Ok(Some(_))));
+                if children.is_empty() {
+                    eprintln!("runnev local: every node has exited; stopping");
+                    return Ok(());
+                }
             }
         }
     }

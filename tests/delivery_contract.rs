@@ -393,3 +393,48 @@ async fn a_node_behind_a_streams_creation_waits_instead_of_404() {
     let out = String::from_utf8(curl.await.expect("curl task").stdout).expect("utf-8");
     assert!(out.contains("id: 1"), "the subscription waited for the stream and delivered seq 1:\n{out}");
 }
+
+/// Regressions from a new user's trial: a publish without seq whose outcome is unknown (the
+/// leader lost its quorum) is not retried by the client, so it is stored at most once; the
+/// leader without a quorum is not ready; a stream body that is not a JSON object is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_outcome_is_not_retried_without_seq() {
+    let mut c = Cluster::start(3, &[]).await;
+    let leader = c.leader().await;
+    create_stream(&c.http, &c.url(leader), "once").await;
+    let r = c.http.put(&format!("{}/v1/streams/arr", c.url(leader)), Some("[]")).await.expect("PUT");
+    assert_eq!((r.status, r.error_code().as_deref()), (400, Some("invalid_body")), "{}", r.describe());
+
+    let others: Vec<u64> = c.ids().into_iter().filter(|i| *i != leader).collect();
+    for id in &others {
+        c.kill_9(*id);
+    }
+    let ready =
+        wait_for("the lone leader to stop being ready", Duration::from_secs(10), Duration::from_millis(200), || {
+            let c = &c;
+            async move {
+                let r = c.http.get(&format!("{}/readyz", c.url(leader))).await?;
+                if r.status == 503 {
+                    Ok(r)
+                } else {
+                    Err(r.describe())
+                }
+            }
+        })
+        .await;
+    assert!(ready.text().contains("quorum"), "{}", ready.describe());
+
+    let policy = runnev::client::RetryPolicy { request_timeout: Duration::from_secs(3), ..Default::default() };
+    let client =
+        Client::with_dialer(&[c.url(leader)], std::sync::Arc::new(runnev::net::TcpDialer), policy).expect("client");
+    let err = client.publish("once", None, b"exactly one".to_vec()).await.expect_err("no quorum");
+    assert!(matches!(err, runnev::client::ClientError::OutcomeUnknown(_)), "{err}");
+    for id in others {
+        c.restart(id).await;
+    }
+    let leader = c.leader().await;
+    let index = c.cluster_info(leader).await.expect("view")["commit_index"].as_u64().unwrap_or(0);
+    let all = read_all(&c.http, &c.url(leader), "once", index, Duration::from_secs(20)).await.expect("read");
+    let copies = all.iter().filter(|b| b.data == b"exactly one").count();
+    assert!(copies <= 1, "a publish without seq was stored {copies} times");
+}

@@ -48,6 +48,36 @@ async fn effects(pg: &tokio_postgres::Client, table: &str) -> BTreeMap<u64, (usi
     out
 }
 
+/// The cursor and the effects read from one snapshot: a killed sink's last COMMIT may still be
+/// landing, and two separate reads could straddle it.
+async fn cursor_and_effects(
+    pg: &mut tokio_postgres::Client,
+    table: &str,
+    consumer: &str,
+    stream: &str,
+) -> (u64, BTreeMap<u64, (usize, Vec<u8>)>) {
+    let tx = pg
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .unwrap();
+    let cur = tx
+        .query_opt("SELECT cursor FROM runnev_sink_cursor WHERE consumer = $1 AND stream = $2", &[&consumer, &stream])
+        .await
+        .unwrap()
+        .map(|r| r.get::<_, i64>(0) as u64)
+        .unwrap_or(0);
+    let mut out: BTreeMap<u64, (usize, Vec<u8>)> = BTreeMap::new();
+    for r in tx.query(&format!("SELECT seq, payload FROM {table}"), &[]).await.unwrap() {
+        let e = out.entry(r.get::<_, i64>(0) as u64).or_insert((0, r.get(1)));
+        e.0 += 1;
+    }
+    tx.commit().await.unwrap();
+    (cur, out)
+}
+
 async fn cursor(pg: &tokio_postgres::Client, consumer: &str, stream: &str) -> u64 {
     pg.query_opt("SELECT cursor FROM runnev_sink_cursor WHERE consumer = $1 AND stream = $2", &[&consumer, &stream])
         .await
@@ -103,7 +133,7 @@ async fn outbox_sink_redelivery_is_deduped_inside_the_transaction() {
 async fn outbox_sink_killed_repeatedly_applies_each_batch_once() {
     let url = require_pg!("outbox_sink_killed_repeatedly_applies_each_batch_once");
     let c = Cluster::start(3, &[]).await;
-    let pg = connect(&url).await;
+    let mut pg = connect(&url).await;
     let table = unique("sink_kill");
     effects_table(&pg, &table).await;
     let stream = "sink-kill";
@@ -129,8 +159,7 @@ async fn outbox_sink_killed_repeatedly_applies_each_batch_once() {
         sink.spawn();
         tokio::time::sleep(Duration::from_millis(200 + rng.below(600))).await;
         sink.kill_9();
-        let cur = cursor(&pg, &consumer, stream).await;
-        let e = effects(&pg, &table).await;
+        let (cur, e) = cursor_and_effects(&mut pg, &table, &consumer, stream).await;
         assert_eq!(e.len() as u64, cur, "effects and cursor out of step after a kill");
     }
     sink.spawn();

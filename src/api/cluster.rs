@@ -80,6 +80,12 @@ pub(super) async fn view(State(s): State<AppState>) -> Response {
 /// `GET /readyz`: 200 when this node knows a leader and has applied all it knows is committed.
 pub(super) async fn ready(State(s): State<AppState>) -> Response {
     let v = view_of(&s);
+    let quorum_ack_ms = s.raft.metrics().borrow().millis_since_quorum_ack;
+    if v.leader_id == Some(s.node_id) && quorum_ack_ms.is_none_or(|ms| ms > crate::limits::RAFT_ELECTION_TIMEOUT_MAX_MS)
+    {
+        // A leader that has not heard from a quorum lately cannot commit: not a place for writes.
+        return (StatusCode::SERVICE_UNAVAILABLE, "leader without a quorum\n").into_response();
+    }
     if !v.members.iter().any(|m| m.id == s.node_id) {
         return (StatusCode::SERVICE_UNAVAILABLE, "not a member of the cluster\n").into_response();
     }

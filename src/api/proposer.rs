@@ -97,7 +97,7 @@ async fn commit(raft: &Raft, batch: Vec<Proposal>) {
     let result = match tokio::time::timeout(Duration::from_millis(COMMIT_WAIT_MS), raft.client_write(entry)).await {
         Ok(Ok(r)) => Ok((r.data, r.log_id.index)),
         Ok(Err(e)) => Err(op_error(e)),
-        Err(_) => Err(OpError::Fail(ApiError::NoLeader(format!(
+        Err(_) => Err(OpError::Fail(ApiError::OutcomeUnknown(format!(
             "the entry was not committed within {COMMIT_WAIT_MS} ms (no quorum reachable?); its outcome is unknown: retry, with the same seq"
         )))),
     };

@@ -141,8 +141,12 @@ pub(super) async fn put(
     let retention = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
-        let b: PutBody = serde_json::from_slice(&body)
-            .map_err(|e| ApiError::InvalidBody(format!("expected {{\"retention\": {{…}}}}: {e}")))?;
+        let expected = |e: String| ApiError::InvalidBody(format!("expected {{\"retention\": {{…}}}}: {e}"));
+        let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| expected(e.to_string()))?;
+        if !value.is_object() {
+            return Err(expected("the body is not a JSON object".into()));
+        }
+        let b: PutBody = serde_json::from_value(value).map_err(|e| expected(e.to_string()))?;
         b.retention.validate().map_err(|field| {
             ApiError::InvalidBody(format!("retention.{field} must be at least 1 (omit it for no limit)"))
         })?;

@@ -133,7 +133,7 @@ where
                 Ok(resp) => return Ok(Led::Forwarded(resp)),
                 Err(ForwardError::Unreachable(e)) => last_problem = format!("leader {l} at {addr} is unreachable: {e}"),
                 Err(ForwardError::Unknown(e)) => {
-                    return Err(ApiError::NoLeader(format!(
+                    return Err(ApiError::OutcomeUnknown(format!(
                         "leader {l} failed while handling the request ({e}); its outcome is unknown: retry, with the same seq"
                     )))
                 }
@@ -187,7 +187,7 @@ async fn forward(s: &AppState, addr: &str, req: &Forwardable) -> Result<Response
                 out.headers_mut().insert(name, v.clone());
             }
         }
-        for name in ["runnev-node", "runnev-leader"] {
+        for name in ["runnev-node", "runnev-leader", crate::error::OUTCOME_HEADER] {
             if let Some(v) = parts.headers.get(name) {
                 out.headers_mut().insert(name, v.clone());
             }

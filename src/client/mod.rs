@@ -5,10 +5,12 @@
 //! never: change a publisher's seq between retries (that is what makes a retry idempotent, SPEC
 //! §2.3), or hand a consumer a batch at or below its cursor twice in one subscription.
 //!
-//! Retries: a publish that gets a connection error, a timeout or `503` is retried on the next
-//! node with exponential backoff until [`RetryPolicy::give_up_after`]. With a `seq` the retry is
-//! exactly-once (the server answers `duplicate: true`); without one, a retry after an unknown
-//! outcome may store the batch twice, so publishers that need exactly-once supply `seq`.
+//! Retries: a publish with a `seq` that gets a connection error, a timeout or `503` is retried on
+//! the next node with exponential backoff until [`RetryPolicy::give_up_after`]; the retry is
+//! exactly-once (the server answers `duplicate: true`). A publish without a seq is retried only
+//! when it certainly was not applied (the connection was refused, or a `503` before any
+//! proposal); when its outcome is unknown it fails with [`ClientError::OutcomeUnknown`] rather
+//! than risk storing the batch twice.
 
 mod cursor;
 mod subscription;
@@ -75,8 +77,14 @@ pub enum ClientError {
         /// The server's explanation.
         message: String,
     },
+    /// A publish without a seq reached the cluster but its outcome is unknown (a timeout, a
+    /// connection lost mid-request, or `503` with `Runnev-Outcome: unknown`). It was not retried,
+    /// because a retry without a seq could store the batch twice; publish with a seq to retry
+    /// safely.
+    #[error("the outcome is unknown (not retried, as a publish without seq is not idempotent): {0}")]
+    OutcomeUnknown(String),
     /// No node gave a definitive answer before the retry deadline; the last problem is given.
-    #[error("no node answered within {after:?}; last problem: {last}")]
+    #[error("no node took the request within {after:?}; last problem: {last}")]
     Unavailable {
         /// How long the client tried.
         after: Duration,
@@ -206,7 +214,9 @@ pub(crate) fn decode_batch(node: &str, b: WireBatch) -> Result<Batch, ClientErro
 
 /// An attempt's failure, classified for the retry loop.
 enum Attempt {
-    /// Try another node (connection error, timeout, 503).
+    /// The request never reached a node (connection refused): try another.
+    NotSent(String),
+    /// Try another node (timeout, broken connection, 503); the request may have been applied.
     Retry(String),
     /// Stop: a definitive answer or a local problem.
     Fail(ClientError),
@@ -309,22 +319,29 @@ impl Client {
         path: &str,
         body: &Bytes,
         timeout: Duration,
-    ) -> Result<(StatusCode, Bytes), Attempt> {
+    ) -> Result<(StatusCode, Bytes, bool), Attempt> {
         let req = hyper::Request::builder()
             .method(method.clone())
             .uri(format!("{node}{path}"))
             .body(Full::new(body.clone()))
             .map_err(|e| Attempt::Fail(ClientError::Config(e.to_string())))?;
         let run = async {
-            let resp = self.inner.http.request(req).await.map_err(|e| Attempt::Retry(format!("{node}: {e}")))?;
+            let resp = self.inner.http.request(req).await.map_err(|e| {
+                if e.is_connect() {
+                    Attempt::NotSent(format!("{node}: {e}"))
+                } else {
+                    Attempt::Retry(format!("{node}: {e}"))
+                }
+            })?;
             let status = resp.status();
             self.learn_leader(resp.headers());
+            let unknown = resp.headers().get(crate::error::OUTCOME_HEADER).is_some();
             let bytes = Limited::new(resp.into_body(), ANSWER_BYTES_MAX)
                 .collect()
                 .await
                 .map_err(|e| Attempt::Retry(format!("{node}: reading the answer: {e}")))?
                 .to_bytes();
-            Ok((status, bytes))
+            Ok((status, bytes, unknown))
         };
         tokio::time::timeout(timeout, run)
             .await
@@ -339,6 +356,19 @@ impl Client {
         body: Bytes,
         extra_timeout: Duration,
     ) -> Result<(String, StatusCode, Bytes), ClientError> {
+        self.call_with(method, path, body, extra_timeout, true).await
+    }
+
+    /// [`Client::call`]; when `idempotent` is false, only a request that never reached a node
+    /// (or was refused before it was proposed) is retried.
+    async fn call_with(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        extra_timeout: Duration,
+        idempotent: bool,
+    ) -> Result<(String, StatusCode, Bytes), ClientError> {
         let policy = self.inner.policy;
         let started = tokio::time::Instant::now();
         let mut backoff = policy.backoff_min;
@@ -346,13 +376,19 @@ impl Client {
         loop {
             let node = self.inner.nodes[if write { self.pick_for_write() } else { self.pick() }].clone();
             let last = match self.exchange(&node, &method, path, &body, policy.request_timeout + extra_timeout).await {
-                Ok((status, bytes)) if status == StatusCode::SERVICE_UNAVAILABLE => {
-                    format!("{node}: 503 {}", String::from_utf8_lossy(&bytes))
+                Ok((status, bytes, unknown)) if status == StatusCode::SERVICE_UNAVAILABLE => {
+                    let why = format!("{node}: 503 {}", String::from_utf8_lossy(&bytes));
+                    if unknown && !idempotent {
+                        return Err(ClientError::OutcomeUnknown(why));
+                    }
+                    why
                 }
-                Ok((status, bytes)) if status.is_success() => return Ok((node, status, bytes)),
-                Ok((status, bytes)) => return Err(api_error(&node, status, &bytes)),
+                Ok((status, bytes, _)) if status.is_success() => return Ok((node, status, bytes)),
+                Ok((status, bytes, _)) => return Err(api_error(&node, status, &bytes)),
                 Err(Attempt::Fail(e)) => return Err(e),
-                Err(Attempt::Retry(why)) => why,
+                Err(Attempt::NotSent(why)) => why,
+                Err(Attempt::Retry(why)) if idempotent => why,
+                Err(Attempt::Retry(why)) => return Err(ClientError::OutcomeUnknown(why)),
             };
             // The leader we knew failed us: rotate until a response names the new one.
             self.inner.leader.store(usize::MAX, Ordering::Relaxed);
@@ -384,7 +420,8 @@ impl Client {
             Some(s) => format!("/v1/streams/{stream}/batches?seq={s}"),
             None => format!("/v1/streams/{stream}/batches"),
         };
-        let (node, _, bytes) = self.call(Method::POST, &path, payload.into(), Duration::ZERO).await?;
+        let (node, _, bytes) =
+            self.call_with(Method::POST, &path, payload.into(), Duration::ZERO, seq.is_some()).await?;
         Self::json(&node, &bytes)
     }
 
@@ -469,10 +506,12 @@ impl Client {
     pub async fn cluster_view(&self, node: &str) -> Result<serde_json::Value, ClientError> {
         let timeout = self.inner.policy.request_timeout;
         match self.exchange(node, &Method::GET, "/v1/cluster", &Bytes::new(), timeout).await {
-            Ok((s, bytes)) if s.is_success() => Self::json(node, &bytes),
-            Ok((s, bytes)) => Err(api_error(node, s, &bytes)),
+            Ok((s, bytes, _)) if s.is_success() => Self::json(node, &bytes),
+            Ok((s, bytes, _)) => Err(api_error(node, s, &bytes)),
             Err(Attempt::Fail(e)) => Err(e),
-            Err(Attempt::Retry(last)) => Err(ClientError::Unavailable { after: timeout, last }),
+            Err(Attempt::Retry(last) | Attempt::NotSent(last)) => {
+                Err(ClientError::Unavailable { after: timeout, last })
+            }
         }
     }
 
