@@ -274,12 +274,10 @@ pub async fn bench(client: &Client, o: BenchOptions) -> Result<()> {
 /// `runnev probe URL`: succeeds when URL answers 2xx in time (for health checks in images that
 /// have no curl).
 pub async fn probe(url: &str, timeout: Duration) -> Result<()> {
-    let uri: hyper::Uri = url.parse().with_context(|| format!("{url:?} is not a URL"))?;
     let http = runnev::net::http_client(std::sync::Arc::new(runnev::net::TcpDialer));
-    match tokio::time::timeout(timeout, http.get(uri)).await {
-        Ok(Ok(resp)) if resp.status().is_success() => Ok(()),
-        Ok(Ok(resp)) => bail!("{url} answered {}", resp.status()),
-        Ok(Err(e)) => bail!("{url}: {e}"),
-        Err(_) => bail!("{url}: no answer within {timeout:?}"),
+    match runnev::net::get(&http, url, timeout, 64 * 1024).await {
+        Ok((status, _)) if status.is_success() => Ok(()),
+        Ok((status, _)) => bail!("{url} answered {status}"),
+        Err(e) => bail!("{e}"),
     }
 }

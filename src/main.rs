@@ -99,9 +99,6 @@ enum Cmd {
         /// Initial cluster members: 1=HOST:PORT,2=HOST:PORT,3=HOST:PORT.
         #[arg(long)]
         peers: String,
-        /// Address peers use to reach this node when it is not in --peers (defaults to --listen).
-        #[arg(long)]
-        advertise: Option<String>,
         /// Largest batch payload, in bytes.
         #[arg(long, default_value_t = BATCH_BYTES_DEFAULT)]
         max_batch_bytes: usize,
@@ -280,7 +277,6 @@ async fn run() -> Result<()> {
             data_dir,
             listen,
             peers,
-            advertise,
             max_batch_bytes,
             auto_create_streams,
             snapshot_logs,
@@ -300,7 +296,6 @@ async fn run() -> Result<()> {
             let cfg = NodeConfig {
                 id,
                 data_dir,
-                advertise: advertise.unwrap_or_else(|| listen.clone()),
                 peers,
                 max_batch_bytes,
                 auto_create_streams,

@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::Uri;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -114,4 +114,30 @@ pub fn http_client(dialer: Arc<dyn Dialer>) -> HttpClient {
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .build(DialConnector(dialer))
+}
+
+/// GETs `url` and reads its answer (at most `body_bytes_max` bytes), all within `timeout`.
+/// For probes between nodes and health checks; the client API has its own retrying client.
+///
+/// Errors: a text saying what failed (bad URL, connection, timeout, body over the limit).
+pub async fn get(
+    http: &HttpClient,
+    url: &str,
+    timeout: Duration,
+    body_bytes_max: usize,
+) -> Result<(hyper::StatusCode, Bytes), String> {
+    let uri: Uri = url.parse().map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    let exchange = async {
+        let resp = http.get(uri).await.map_err(|e| format!("{url}: {e}"))?;
+        let status = resp.status();
+        let body = http_body_util::Limited::new(resp.into_body(), body_bytes_max)
+            .collect()
+            .await
+            .map_err(|e| format!("{url}: reading the answer: {e}"))?
+            .to_bytes();
+        Ok((status, body))
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .unwrap_or_else(|_| Err(format!("{url}: no answer within {timeout:?}")))
 }

@@ -31,8 +31,6 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// Initial cluster members, id → `host:port` (`--peers`).
     pub peers: BTreeMap<NodeId, String>,
-    /// The address peers reach this node at, if it is not in `peers` (a joining node).
-    pub advertise: String,
     /// Largest publish payload, in bytes (`--max-batch-bytes`).
     pub max_batch_bytes: usize,
     /// Create streams on first publish (`--auto-create-streams`).

@@ -31,7 +31,6 @@ pub fn node_config(shared: &Shared, id: NodeId, data_dir: PathBuf) -> NodeConfig
     NodeConfig {
         id,
         data_dir,
-        advertise: peers[&id].clone(),
         peers,
         max_batch_bytes: runnev::limits::BATCH_BYTES_DEFAULT,
         auto_create_streams: false,

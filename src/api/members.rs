@@ -129,9 +129,8 @@ async fn live_voters(s: &AppState, voters: &BTreeSet<NodeId>, addrs: &HashMap<No
             continue;
         }
         let Some(addr) = addrs.get(id) else { continue };
-        let Ok(uri) = format!("http://{addr}/healthz").parse::<hyper::Uri>() else { continue };
-        let probe = async { s.http.get(uri).await.ok().map(|r| r.status().is_success()) };
-        if let Ok(Some(true)) = tokio::time::timeout(Duration::from_secs(1), probe).await {
+        let answer = crate::net::get(&s.http, &format!("http://{addr}/healthz"), Duration::from_secs(1), 1024).await;
+        if answer.is_ok_and(|(status, _)| status.is_success()) {
             live += 1;
         }
     }

@@ -65,12 +65,6 @@ pub(crate) enum OpError {
     Fail(ApiError),
 }
 
-impl From<ApiError> for OpError {
-    fn from(e: ApiError) -> Self {
-        OpError::Fail(e)
-    }
-}
-
 /// Maps openraft's write errors: leadership lost means "look again"; the rest are answers.
 pub(crate) fn op_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> OpError {
     match e {

@@ -11,7 +11,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Limited};
 use openraft::error::{InitializeError, RaftError};
 use openraft::BasicNode;
 
@@ -28,17 +27,9 @@ enum Peer {
 }
 
 async fn probe(http: &HttpClient, addr: &str) -> Peer {
-    let uri: hyper::Uri = match format!("http://{addr}/v1/cluster").parse() {
-        Ok(u) => u,
-        Err(_) => return Peer::Down,
-    };
-    let exchange = async {
-        let resp = http.get(uri).await.ok()?;
-        let bytes = Limited::new(resp.into_body(), 1 << 20).collect().await.ok()?.to_bytes();
-        serde_json::from_slice::<serde_json::Value>(&bytes).ok()
-    };
-    match tokio::time::timeout(Duration::from_secs(1), exchange).await {
-        Ok(Some(v)) => match v.get("members").and_then(|m| m.as_array()) {
+    let answer = crate::net::get(http, &format!("http://{addr}/v1/cluster"), Duration::from_secs(1), 1 << 20).await;
+    match answer.ok().and_then(|(_, body)| serde_json::from_slice::<serde_json::Value>(&body).ok()) {
+        Some(v) => match v.get("members").and_then(|m| m.as_array()) {
             Some(m) if !m.is_empty() => Peer::InCluster(v.get("term").and_then(|t| t.as_u64()).unwrap_or(0)),
             Some(_) => Peer::Fresh,
             None => Peer::Down,

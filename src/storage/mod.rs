@@ -305,7 +305,7 @@ pub(crate) fn raft_err(e: StoreError, write: bool) -> openraft::StorageError<cra
     io.into()
 }
 
-/// Keeps `TypeConfig` referenced so the module map stays honest about what storage serves.
+/// A Raft log entry in Runnev's configuration, as stored in [`LOG`].
 pub(crate) type Entry = openraft::Entry<TypeConfig>;
 
 #[cfg(test)]

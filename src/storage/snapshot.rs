@@ -169,20 +169,21 @@ pub(crate) fn open_current(store: &Store) -> Result<Option<(SnapshotMeta, File)>
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.into()),
     };
-    let meta = read_header(&mut file, &path)?;
+    let meta = read_header(&mut BufReader::new(&mut file))
+        .map_err(|e| StoreError::Corrupt(format!("{}: {e}", path.display())))?;
     file.seek(SeekFrom::Start(0))?;
     Ok(Some((meta, file)))
 }
 
-fn read_header(file: &mut File, path: &Path) -> Result<SnapshotMeta, StoreError> {
-    let mut r = BufReader::new(file);
+/// Reads the magic and the `Header` record that start every snapshot.
+fn read_header(r: &mut impl Read) -> Result<SnapshotMeta, StoreError> {
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic)?;
     if &magic != MAGIC {
-        return Err(StoreError::Corrupt(format!("{} is not a Runnev snapshot", path.display())));
+        return Err(StoreError::Corrupt("not a Runnev snapshot (no magic)".into()));
     }
     let mut buf = Vec::new();
-    read_record(&mut r, &mut buf)?;
+    read_record(r, &mut buf)?;
     match postcard::from_bytes::<Record<'_>>(&buf)? {
         Record::Header { meta } => Ok(meta),
         _ => Err(StoreError::Corrupt("snapshot does not start with a header".into())),
@@ -190,8 +191,8 @@ fn read_header(file: &mut File, path: &Path) -> Result<SnapshotMeta, StoreError>
 }
 
 /// Replaces the whole state machine with the snapshot read from `file`, in one durable redb
-/// transaction, and sets the last applied log id and membership from `meta` (Raft paper §7:
-/// the snapshot replaces the state; the log behind it is discarded by openraft).
+/// transaction, sets the last applied log id and membership from `meta`, and purges the log the
+/// snapshot covers (Raft paper §7: the snapshot replaces the state and the log behind it).
 ///
 /// Errors: the file is not a complete snapshot for `meta`, or redb fails; the state is unchanged.
 /// The received bytes are copied, as they are read, to a new file that becomes the current
@@ -199,17 +200,10 @@ fn read_header(file: &mut File, path: &Path) -> Result<SnapshotMeta, StoreError>
 pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<(u64, u64), StoreError> {
     let copy_path = store.dir().join("snapshot.install.tmp");
     let mut r = Tee { from: BufReader::new(file), to: BufWriter::new(File::create(&copy_path)?) };
-    let mut magic = [0u8; 8];
-    r.read_exact(&mut magic)?;
-    if &magic != MAGIC {
-        return Err(StoreError::Corrupt("received snapshot has no magic".into()));
+    if read_header(&mut r)?.last_log_id != meta.last_log_id {
+        return Err(StoreError::Corrupt("received snapshot's header does not match its metadata".into()));
     }
     let mut buf = Vec::new();
-    read_record(&mut r, &mut buf)?;
-    match postcard::from_bytes::<Record<'_>>(&buf)? {
-        Record::Header { meta: m } if m.last_log_id == meta.last_log_id => {}
-        _ => return Err(StoreError::Corrupt("received snapshot's header does not match its metadata".into())),
-    }
     let txn = store.db().begin_write()?;
     let counts;
     {

@@ -5,7 +5,6 @@
 //! randomness or consult local configuration while applying: every replica applies the same log
 //! to the same state (SPEC §2.7).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -25,18 +24,12 @@ type Membership = StoredMembership<NodeId, openraft::BasicNode>;
 /// openraft's state machine over the node's [`Store`].
 pub struct StateMachine {
     store: Arc<Store>,
-    snapshots_installed: Arc<AtomicU64>,
 }
 
 impl StateMachine {
     /// A state machine over `store`.
     pub fn new(store: Arc<Store>) -> Self {
-        StateMachine { store, snapshots_installed: Arc::new(AtomicU64::new(0)) }
-    }
-
-    /// Count of snapshots installed from a leader since this process started.
-    pub fn snapshots_installed(&self) -> Arc<AtomicU64> {
-        self.snapshots_installed.clone()
+        StateMachine { store }
     }
 }
 
@@ -297,7 +290,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if let Some(l) = meta.last_log_id {
             self.store.set_applied(l.index);
         }
-        self.snapshots_installed.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("runnev_snapshots_installed_total").increment(1);
         tracing::info!(snapshot = %meta.snapshot_id, streams = counts.0, batches = counts.1, "installed snapshot");
         Ok(())
