@@ -1,79 +1,132 @@
 #!/usr/bin/env bash
 # Side-by-side publish benchmark on this machine: a local three-node Runnev cluster (release
-# build) and a 3-node NATS JetStream R3 cluster (../shared/bench-peers), 1 KiB payloads,
-# alternating rounds so both see the same background noise. Prints one JSON line per run and a
-# table of medians.
+# build) and a 3-node NATS JetStream R3 file-stream cluster (../shared/bench-peers), both driven
+# by the SAME Rust load generator (runnev::bench::publish: `runnev bench publish` for Runnev,
+# `runnev-peer-bench nats` from the bench/ crate for NATS), 1 KiB payloads.
 #
-#   bench/compare.sh [ROUNDS]        (default 3; needs ../shared/bench-peers/setup.sh run once)
+#   bench/compare.sh [ROUNDS] [--update-doc]
 #
-# Load generators: Runnev is driven by `runnev bench` (Rust); NATS by the peers' pub_bench.py
-# (Python, nats-py), which costs the client more CPU: a shared Rust generator is still to do.
+# ROUNDS (default 3) alternating rounds; each round starts fresh clusters and runs, per system
+# (Runnev; NATS sync_interval: always; NATS default): c=64 plain, c=1 plain, c=64 with seq
+# (one stream per worker). Even rounds run the systems in reverse order, so both see the same
+# drift in background noise. Writes one JSON line per run to target/bench/results.jsonl, the
+# medians table to target/bench/table.md, and prints it; --update-doc also replaces the section
+# between <!-- results:start --> and <!-- results:end --> in BENCHMARKS.md with it.
+#
+# Needs ../shared/bench-peers/setup.sh run once (NATS 2.15 in $PEERS_VENV) and jq. Not part of
+# CI: it takes minutes and its figures depend on the machine.
+#
+# Env: PEERS_DIR, PEERS_VENV, OUT_DIR, COUNT64 (default 30000), COUNT1 (default 2000),
+# DURATION_SECS (default 60, bound of each run), DOC (default BENCHMARKS.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${1:-3}
+
+ROUNDS=3
+UPDATE_DOC=0
+for a in "$@"; do
+  case "$a" in
+    --update-doc) UPDATE_DOC=1 ;;
+    -h | --help) sed -n 2,20p "$0"; exit 0 ;;
+    *[!0-9]* | '') echo "unknown argument $a (usage: bench/compare.sh [ROUNDS] [--update-doc])" >&2; exit 2 ;;
+    *) ROUNDS=$a ;;
+  esac
+done
+[ "$ROUNDS" -ge 1 ] || { echo "ROUNDS must be at least 1" >&2; exit 2; }
 PEERS=${PEERS_DIR:-../shared/bench-peers}
-VENV=${PEERS_VENV:-/tmp/peers-venv}
-OUT=${OUT:-target/bench/results.jsonl}
-mkdir -p "$(dirname "$OUT")"
+export PEERS_VENV=${PEERS_VENV:-/tmp/peers-venv}
+OUT_DIR=${OUT_DIR:-target/bench}
+OUT=$OUT_DIR/results.jsonl
+LOGS=$OUT_DIR/logs
+COUNT64=${COUNT64:-30000}
+COUNT1=${COUNT1:-2000}
+DURATION_SECS=${DURATION_SECS:-60}
+DOC=${DOC:-BENCHMARKS.md}
+PAYLOAD=1024
+
+command -v jq >/dev/null || { echo "needs jq (../shared/bench-peers/setup.sh installs it)" >&2; exit 1; }
+[ -x "$PEERS_VENV/bin/nats-server" ] || { echo "no NATS in $PEERS_VENV: run $PEERS/setup.sh first" >&2; exit 1; }
+mkdir -p "$LOGS"
 : > "$OUT"
 
-cargo build --release --locked --bin runnev
+cargo build --release --locked -p runnev --bin runnev
+cargo build --release --locked -p runnev-bench --bin runnev-peer-bench
 RUNNEV=target/release/runnev
-NODES=http://127.0.0.1:17001,http://127.0.0.1:17002,http://127.0.0.1:17003
+PEER_BENCH=target/release/runnev-peer-bench
+PORT=17001
+NODES=http://127.0.0.1:$PORT,http://127.0.0.1:$((PORT + 1)),http://127.0.0.1:$((PORT + 2))
+
+LOCAL_PID=
+LOCAL_DIR=
+cleanup() {
+  if [ -n "$LOCAL_PID" ]; then kill -TERM "$LOCAL_PID" 2>/dev/null || true; wait "$LOCAL_PID" 2>/dev/null || true; fi
+  [ -n "$LOCAL_DIR" ] && rm -rf "$LOCAL_DIR"
+  "$PEERS/teardown.sh" nats --wipe >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+# run ROUND SYSTEM MODE C COUNT CMD...: one load; appends its summary, tagged, to $OUT.
+run() {
+  local round=$1 system=$2 mode=$3 c=$4 count=$5; shift 5
+  local extra=() log="$LOGS/r$round-$system-$mode-c$c.log" line
+  [ "$mode" = seq ] && extra=(--with-seq)
+  line=$("$@" --stream "b$round-$mode-c$c" --concurrency "$c" --count "$count" \
+    --duration-secs "$DURATION_SECS" --payload-bytes "$PAYLOAD" --json "${extra[@]}" 2> "$log") || {
+    echo "  $system $mode c=$c FAILED; see $log" >&2; tail -3 "$log" >&2; return 0; }
+  jq -c --arg system "$system" --arg mode "$mode" --argjson round "$round" \
+    '. + {system: $system, mode: $mode, round: $round}' <<< "$line" >> "$OUT"
+  jq -r --arg s "$system" --arg m "$mode" \
+    '"  \($s) \($m) c=\(.concurrency): \(.msgs_per_sec|floor) msgs/s, p50 \(.p50_ms) ms, p99 \(.p99_ms) ms, \(.errors) errors, client CPU \(.client_cpu_secs) s"' \
+    <<< "$line" >&2
+}
+
+loads() { # ROUND SYSTEM CMD...
+  local round=$1 system=$2; shift 2
+  run "$round" "$system" plain 64 "$COUNT64" "$@"
+  run "$round" "$system" plain 1 "$COUNT1" "$@"
+  run "$round" "$system" seq 64 "$COUNT64" "$@"
+}
 
 runnev_round() {
-  local dir; dir=$(mktemp -d)
-  "$RUNNEV" local --dir "$dir" --base-port 17001 > "$dir/local.log" 2>&1 &
-  local pid=$!
-  for _ in $(seq 1 100); do
-    "$RUNNEV" probe http://127.0.0.1:17001/readyz 2>/dev/null && break; sleep 0.1
+  local round=$1
+  LOCAL_DIR=$(mktemp -d /tmp/runnev-bench.XXXXXX)
+  "$RUNNEV" local --dir "$LOCAL_DIR" --base-port "$PORT" > "$LOGS/r$round-runnev-local.log" 2>&1 &
+  LOCAL_PID=$!
+  local ready=0
+  for _ in $(seq 1 200); do
+    if "$RUNNEV" probe "http://127.0.0.1:$PORT/readyz" 2>/dev/null \
+      && "$RUNNEV" probe "http://127.0.0.1:$((PORT + 1))/readyz" 2>/dev/null \
+      && "$RUNNEV" probe "http://127.0.0.1:$((PORT + 2))/readyz" 2>/dev/null; then ready=1; break; fi
+    sleep 0.1
   done
-  for spec in "64 30000 plain" "1 2000 plain" "64 30000 seq"; do
-    set -- $spec
-    local extra=(); [ "$3" = seq ] && extra=(--with-seq)
-    "$RUNNEV" bench --nodes "$NODES" --stream "b$RANDOM" --concurrency "$1" --count "$2" --payload-bytes 1024 \
-      --json "${extra[@]}" 2>/dev/null | jq -c --arg sys "runnev" --arg mode "$3" '. + {system: $sys, mode: $mode}' >> "$OUT"
-  done
-  kill -TERM "$pid"; wait "$pid" || true
-  rm -rf "$dir"
+  [ $ready = 1 ] || { echo "runnev local not ready after 20 s; see $LOGS/r$round-runnev-local.log" >&2; exit 1; }
+  loads "$round" runnev "$RUNNEV" bench publish --nodes "$NODES"
+  kill -TERM "$LOCAL_PID"; wait "$LOCAL_PID" || true
+  LOCAL_PID=
+  rm -rf "$LOCAL_DIR"; LOCAL_DIR=
 }
 
 nats_round() {
-  local sync=$1
+  local round=$1 sync=$2
   "$PEERS/teardown.sh" nats --wipe >/dev/null 2>&1 || true
-  "$PEERS/nats_r3.sh" --sync "$sync" >/dev/null
-  for spec in "64 30000" "1 2000"; do
-    set -- $spec
-    "$VENV/bin/python" "$PEERS/pub_bench.py" nats -c "$1" -n "$2" -s 1024 --out '' 2>/dev/null \
-      | tail -1 | jq -c --arg sys "nats-$sync" '. + {system: $sys, concurrency: '"$1"'}' >> "$OUT" || true
-  done
+  "$PEERS/nats_r3.sh" --sync "$sync" --no-stream > "$LOGS/r$round-nats-$sync.log" 2>&1 \
+    || { echo "nats_r3.sh failed; see $LOGS/r$round-nats-$sync.log" >&2; exit 1; }
+  loads "$round" "nats-$sync" "$PEER_BENCH" nats
   "$PEERS/teardown.sh" nats --wipe >/dev/null 2>&1 || true
 }
 
 for r in $(seq 1 "$ROUNDS"); do
   echo "round $r/$ROUNDS" >&2
-  runnev_round
-  nats_round always
-  nats_round default
+  if [ $((r % 2)) = 1 ]; then
+    runnev_round "$r"; nats_round "$r" always; nats_round "$r" default
+  else
+    nats_round "$r" default; nats_round "$r" always; runnev_round "$r"
+  fi
 done
-cat "$OUT"
-python3 - "$OUT" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-def key(r):
-    return (r.get("system"), r.get("mode", "plain"), r.get("concurrency"))
-groups = {}
-for r in rows:
-    groups.setdefault(key(r), []).append(r)
-def med(rs, *names):
-    for n in names:
-        vals = [r[n] for r in rs if isinstance(r.get(n), (int, float))]
-        if vals:
-            return statistics.median(vals)
-    return float("nan")
-print(f"{'system':<16} {'mode':<6} {'c':>3} {'runs':>4} {'msgs/s':>9} {'p50 ms':>7} {'p99 ms':>7}")
-for k in sorted(groups, key=lambda k: (str(k[0]), str(k[1]), k[2] or 0)):
-    rs = groups[k]
-    print(f"{k[0]:<16} {k[1]:<6} {k[2]:>3} {len(rs):>4} {med(rs,'msgs_per_sec','msgs_per_s'):>9.0f} "
-          f"{med(rs,'p50_ms'):>7.2f} {med(rs,'p99_ms'):>7.2f}")
-PY
+
+MACHINE="$(nproc) CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)), $(free -g | awk '/^Mem:/ {print $2}') GiB RAM, Linux $(uname -r); loopback; NATS $("$PEERS_VENV/bin/nats-server" --version 2>/dev/null | head -1 | sed 's/^nats-server: //'); runnev $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src Cargo.toml Cargo.lock || echo +changes)"
+python3 bench/table.py "$OUT" "$ROUNDS" "$MACHINE" > "$OUT_DIR/table.md"
+cat "$OUT_DIR/table.md"
+if [ "$UPDATE_DOC" = 1 ]; then
+  python3 bench/table.py --replace "$DOC" "$OUT_DIR/table.md"
+  echo "updated the results section of $DOC" >&2
+fi

@@ -3,11 +3,12 @@
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use base64::Engine;
 use futures::StreamExt;
+use runnev::bench::publish::{run as run_load, stream_names, LoadArgs, RunnevTarget};
 use runnev::client::{Client, CursorStore, Delivery, FileCursor};
 use runnev::stream::Retention;
 
@@ -158,115 +159,17 @@ pub async fn status(client: &Client) -> Result<()> {
     Ok(())
 }
 
-/// Options of `runnev bench`.
-pub struct BenchOptions {
-    pub stream: String,
-    pub payload_bytes: usize,
-    pub concurrency: usize,
-    pub count: u64,
-    pub duration: Duration,
-    pub with_seq: bool,
-    pub json: bool,
-}
-
-/// `runnev bench`: a bounded publish load; prints throughput and latency percentiles.
-/// With `--with-seq` each publisher owns a stream (`STREAM-N`) and publishes its own
-/// increasing seqs, as an outbox relay would; seqs on one stream must increase.
-pub async fn bench(client: &Client, o: BenchOptions) -> Result<()> {
-    let streams: Vec<String> = if o.with_seq {
-        (0..o.concurrency).map(|w| format!("{}-{w}", o.stream)).collect()
+/// `runnev bench publish` (and plain `runnev bench`): a bounded publish load with the generator
+/// of [`runnev::bench::publish`]; progress on stderr, then a table or one JSON line on stdout.
+pub async fn bench(client: &Client, args: &LoadArgs) -> Result<()> {
+    let spec = args.spec();
+    let names = stream_names(&args.stream, spec.streams);
+    let target = std::sync::Arc::new(RunnevTarget::new(client.clone(), names));
+    let summary = run_load(target, &spec, !args.quiet).await?;
+    if args.json {
+        println!("{}", summary.json_line());
     } else {
-        vec![o.stream.clone()]
-    };
-    let mut first_seqs = Vec::new();
-    for s in &streams {
-        first_seqs.push(client.put_stream(s, None).await?.0.last_seq + 1);
-    }
-    let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let started = Instant::now();
-    let deadline = started + o.duration;
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let progress = {
-        let done = done.clone();
-        tokio::spawn(async move {
-            let mut last = 0;
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                let now = done.load(std::sync::atomic::Ordering::Relaxed);
-                eprintln!("  {:>8} published, {:>7} msgs/s", now, now - last);
-                last = now;
-            }
-        })
-    };
-    let mut workers = Vec::new();
-    for w in 0..o.concurrency {
-        let (client, next, done) = (client.clone(), next.clone(), done.clone());
-        let stream = streams[w % streams.len()].clone();
-        let mut seq = first_seqs[w % streams.len()];
-        let (count, with_seq, size) = (o.count, o.with_seq, o.payload_bytes);
-        workers.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            let mut errors = 0u64;
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if i >= count || Instant::now() >= deadline {
-                    break;
-                }
-                let mut payload = vec![b'x'; size];
-                let tag = format!("{w}-{i}");
-                let n = tag.len().min(size);
-                payload[..n].copy_from_slice(&tag.as_bytes()[..n]);
-                let t = Instant::now();
-                let attempt = client.publish(&stream, with_seq.then_some(seq), payload).await;
-                seq += 1;
-                match attempt {
-                    Ok(_) => {
-                        lat.push(t.elapsed().as_micros() as u64);
-                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    Err(_) => errors += 1,
-                }
-            }
-            (lat, errors)
-        }));
-    }
-    let mut lat = Vec::new();
-    let mut errors = 0;
-    for w in workers {
-        let (l, e) = w.await?;
-        lat.extend(l);
-        errors += e;
-    }
-    progress.abort();
-    let secs = started.elapsed().as_secs_f64();
-    lat.sort_unstable();
-    let pct = |p: f64| -> f64 {
-        if lat.is_empty() {
-            return 0.0;
-        }
-        lat[((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1] as f64 / 1000.0
-    };
-    let ok = lat.len() as f64;
-    let summary = serde_json::json!({
-        "published": lat.len(), "errors": errors, "seconds": secs,
-        "msgs_per_sec": ok / secs, "mb_per_sec": ok * o.payload_bytes as f64 / secs / 1e6,
-        "p50_ms": pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99), "max_ms": pct(1.0),
-        "payload_bytes": o.payload_bytes, "concurrency": o.concurrency, "with_seq": o.with_seq,
-    });
-    if o.json {
-        println!("{summary}");
-    } else {
-        println!("published {} ({} errors) in {:.2} s", lat.len(), errors, secs);
-        println!("{:>12} {:>10} {:>9} {:>9} {:>9} {:>9}", "msgs/s", "MB/s", "p50 ms", "p90 ms", "p99 ms", "max ms");
-        println!(
-            "{:>12.0} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
-            ok / secs,
-            ok * o.payload_bytes as f64 / secs / 1e6,
-            pct(0.5),
-            pct(0.9),
-            pct(0.99),
-            pct(1.0)
-        );
+        print!("{}", summary.table());
     }
     Ok(())
 }

@@ -15,6 +15,7 @@
 #![deny(missing_docs)]
 
 pub mod api;
+pub mod bench;
 pub mod client;
 pub mod error;
 pub mod limits;

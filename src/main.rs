@@ -83,6 +83,28 @@ pub enum StreamsCmd {
     },
 }
 
+/// `runnev bench` subcommands.
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Bounded publish load; prints msgs/s, MB/s and latency percentiles (the default).
+    Publish(BenchPublishArgs),
+    /// Catch-up read of a whole stream from a follower by one consumer (poll and SSE); MB/s.
+    Catchup(runnev::bench::catchup::CatchupArgs),
+    /// Kill (or restart) the leader of a cluster it starts, repeatedly; unavailability window.
+    Failover(runnev::bench::failover::FailoverArgs),
+    /// Fill a cluster it starts, then restart a follower; time until it is ready.
+    Restart(runnev::bench::restart::RestartArgs),
+}
+
+/// Flags of `runnev bench publish` (also accepted by plain `runnev bench`).
+#[derive(clap::Args)]
+struct BenchPublishArgs {
+    #[command(flatten)]
+    at: ClientArgs,
+    #[command(flatten)]
+    load: runnev::bench::publish::LoadArgs,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Run one node.
@@ -179,31 +201,13 @@ enum Cmd {
         #[command(flatten)]
         at: ClientArgs,
     },
-    /// Publish load against a cluster; prints msgs/s and latency percentiles.
+    /// Load and fault benchmarks; without a subcommand, `runnev bench [FLAGS]` is `bench publish`.
+    #[command(args_conflicts_with_subcommands = true)]
     Bench {
+        #[command(subcommand)]
+        cmd: Option<BenchCmd>,
         #[command(flatten)]
-        at: ClientArgs,
-        /// Stream to publish to (created if missing).
-        #[arg(long, default_value = "bench")]
-        stream: String,
-        /// Payload size, in bytes.
-        #[arg(long, default_value_t = 1024)]
-        payload_bytes: usize,
-        /// Concurrent publishers.
-        #[arg(long, default_value_t = 64)]
-        concurrency: usize,
-        /// Batches to publish in all.
-        #[arg(long, default_value_t = 20_000)]
-        count: u64,
-        /// Stop after this many seconds even if count is not reached.
-        #[arg(long, default_value_t = 60)]
-        duration_secs: u64,
-        /// Publish with explicit seqs (idempotent path).
-        #[arg(long)]
-        with_seq: bool,
-        /// Print the summary as JSON.
-        #[arg(long)]
-        json: bool,
+        publish: BenchPublishArgs,
     },
     /// Relay committed rows of a PostgreSQL outbox table into streams, each exactly once.
     OutboxRelay(runnev::outbox::cli::RelayArgs),
@@ -324,18 +328,12 @@ async fn run() -> Result<()> {
             };
             println!("{view}");
         }
-        Cmd::Bench { at, stream, payload_bytes, concurrency, count, duration_secs, with_seq, json } => {
-            let o = cli::BenchOptions {
-                stream,
-                payload_bytes,
-                concurrency,
-                count,
-                duration: std::time::Duration::from_secs(duration_secs),
-                with_seq,
-                json,
-            };
-            cli::bench(&at.client()?, o).await?
-        }
+        Cmd::Bench { cmd, publish } => match cmd.unwrap_or(BenchCmd::Publish(publish)) {
+            BenchCmd::Publish(a) => cli::bench(&a.at.client()?, &a.load).await?,
+            BenchCmd::Catchup(a) => runnev::bench::catchup::run(a).await?,
+            BenchCmd::Failover(a) => runnev::bench::failover::run(a).await?,
+            BenchCmd::Restart(a) => runnev::bench::restart::run(a).await?,
+        },
         Cmd::OutboxRelay(args) => runnev::outbox::cli::relay(args, shutdown_signal()).await?,
         Cmd::SinkPostgres(args) => runnev::outbox::cli::sink(args, shutdown_signal()).await?,
     }

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Medians table of bench/compare.sh runs, and the BENCHMARKS.md section it regenerates.
+
+  table.py RESULTS.jsonl ROUNDS MACHINE    print the markdown section (table + ratios) on stdout
+  table.py --replace DOC SECTION.md        put SECTION.md between the results markers of DOC
+  table.py --self-test                     check the math and the replacement
+
+Each line of RESULTS.jsonl is one `--json` summary of runnev::bench::publish, tagged by
+compare.sh with system (runnev | nats-always | nats-default), mode (plain | seq) and round.
+"""
+import datetime
+import json
+import statistics
+import sys
+
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+SYSTEMS = [
+    ("runnev", "Runnev"),
+    ("nats-always", "NATS JetStream R3, sync always"),
+    ("nats-default", "NATS JetStream R3, default"),
+]
+MODES = {"plain": "plain", "seq": "with seq"}
+LOADS = [("plain", 64), ("seq", 64), ("plain", 1)]  # row order
+
+
+def medians(rows):
+    """{(system, mode, c): {metric: median, "runs": n, "errors": sum}} over the runs."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["system"], r["mode"], r["concurrency"]), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        m = {k: statistics.median(r[k] for r in rs)
+             for k in ("msgs_per_sec", "mb_per_sec", "p50_ms", "p90_ms", "p99_ms", "max_ms")}
+        # Client CPU per acknowledged publish, in µs: the load generator's own cost.
+        per_msg = [r["client_cpu_secs"] / r["published"] * 1e6 for r in rs if r["published"]]
+        m["cpu_us_per_msg"] = statistics.median(per_msg) if per_msg else float("nan")
+        m["runs"] = len(rs)
+        m["errors"] = sum(r["errors"] for r in rs)
+        out[key] = m
+    return out
+
+
+def ratio(a, b):
+    return a / b if b else float("nan")
+
+
+def section(rows, rounds, machine, today=None):
+    med = medians(rows)
+    today = today or datetime.date.today().isoformat()
+    lines = [
+        f"## Results ({today}, {rounds} round{'s' if rounds != 1 else ''}, medians; "
+        f"`bench/compare.sh {rounds} --update-doc`)",
+        "",
+        f"Machine: {machine}.",
+        "",
+        "| system | load | c | runs | msgs/s | MB/s | p50 ms | p90 ms | p99 ms | max ms | client CPU µs/msg | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, c in LOADS:
+        for sys_key, label in SYSTEMS:
+            m = med.get((sys_key, mode, c))
+            if not m:
+                continue
+            lines.append(
+                f"| {label} | {MODES[mode]} | {c} | {m['runs']} | {m['msgs_per_sec']:,.0f} | "
+                f"{m['mb_per_sec']:.2f} | {m['p50_ms']:.2f} | {m['p90_ms']:.2f} | {m['p99_ms']:.2f} | "
+                f"{m['max_ms']:.2f} | {m['cpu_us_per_msg']:.0f} | {m['errors']} |")
+
+    def get(s, mode, c, k):
+        return med.get((s, mode, c), {}).get(k, float("nan"))
+
+    lines += [
+        "",
+        "Ratios of medians: c=64 plain, Runnev / NATS sync always = "
+        f"**{ratio(get('runnev', 'plain', 64, 'msgs_per_sec'), get('nats-always', 'plain', 64, 'msgs_per_sec')):.2f}×**; "
+        f"/ NATS default = {ratio(get('runnev', 'plain', 64, 'msgs_per_sec'), get('nats-default', 'plain', 64, 'msgs_per_sec')):.2f}×. "
+        "c=64 with seq, Runnev / NATS sync always = "
+        f"{ratio(get('runnev', 'seq', 64, 'msgs_per_sec'), get('nats-always', 'seq', 64, 'msgs_per_sec')):.2f}×. "
+        "c=1 p50, Runnev / NATS sync always = "
+        f"{ratio(get('runnev', 'plain', 1, 'p50_ms'), get('nats-always', 'plain', 1, 'p50_ms')):.2f}× "
+        "(above 1: Runnev is slower).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def replace(doc_text, new_section):
+    """doc_text with the text between the markers replaced by new_section (markers kept)."""
+    i, j = doc_text.find(START), doc_text.find(END)
+    if i < 0 or j < i:
+        raise SystemExit(f"the document has no {START} ... {END} section")
+    return doc_text[: i + len(START)] + "\n" + new_section.rstrip("\n") + "\n" + doc_text[j:]
+
+
+def self_test():
+    def row(system, mode, c, mps, p50, cpu=1.0, published=1000, errors=0):
+        return {"system": system, "mode": mode, "concurrency": c, "msgs_per_sec": mps,
+                "mb_per_sec": mps * 1024 / 1e6, "p50_ms": p50, "p90_ms": p50, "p99_ms": p50,
+                "max_ms": p50, "client_cpu_secs": cpu, "published": published, "errors": errors}
+
+    rows = [row("runnev", "plain", 64, m, 10) for m in (100, 300, 200)]
+    rows += [row("nats-always", "plain", 64, 400, 5, errors=2), row("nats-default", "plain", 64, 800, 3)]
+    rows += [row("runnev", "plain", 1, 50, 2.0), row("nats-always", "plain", 1, 90, 1.0)]
+    med = medians(rows)
+    assert med[("runnev", "plain", 64)]["msgs_per_sec"] == 200, med
+    assert med[("runnev", "plain", 64)]["runs"] == 3
+    assert med[("runnev", "plain", 64)]["cpu_us_per_msg"] == 1000.0
+    assert med[("nats-always", "plain", 64)]["errors"] == 2
+    text = section(rows, 3, "test box", today="2000-01-01")
+    assert "**0.50×**" in text and "/ NATS default = 0.25×" in text, text
+    assert "c=1 p50, Runnev / NATS sync always = 2.00×" in text, text
+    assert "| Runnev | plain | 64 | 3 | 200 |" in text, text
+    doc = f"# B\n\nintro\n{START}\nold table\n{END}\nafter\n"
+    new = replace(doc, "NEW\n")
+    assert new == f"# B\n\nintro\n{START}\nNEW\n{END}\nafter\n", new
+    assert replace(new, "NEW\n") == new, "replacing twice changes nothing"
+    try:
+        replace("no markers", "x")
+        raise AssertionError("missing markers must fail")
+    except SystemExit:
+        pass
+    print("table.py self-test ok")
+
+
+def main(argv):
+    if argv[1:] == ["--self-test"]:
+        self_test()
+    elif len(argv) == 4 and argv[1] == "--replace":
+        doc, sec = argv[2], argv[3]
+        with open(doc) as f:
+            text = f.read()
+        with open(sec) as f:
+            new = replace(text, f.read())
+        with open(doc, "w") as f:
+            f.write(new)
+    elif len(argv) == 4:
+        with open(argv[1]) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        sys.stdout.write(section(rows, int(argv[2]), argv[3]))
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,112 @@
+//! `runnev bench failover | restart | catchup`, run as the real binary in small configurations:
+//! each finishes, prints sane JSON summaries, loses nothing, and leaves no directory behind.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+/// Runs `runnev ARGS` (bounded by `timeout`); panics with its output unless it exits 0.
+/// Returns the JSON lines of its stdout.
+async fn bench(args: &[&str], timeout: Duration) -> Vec<Value> {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.args(args).kill_on_drop(true);
+    let out = tokio::time::timeout(timeout, cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("runnev {} did not finish within {timeout:?}", args.join(" ")))
+        .expect("run runnev");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "runnev {} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        args.join(" "),
+        out.status
+    );
+    stdout
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line {l:?} is not JSON: {e}\nstderr:\n{stderr}"))
+        })
+        .collect()
+}
+
+fn assert_empty(dir: &Path) {
+    let left: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(left.is_empty(), "the bench left {left:?} behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_two_kill_trials_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let lines = bench(&["bench", "failover", "--trials", "2", "--json", "--dir", d], Duration::from_secs(90)).await;
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let v = &lines[0];
+    assert_eq!(v["mode"], "failover");
+    assert_eq!(v["trials"], 2, "{v}");
+    assert_eq!(v["lost"], 0, "{v}");
+    assert!(v["acked"].as_u64().unwrap() > 0, "{v}");
+    let windows = v["windows_ms"].as_array().unwrap();
+    assert_eq!(windows.len(), 2, "{v}");
+    for w in windows {
+        // Above zero, and below the client's give-up time: the cluster recovered each time.
+        let w = w.as_f64().unwrap();
+        assert!(w > 0.0 && w < 60_000.0, "{v}");
+    }
+    assert!(v["median_ms"].as_f64().unwrap() > 0.0, "{v}");
+    assert_empty(dir.path());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_after_a_small_fill_reports_both_signals() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let lines = bench(
+        &["bench", "restart", "--fill-bytes", "8MiB", "--payload-bytes", "256K", "--json", "--dir", d],
+        Duration::from_secs(90),
+    )
+    .await;
+    assert_eq!(lines.len(), 2, "one summary per signal: {lines:?}");
+    for (v, signal) in lines.iter().zip(["kill", "term"]) {
+        assert_eq!(v["mode"], "restart");
+        assert_eq!(v["signal"], signal, "{v}");
+        assert!(v["fill_bytes"].as_u64().unwrap() >= 8 << 20, "{v}");
+        let ready = v["ready_ms"].as_f64().unwrap();
+        assert!(ready > 0.0, "{v}");
+        assert!(v["caught_up_ms"].as_f64().unwrap() >= ready - 1.0, "{v}");
+        assert!(v["data_dir_bytes"].as_u64().unwrap() > 8 << 20, "a follower holds the fill: {v}");
+    }
+    assert_empty(dir.path());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catchup_reads_the_whole_stream_from_a_follower() {
+    let c = Cluster::start(3, &[]).await;
+    let nodes = c.urls().join(",");
+    let lines = bench(
+        &["bench", "catchup", "--nodes", &nodes, "--batches", "2000", "--payload-bytes", "512", "--json"],
+        Duration::from_secs(90),
+    )
+    .await;
+    assert_eq!(lines.len(), 2, "poll and sse: {lines:?}");
+    for (v, method) in lines.iter().zip(["poll", "sse"]) {
+        assert_eq!(v["mode"], "catchup");
+        assert_eq!(v["method"], method, "{v}");
+        assert_eq!(v["batches"], 2000, "{v}");
+        assert_eq!(v["bytes"], 2000 * 512, "{v}");
+        assert_eq!(v["follower"], true, "{v}");
+        assert_ne!(v["node_id"], v["leader_id"], "{v}");
+        assert!(v["mb_per_sec"].as_f64().unwrap() > 0.0, "{v}");
+    }
+    // A second run reuses the stream: nothing to publish, the same 2000 batches read.
+    let again = bench(
+        &["bench", "catchup", "--nodes", &nodes, "--batches", "2000", "--skip-sse", "--json"],
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0]["batches"], 2000, "{}", again[0]);
+}
