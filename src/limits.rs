@@ -50,12 +50,25 @@ pub const RAFT_RPC_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// batches are large, so an RPC stays under [`RAFT_RPC_BYTES_MAX`].
 pub const RAFT_ENTRIES_PER_APPEND_MAX: u64 = 64;
 
+/// Payload bytes past which the transport sends only a prefix of an append-entries RPC's
+/// entries (at least one) and reports a partial success (openraft's `PartialSuccess`). openraft
+/// 0.9 gives every append the heartbeat interval as its deadline, so an append must be written
+/// and fsynced by the follower well within [`RAFT_HEARTBEAT_MS`]; a lagging follower that got
+/// 64 large entries at once would time out, forever.
+pub const RAFT_APPEND_BYTES_MAX: u64 = 2 * 1024 * 1024;
+
 /// Raft heartbeat interval, in ms (Raft paper §5.2).
 pub const RAFT_HEARTBEAT_MS: u64 = 100;
 /// Election timeout range, in ms (Raft paper §5.2: randomised to split votes rarely).
-pub const RAFT_ELECTION_TIMEOUT_MIN_MS: u64 = 400;
+///
+/// openraft 0.9 adds a leader lease of the maximum on top: a follower that knew a leader waits
+/// `max + random(min..max)` after its last heartbeat (750–1000 ms here) before it stands, and
+/// refuses votes for `max` after one. That sum is most of the `kill -9` → next acknowledged
+/// publish window (BENCHMARKS.md); it stays well above the heartbeat so a loaded node does not
+/// call needless elections.
+pub const RAFT_ELECTION_TIMEOUT_MIN_MS: u64 = 250;
 /// See [`RAFT_ELECTION_TIMEOUT_MIN_MS`].
-pub const RAFT_ELECTION_TIMEOUT_MAX_MS: u64 = 800;
+pub const RAFT_ELECTION_TIMEOUT_MAX_MS: u64 = 500;
 
 /// Default number of applied log entries between two snapshots (`--snapshot-logs`).
 pub const SNAPSHOT_LOGS_DEFAULT: u64 = 5_000;
@@ -100,3 +113,12 @@ pub const PROPOSALS_IN_FLIGHT_MAX: usize = 4;
 /// How long a subscription to a stream this node does not know waits for it to appear (the node
 /// may be behind the stream's creation) before `404 stream_not_found`, in ms.
 pub const SUBSCRIBE_STREAM_WAIT_MS: u64 = 2_000;
+
+/// The state machine commits durably (fsync) after this many applied log entries since its last
+/// durable commit; in between it commits without fsync, and a restart replays at most this much
+/// of the log (storage module doc).
+pub const SM_DURABLE_EVERY_ENTRIES: u64 = 1_000;
+
+/// The state machine also commits durably after this many applied payload bytes (whichever of
+/// the two limits comes first).
+pub const SM_DURABLE_EVERY_BYTES: u64 = 64 * 1024 * 1024;

@@ -120,3 +120,19 @@ pub enum Outcome {
     /// The outcomes of a [`Command::Batch`], in order.
     Batch(Vec<Outcome>),
 }
+
+/// Payload bytes a log entry carries: the sum of its publishes' payloads (0 for everything
+/// else). What byte limits on entries count (a few bytes of framing per command are left out).
+pub fn entry_payload_bytes(entry: &openraft::Entry<TypeConfig>) -> u64 {
+    fn cmd_bytes(c: &Command) -> u64 {
+        match c {
+            Command::Publish { data, .. } => data.len() as u64,
+            Command::Batch(cmds) => cmds.iter().map(cmd_bytes).sum(),
+            _ => 0,
+        }
+    }
+    match &entry.payload {
+        openraft::EntryPayload::Normal(c) => cmd_bytes(c),
+        _ => 0,
+    }
+}

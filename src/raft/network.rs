@@ -23,7 +23,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{NodeId, TypeConfig};
-use crate::limits::RAFT_RPC_BYTES_MAX;
+use crate::limits::{RAFT_APPEND_BYTES_MAX, RAFT_RPC_BYTES_MAX};
 use crate::net::HttpClient;
 
 /// Path of the append-entries RPC (Raft paper §5.3).
@@ -163,13 +163,37 @@ impl PeerConnection {
     }
 }
 
+/// How many of `entries`, from the first, fit in `budget` payload bytes: at least one (a
+/// single large entry still goes), all when they fit.
+fn entries_within(entries: &[openraft::Entry<TypeConfig>], budget: u64) -> usize {
+    let mut bytes = 0u64;
+    for (i, e) in entries.iter().enumerate() {
+        bytes += super::entry_payload_bytes(e);
+        if bytes > budget && i > 0 {
+            return i;
+        }
+    }
+    entries.len()
+}
+
 impl RaftNetwork<TypeConfig> for PeerConnection {
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
-        self.call(APPEND_PATH, &rpc, option.hard_ttl()).await
+        let mut rpc = rpc;
+        let keep = entries_within(&rpc.entries, RAFT_APPEND_BYTES_MAX);
+        if keep == rpc.entries.len() {
+            return self.call(APPEND_PATH, &rpc, option.hard_ttl()).await;
+        }
+        // Send a prefix; the follower's success then covers that prefix only.
+        rpc.entries.truncate(keep);
+        let sent = rpc.entries.last().map(|e| e.log_id);
+        match self.call(APPEND_PATH, &rpc, option.hard_ttl()).await? {
+            AppendEntriesResponse::Success => Ok(AppendEntriesResponse::PartialSuccess(sent)),
+            other => Ok(other),
+        }
     }
 
     async fn install_snapshot(
@@ -186,5 +210,46 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
         self.call(VOTE_PATH, &rpc, option.hard_ttl()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raft::{Command, LogId};
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    fn publish(index: u64, bytes: usize) -> openraft::Entry<TypeConfig> {
+        openraft::Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(Command::Publish {
+                stream: "s".into(),
+                seq: None,
+                ts: 0,
+                auto_create: false,
+                data: vec![0; bytes],
+            }),
+        }
+    }
+
+    #[test]
+    fn appends_are_cut_to_the_byte_budget_but_never_to_nothing() {
+        let e: Vec<_> = (1..=4).map(|i| publish(i, 400)).collect();
+        assert_eq!(entries_within(&e, 10_000), 4);
+        assert_eq!(entries_within(&e, 800), 2);
+        assert_eq!(entries_within(&e, 799), 1);
+        assert_eq!(entries_within(&e, 10), 1, "one oversized entry still goes alone");
+        assert_eq!(entries_within(&[], 10), 0);
+        let batch = openraft::Entry::<TypeConfig> {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), 9),
+            payload: EntryPayload::Normal(Command::Batch(vec![
+                Command::Tick { ts: 1 },
+                match publish(0, 300).payload {
+                    EntryPayload::Normal(c) => c,
+                    _ => unreachable!(),
+                },
+            ])),
+        };
+        assert_eq!(crate::raft::entry_payload_bytes(&batch), 300);
     }
 }

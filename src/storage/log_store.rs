@@ -1,22 +1,23 @@
-//! The Raft log and vote on redb: openraft's [`RaftLogStorage`].
+//! openraft's [`RaftLogStorage`] over the node's [`Store`]: entries in [`super::segments`], the
+//! vote and the purge point in redb.
 //!
-//! Owns: log entries by log index, the vote, the last purged log id. Must never: report an
-//! append or a vote as persisted before redb's durable commit (one fsync) has returned; that is
-//! what makes an acknowledged publish survive a crash (Raft paper §5.3, figure 2 "persistent
-//! state"). Each append is one transaction, so a batch of entries costs one fsync.
+//! Owns: the mapping of openraft's log calls onto storage. Must never: report an append or a
+//! vote as persisted before its fsync has returned; that is what makes an acknowledged publish
+//! survive a crash (Raft paper §5.3, figure 2 "persistent state"). An append of many entries
+//! costs one fsync.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{RaftLogId, RaftLogReader, Vote};
-use redb::{ReadableDatabase, ReadableTable};
+use openraft::{RaftLogReader, Vote};
+use redb::ReadableDatabase;
 
-use super::{blocking, decode, encode, raft_err, Entry, Store, StoreError, LOG, RAFT_META};
+use super::{blocking, decode, encode, raft_err, Entry, Store, StoreError, RAFT_META};
 use crate::raft::{LogId, NodeId, StorageError, TypeConfig};
 
-/// openraft's log store over the node's [`Store`]. Cheap to clone; clones share the database.
+/// openraft's log store over the node's [`Store`]. Cheap to clone; clones share the log.
 #[derive(Clone)]
 pub struct LogStore {
     store: Arc<Store>,
@@ -34,12 +35,9 @@ impl LogStore {
         t.get(key)?.map(|v| decode(v.value())).transpose()
     }
 
-    fn write<F>(store: &Store, f: F) -> Result<(), StoreError>
-    where
-        F: FnOnce(&redb::WriteTransaction) -> Result<(), StoreError>,
-    {
-        let txn = store.db().begin_write()?;
-        f(&txn)?;
+    fn write_meta(store: &Store, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        let txn = store.begin_durable_write()?;
+        txn.open_table(RAFT_META)?.insert(key, bytes)?;
         txn.commit()?;
         Ok(())
     }
@@ -67,33 +65,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
     ) -> Result<Vec<Entry>, StorageError> {
         let (start, end) = to_bounds(&range);
         let store = self.store.clone();
-        blocking(move || -> Result<Vec<Entry>, StoreError> {
-            let end = end.unwrap_or(u64::MAX);
-            if start > end {
-                return Ok(Vec::new());
-            }
-            let txn = store.db().begin_read()?;
-            let t = txn.open_table(LOG)?;
-            let mut out: Vec<Entry> = Vec::new();
-            for row in t.range(start..=end)? {
-                let (k, v) = row?;
-                // openraft checks only a range's ends; a hole inside must be an error, never
-                // entries silently skipped (the simulation once produced one).
-                if let Some(prev) = out.last() {
-                    if k.value() != prev.get_log_id().index + 1 {
-                        return Err(StoreError::Corrupt(format!(
-                            "raft log hole: index {} follows {}",
-                            k.value(),
-                            prev.get_log_id().index
-                        )));
-                    }
-                }
-                out.push(decode(v.value())?);
-            }
-            Ok(out)
-        })
-        .await
-        .map_err(|e| raft_err(e, false))
+        blocking(move || store.log().read(start, end.unwrap_or(u64::MAX))).await.map_err(|e| raft_err(e, false))
     }
 }
 
@@ -104,12 +76,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let store = self.store.clone();
         blocking(move || -> Result<LogState<TypeConfig>, StoreError> {
             let last_purged: Option<LogId> = Self::read_meta(&store, "last_purged")?;
-            let txn = store.db().begin_read()?;
-            let t = txn.open_table(LOG)?;
-            let last = match t.last()? {
-                Some((_, v)) => Some(*decode::<Entry>(v.value())?.get_log_id()),
-                None => last_purged,
-            };
+            let last = store.log().last_log_id().or(last_purged);
             Ok(LogState { last_purged_log_id: last_purged, last_log_id: last })
         })
         .await
@@ -123,14 +90,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
         let store = self.store.clone();
         let bytes = encode(vote).map_err(|e| raft_err(e, true))?;
-        blocking(move || {
-            Self::write(&store, |txn| {
-                txn.open_table(RAFT_META)?.insert("vote", bytes.as_slice())?;
-                Ok(())
-            })
-        })
-        .await
-        .map_err(|e| raft_err(e, true))
+        blocking(move || Self::write_meta(&store, "vote", &bytes)).await.map_err(|e| raft_err(e, true))
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
@@ -152,26 +112,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
-        let mut rows = Vec::new();
-        for e in entries {
-            rows.push((e.get_log_id().index, encode(&e).map_err(|e| raft_err(e, true))?));
-        }
+        let entries: Vec<Entry> = entries.into_iter().collect();
         let store = self.store.clone();
+        // Written under the log's lock, fsynced after releasing it (readers need not wait).
         let res = blocking(move || {
-            Self::write(&store, |txn| {
-                // Entries at or below the purge point are covered by a snapshot; writing them
-                // would put stale entries below a gap (a late, duplicated append can carry them).
-                let purged =
-                    txn.open_table(RAFT_META)?.get("last_purged")?.map(|v| decode::<LogId>(v.value())).transpose()?;
-                let mut t = txn.open_table(LOG)?;
-                for (index, bytes) in rows.iter().filter(|(i, _)| purged.is_none_or(|p| *i > p.index)) {
-                    t.insert(*index, bytes.as_slice())?;
-                }
-                Ok(())
-            })
+            let pending = store.log().append(entries)?;
+            pending.sync()
         })
         .await;
-        // Report completion only now that the commit (and its fsync) has returned.
+        // Report completion only now that the fsync has returned.
         match res {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));
@@ -186,25 +135,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let store = self.store.clone();
-        blocking(move || {
-            Self::write(&store, |txn| {
-                txn.open_table(LOG)?.retain_in(log_id.index.., |_, _| false)?;
-                Ok(())
-            })
-        })
-        .await
-        .map_err(|e| raft_err(e, true))
+        blocking(move || store.log().truncate(log_id.index)).await.map_err(|e| raft_err(e, true))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let store = self.store.clone();
         let bytes = encode(&log_id).map_err(|e| raft_err(e, true))?;
-        blocking(move || {
-            Self::write(&store, |txn| {
-                txn.open_table(RAFT_META)?.insert("last_purged", bytes.as_slice())?;
-                txn.open_table(LOG)?.retain_in(..=log_id.index, |_, _| false)?;
-                Ok(())
-            })
+        blocking(move || -> Result<(), StoreError> {
+            // The purge point is durable before any entry is dropped: recovery skips entries
+            // at or below it, so a crash in between leaves no gap below the log.
+            let current: Option<LogId> = Self::read_meta(&store, "last_purged")?;
+            if current.is_none_or(|c| c.index < log_id.index) {
+                Self::write_meta(&store, "last_purged", &bytes)?;
+            }
+            store.log().purge(log_id.index)
         })
         .await
         .map_err(|e| raft_err(e, true))

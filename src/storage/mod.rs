@@ -1,17 +1,22 @@
-//! Storage: one redb database per node holding the Raft log, the vote and the state machine, and
-//! the snapshot file beside it.
+//! Storage: per node, the Raft log in segment files, and one redb database holding the vote and
+//! the state machine, and the snapshot file beside them.
 //!
 //! Owns: the on-disk layout, its encodings, and the read side of the state machine that the API
-//! serves. Must never: acknowledge a write before redb's durable commit has returned, or serve a
-//! batch that is not applied (everything in the state-machine tables is committed by Raft).
+//! serves. Must never: acknowledge a write before it is fsynced, or serve a batch that is not
+//! applied (everything in the state-machine tables is committed by Raft).
 //!
 //! Layout (`--data-dir`):
-//! - `runnev.redb`: tables [`LOG`], [`RAFT_META`], [`SM_META`], [`STREAMS`], [`TOMBSTONES`],
-//!   [`BATCHES`];
+//! - `log/<index>.seg`: the Raft log (see [`segments`]);
+//! - `runnev.redb`: tables [`RAFT_META`], [`SM_META`], [`STREAMS`], [`TOMBSTONES`], [`BATCHES`];
 //! - `snapshot.bin`: the newest snapshot (see [`snapshot`]), replaced atomically by rename.
+//!
+//! The state machine commits without fsync (the log is the durable record and replays it) and
+//! durably every [`crate::limits::SM_DURABLE_EVERY_ENTRIES`] entries or
+//! [`crate::limits::SM_DURABLE_EVERY_BYTES`] bytes, which bounds the replay after a crash.
 
 pub mod io;
 pub mod log_store;
+pub mod segments;
 pub mod snapshot;
 pub mod state_machine;
 
@@ -26,8 +31,9 @@ use tokio::sync::watch;
 use crate::raft::{StreamInfo, TypeConfig};
 use crate::stream::StreamMeta;
 
-/// Raft log: log index → postcard-encoded `openraft::Entry<TypeConfig>`.
-pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
+/// Where the Raft log lived before it moved to [`segments`]; a database that still has it is
+/// refused rather than silently started without its log.
+const LEGACY_LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 /// Raft metadata: `"vote"` → `Vote`, `"last_purged"` → `LogId`, postcard-encoded.
 pub(crate) const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
 /// State-machine metadata: `"last_applied"` → `Option<LogId>`, `"membership"` → `StoredMembership`.
@@ -49,7 +55,7 @@ pub enum StoreError {
     /// A stored value did not decode.
     #[error("decoding a stored value: {0}")]
     Codec(#[from] postcard::Error),
-    /// File I/O on the snapshot or the data directory failed.
+    /// File I/O on the log, the snapshot or the data directory failed.
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
     /// A stored structure broke an invariant.
@@ -128,6 +134,7 @@ pub struct BatchesView {
 /// readers wait on.
 pub struct Store {
     db: Database,
+    log: std::sync::Mutex<segments::SegmentLog>,
     dir: PathBuf,
     applied_tx: watch::Sender<u64>,
     committed_index: AtomicU64,
@@ -142,23 +149,39 @@ impl Store {
     pub fn open(dir: &Path) -> Result<Arc<Store>, StoreError> {
         std::fs::create_dir_all(dir)?;
         let db = Database::create(dir.join("runnev.redb"))?;
-        Store::init(db, dir)
+        let segments = segments::FsSegments::new(dir.join("log"))?;
+        Store::init(db, Arc::new(segments), dir)
     }
 
-    /// Opens the store on a redb storage backend (the simulation's, which loses unsynced writes
-    /// on a crash); snapshots still live under `dir`.
+    /// Opens the store on a redb storage backend and a segment directory (the simulation's,
+    /// which lose unsynced writes on a crash); snapshots still live under `dir`.
     ///
     /// Errors: as [`Store::open`].
-    pub fn open_with_backend(dir: &Path, backend: impl redb::StorageBackend) -> Result<Arc<Store>, StoreError> {
+    pub fn open_with_backend(
+        dir: &Path,
+        backend: impl redb::StorageBackend,
+        segments: Arc<dyn segments::SegmentDir>,
+    ) -> Result<Arc<Store>, StoreError> {
         std::fs::create_dir_all(dir)?;
         let db = Database::builder().create_with_backend(backend)?;
-        Store::init(db, dir)
+        Store::init(db, segments, dir)
     }
 
-    fn init(db: Database, dir: &Path) -> Result<Arc<Store>, StoreError> {
-        let txn = db.begin_write()?;
+    fn init(db: Database, segments: Arc<dyn segments::SegmentDir>, dir: &Path) -> Result<Arc<Store>, StoreError> {
         {
-            txn.open_table(LOG)?;
+            let txn = db.begin_read()?;
+            match txn.open_table(LEGACY_LOG) {
+                Ok(t) if t.first()?.is_some() => {
+                    return Err(StoreError::Corrupt(
+                        "this data directory keeps its Raft log in redb (an older Runnev layout); start from an empty directory".into(),
+                    ))
+                }
+                Ok(_) | Err(redb::TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let txn = begin_durable_write(&db)?;
+        {
             txn.open_table(RAFT_META)?;
             txn.open_table(SM_META)?;
             txn.open_table(STREAMS)?;
@@ -166,8 +189,15 @@ impl Store {
             txn.open_table(BATCHES)?;
         }
         txn.commit()?;
+        let purged: Option<crate::raft::LogId> = {
+            let txn = db.begin_read()?;
+            let t = txn.open_table(RAFT_META)?;
+            t.get("last_purged")?.map(|v| decode(v.value())).transpose()?
+        };
+        let log = segments::SegmentLog::open(segments, purged.map(|p| p.index))?;
         let store = Store {
             db,
+            log: std::sync::Mutex::new(log),
             dir: dir.to_path_buf(),
             applied_tx: watch::Sender::new(0),
             committed_index: AtomicU64::new(0),
@@ -180,6 +210,22 @@ impl Store {
 
     pub(crate) fn db(&self) -> &Database {
         &self.db
+    }
+
+    /// A write transaction that commits durably and saves redb's allocator state (redb's
+    /// "quick repair"): after a crash redb opens at once instead of verifying and walking the
+    /// whole file (seconds per GiB). It costs a second fsync per durable commit, and durable
+    /// commits are rare: votes, purges, snapshots, and the state machine's periodic one.
+    ///
+    /// Errors: redb could not start a transaction.
+    pub(crate) fn begin_durable_write(&self) -> Result<redb::WriteTransaction, StoreError> {
+        begin_durable_write(&self.db)
+    }
+
+    /// The Raft log. Held only for in-memory work and page-cache I/O, never across an fsync of
+    /// an append ([`segments::PendingSync`]).
+    pub(crate) fn log(&self) -> std::sync::MutexGuard<'_, segments::SegmentLog> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn dir(&self) -> &Path {
@@ -228,15 +274,14 @@ impl Store {
     pub fn is_pristine(&self) -> Result<bool, StoreError> {
         let txn = self.db.begin_read()?;
         let meta = txn.open_table(RAFT_META)?;
-        let log = txn.open_table(LOG)?;
-        Ok(meta.get("vote")?.is_none() && meta.get("last_purged")?.is_none() && log.first()?.is_none())
+        Ok(meta.get("vote")?.is_none() && meta.get("last_purged")?.is_none() && self.log().is_empty())
     }
 
     /// Durably records `vote` before Raft starts (see `raft::formation::guard_wiped_node`).
     ///
     /// Errors: redb failures.
     pub fn seed_vote(&self, vote: &openraft::Vote<crate::raft::NodeId>) -> Result<(), StoreError> {
-        let txn = self.db.begin_write()?;
+        let txn = self.begin_durable_write()?;
         txn.open_table(RAFT_META)?.insert("vote", encode(vote)?.as_slice())?;
         txn.commit()?;
         Ok(())
@@ -298,6 +343,12 @@ impl Store {
 
 pub use io::blocking;
 
+fn begin_durable_write(db: &Database) -> Result<redb::WriteTransaction, StoreError> {
+    let mut txn = db.begin_write()?;
+    txn.set_quick_repair(true);
+    Ok(txn)
+}
+
 /// Converts a storage failure into openraft's error for a write (`true`) or read (`false`).
 pub(crate) fn raft_err(e: StoreError, write: bool) -> openraft::StorageError<crate::raft::NodeId> {
     let any = openraft::AnyError::new(&e);
@@ -305,7 +356,7 @@ pub(crate) fn raft_err(e: StoreError, write: bool) -> openraft::StorageError<cra
     io.into()
 }
 
-/// A Raft log entry in Runnev's configuration, as stored in [`LOG`].
+/// A Raft log entry in Runnev's configuration, as stored in [`segments`].
 pub(crate) type Entry = openraft::Entry<TypeConfig>;
 
 #[cfg(test)]

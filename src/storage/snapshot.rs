@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use redb::{ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
-use super::{decode, encode, Store, StoreError, BATCHES, LOG, RAFT_META, SM_META, STREAMS, TOMBSTONES};
+use super::{decode, encode, Store, StoreError, BATCHES, RAFT_META, SM_META, STREAMS, TOMBSTONES};
 use crate::raft::{LogId, NodeId};
 use crate::stream::StreamMeta;
 
@@ -145,7 +145,7 @@ pub(crate) fn build(store: &Store) -> Result<(SnapshotMeta, File), StoreError> {
 
 /// A durable commit: redb then persists every earlier non-durable commit too.
 fn durable_barrier(store: &Store) -> Result<(), StoreError> {
-    let w = store.db().begin_write()?;
+    let w = store.begin_durable_write()?;
     w.open_table(SM_META)?.insert("durable_barrier", [1u8].as_slice())?;
     w.commit()?;
     Ok(())
@@ -204,7 +204,7 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
         return Err(StoreError::Corrupt("received snapshot's header does not match its metadata".into()));
     }
     let mut buf = Vec::new();
-    let txn = store.db().begin_write()?;
+    let txn = store.begin_durable_write()?;
     let counts;
     {
         let mut streams = txn.open_table(STREAMS)?;
@@ -243,16 +243,16 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
         let mut sm = txn.open_table(SM_META)?;
         sm.insert("last_applied", encode(&meta.last_log_id)?.as_slice())?;
         sm.insert("membership", encode(&meta.last_membership)?.as_slice())?;
-        // Purge the log the snapshot covers in the same transaction: a crash between installing
-        // and openraft's own purge would otherwise leave old entries below a gap, which openraft
-        // cannot start from (simulation seed 112). openraft's purge that follows is idempotent.
+        // Move the purge point with the state it replaces, in one transaction: a crash between
+        // installing and openraft's own purge would otherwise leave old entries below a gap,
+        // which openraft cannot start from (simulation seed 112). The log skips entries at or
+        // below the purge point from then on; openraft's purge that follows is idempotent.
         if let Some(last) = meta.last_log_id {
             let mut raft_meta = txn.open_table(RAFT_META)?;
             let purged: Option<crate::raft::LogId> =
                 raft_meta.get("last_purged")?.map(|v| decode(v.value())).transpose()?;
             if purged.is_none_or(|p| p.index < last.index) {
                 raft_meta.insert("last_purged", encode(&last)?.as_slice())?;
-                txn.open_table(LOG)?.retain_in(..=last.index, |_, _| false)?;
             }
         }
     }
@@ -260,6 +260,9 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
     copy.sync_all()?;
     drop(copy);
     txn.commit()?;
+    if let Some(last) = meta.last_log_id {
+        store.log().purge(last.index)?;
+    }
     publish(store, &copy_path)?;
     Ok(counts)
 }

@@ -16,6 +16,7 @@ use super::snapshot::{self, SnapshotMeta};
 use super::{
     blocking, decode, encode, raft_err, BatchValue, Entry, Store, StoreError, BATCHES, SM_META, STREAMS, TOMBSTONES,
 };
+use crate::limits::{SM_DURABLE_EVERY_BYTES, SM_DURABLE_EVERY_ENTRIES};
 use crate::raft::{Command, LogId, NodeId, Outcome, StorageError, StreamInfo, TypeConfig};
 use crate::stream::{self, Existing, Oldest, PublishDecision, Retention, StreamMeta};
 
@@ -24,12 +25,14 @@ type Membership = StoredMembership<NodeId, openraft::BasicNode>;
 /// openraft's state machine over the node's [`Store`].
 pub struct StateMachine {
     store: Arc<Store>,
+    /// Entries and payload bytes applied since the last durable commit.
+    undurable: (u64, u64),
 }
 
 impl StateMachine {
     /// A state machine over `store`.
     pub fn new(store: Arc<Store>) -> Self {
-        StateMachine { store }
+        StateMachine { store, undurable: (0, 0) }
     }
 }
 
@@ -186,9 +189,18 @@ impl Tables<'_> {
 /// it too; after a crash the state machine is at an older applied index and openraft re-applies
 /// the log from there. Purge is itself a durable commit made after the snapshot it follows, so
 /// the log is never purged past what the durable state machine holds.
-fn apply_entries(store: &Store, entries: Vec<Entry>) -> Result<(Vec<Outcome>, Option<LogId>), StoreError> {
-    let mut txn = store.db().begin_write()?;
-    txn.set_durability(redb::Durability::None).map_err(|e| StoreError::Corrupt(format!("setting durability: {e}")))?;
+/// Applies `entries` in one redb transaction. Without fsync unless `durable`: the Raft log is
+/// the durable record, and after a crash openraft replays it from the last durable apply.
+fn apply_entries(
+    store: &Store,
+    entries: Vec<Entry>,
+    durable: bool,
+) -> Result<(Vec<Outcome>, Option<LogId>), StoreError> {
+    let mut txn = if durable { store.begin_durable_write()? } else { store.db().begin_write()? };
+    if !durable {
+        txn.set_durability(redb::Durability::None)
+            .map_err(|e| StoreError::Corrupt(format!("setting durability: {e}")))?;
+    }
     let mut outcomes = Vec::with_capacity(entries.len());
     let mut last = None;
     {
@@ -254,8 +266,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: Send,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
+        self.undurable.0 += entries.len() as u64;
+        self.undurable.1 += entries.iter().map(crate::raft::entry_payload_bytes).sum::<u64>();
+        // A durable commit now and then bounds how much of the log a restart replays.
+        let durable = self.undurable.0 >= SM_DURABLE_EVERY_ENTRIES || self.undurable.1 >= SM_DURABLE_EVERY_BYTES;
+        if durable {
+            self.undurable = (0, 0);
+        }
         let store = self.store.clone();
-        let (outcomes, last) = blocking(move || apply_entries(&store, entries)).await.map_err(|e| raft_err(e, true))?;
+        let (outcomes, last) =
+            blocking(move || apply_entries(&store, entries, durable)).await.map_err(|e| raft_err(e, true))?;
         if let Some(l) = last {
             self.store.set_applied(l.index);
         }
