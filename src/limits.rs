@@ -62,13 +62,13 @@ pub const RAFT_HEARTBEAT_MS: u64 = 100;
 /// Election timeout range, in ms (Raft paper §5.2: randomised to split votes rarely).
 ///
 /// openraft 0.9 adds a leader lease of the maximum on top: a follower that knew a leader waits
-/// `max + random(min..max)` after its last heartbeat (750–1000 ms here) before it stands, and
-/// refuses votes for `max` after one. That sum is most of the `kill -9` → next acknowledged
-/// publish window (BENCHMARKS.md); it stays well above the heartbeat so a loaded node does not
-/// call needless elections.
-pub const RAFT_ELECTION_TIMEOUT_MIN_MS: u64 = 250;
+/// `max + random(min..max)` after its last heartbeat (600–800 ms here) before it stands, and
+/// refuses votes for `max` after one; its election tick runs every 1.5 heartbeats. That is most
+/// of the `kill -9` → next acknowledged publish window (BENCHMARKS.md); `max + min` stays six
+/// heartbeats, so a loaded node does not call needless elections.
+pub const RAFT_ELECTION_TIMEOUT_MIN_MS: u64 = 200;
 /// See [`RAFT_ELECTION_TIMEOUT_MIN_MS`].
-pub const RAFT_ELECTION_TIMEOUT_MAX_MS: u64 = 500;
+pub const RAFT_ELECTION_TIMEOUT_MAX_MS: u64 = 400;
 
 /// Default number of applied log entries between two snapshots (`--snapshot-logs`).
 pub const SNAPSHOT_LOGS_DEFAULT: u64 = 5_000;

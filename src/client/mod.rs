@@ -179,16 +179,20 @@ pub struct StreamInfo {
     pub retention: Retention,
 }
 
+/// A batch as the wire carries it; `data` borrows from the answer (base64 never holds a JSON
+/// escape), so a catch-up read copies each payload once, when decoding it.
 #[derive(Deserialize)]
-pub(crate) struct WireBatch {
+pub(crate) struct WireBatch<'a> {
     seq: u64,
     ts: u64,
-    data: String,
+    #[serde(borrow)]
+    data: std::borrow::Cow<'a, str>,
 }
 
 #[derive(Deserialize)]
-struct WireRead {
-    batches: Vec<WireBatch>,
+struct WireRead<'a> {
+    #[serde(borrow)]
+    batches: Vec<WireBatch<'a>>,
     gap: Option<Gap>,
     last_seq: u64,
     next_after: u64,
@@ -205,7 +209,7 @@ struct WireErrorBody {
     message: String,
 }
 
-pub(crate) fn decode_batch(node: &str, b: WireBatch) -> Result<Batch, ClientError> {
+pub(crate) fn decode_batch(node: &str, b: WireBatch<'_>) -> Result<Batch, ClientError> {
     let data = base64::engine::general_purpose::STANDARD
         .decode(b.data.as_bytes())
         .map_err(|e| ClientError::Protocol { node: node.to_string(), what: format!("batch {} data: {e}", b.seq) })?;
@@ -448,7 +452,8 @@ impl Client {
             path.push_str(&format!("&min_index={i}"));
         }
         let (node, _, bytes) = self.call(Method::GET, &path, Bytes::new(), Duration::from_millis(wait_ms)).await?;
-        let wire: WireRead = Self::json(&node, &bytes)?;
+        let wire: WireRead<'_> = serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::Protocol { node: node.to_string(), what: e.to_string() })?;
         let batches = wire.batches.into_iter().map(|b| decode_batch(&node, b)).collect::<Result<_, _>>()?;
         Ok(ReadAnswer { batches, gap: wire.gap, last_seq: wire.last_seq, next_after: wire.next_after })
     }

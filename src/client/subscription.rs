@@ -173,7 +173,7 @@ async fn next(st: &mut State) -> Option<Result<Delivery, ClientError>> {
         };
         match ev.event.as_str() {
             "batch" => {
-                let wire: WireBatch = match serde_json::from_str(&ev.data) {
+                let wire: WireBatch<'_> = match serde_json::from_str(&ev.data) {
                     Ok(w) => w,
                     Err(e) => return Some(Err(protocol(&format!("batch event: {e}")))),
                 };

@@ -291,7 +291,6 @@ impl SegmentLog {
             cache: VecDeque::new(),
             cache_bytes: 0,
         };
-        let purged_index = purged.unwrap_or(0);
         let count = names.len();
         for (i, name) in names.into_iter().enumerate() {
             let file = dir.open(name)?;
@@ -305,7 +304,7 @@ impl SegmentLog {
                 tracing::warn!(segment = name, offset = found.end, "raft log: discarding a torn tail");
                 file.zero_from(found.end)?;
             }
-            let live: Vec<Loc> = found.locs.into_iter().filter(|l| l.log_id.index > purged_index).collect();
+            let live: Vec<Loc> = found.locs.into_iter().filter(|l| purged.is_none_or(|p| l.log_id.index > p)).collect();
             if live.is_empty() {
                 // Nothing to serve in it: wholly purged, or created and never written.
                 drop(file);
@@ -327,12 +326,9 @@ impl SegmentLog {
             log.segments.insert(name, Segment { file, capacity, end: found.end });
         }
         if log.locs.is_empty() {
-            log.first = purged_index + 1;
-        } else if purged.is_some() && log.first != purged_index + 1 {
-            return Err(corrupt(format!(
-                "the log starts at index {} but the snapshot ends at {purged_index}",
-                log.first
-            )));
+            log.first = purged.map_or(0, |p| p + 1);
+        } else if let Some(p) = purged.filter(|p| log.first != p + 1) {
+            return Err(corrupt(format!("the log starts at index {} but the snapshot ends at {p}", log.first)));
         }
         Ok(log)
     }
@@ -593,6 +589,23 @@ mod tests {
         let e = entry(7, 42, 300);
         let head: EntryHead = decode(&encode(&e).unwrap()).unwrap();
         assert_eq!(head.log_id, e.log_id);
+    }
+
+    /// Regression: the cluster's first entry has log index 0, and a reopen without any purge
+    /// took "nothing purged" for "purged through 0" and dropped it (found by `runnev bench
+    /// failover`: a killed first leader could not restart).
+    #[test]
+    fn the_entry_at_log_index_zero_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(&dir, None);
+        assert_eq!(log.first_index(), 0);
+        log.append((0..=2).map(|i| entry(1, i, 10)).collect()).unwrap().sync().unwrap();
+        drop(log);
+        let log = open(&dir, None);
+        assert_eq!(indexes(&log), vec![0, 1, 2]);
+        assert_eq!(log.first_index(), 0);
+        let log = open(&dir, Some(0));
+        assert_eq!(indexes(&log), vec![1, 2]);
     }
 
     #[test]
