@@ -1,36 +1,70 @@
-//! A simulated disk for redb: a redb [`StorageBackend`] that keeps only what was synced when
-//! the power goes out.
+//! A simulated file system per node: the redb file and the Raft log's segment files, which keep
+//! only what was synced when the power goes out.
 //!
-//! Owns: the durability model of a node's database. The disk outlives the node's incarnations
-//! (the host factory captures it); every write lands in a volatile layer of dirty pages (the
-//! page cache), `sync_data` makes the volatile layer durable, and a crash decides what survives:
+//! Owns: the durability model of a node's files. The disk outlives the node's incarnations (the
+//! host factory captures it) and holds named files: [`REDB_FILE`] (served to redb through
+//! [`DiskHandle`], a redb [`StorageBackend`]) and the segments `log/<first:020>.seg` (served to
+//! `runnev::storage::segments::SegmentLog` through [`SimSegments`], a [`SegmentDir`]). Every
+//! write to any file lands in a volatile layer of dirty pages (the page cache); a file's
+//! `sync_data` makes *that file's* volatile layer durable (other files' dirty pages stay
+//! volatile), and a crash decides what survives, in every file at once:
 //! - [`CrashKind::Kill`] (the process dies, the machine stays up): the page cache survives, so
 //!   unsynced writes stay visible to the next incarnation, still unsynced;
 //! - [`CrashKind::PowerLoss`]: the page cache is lost; optionally a seeded random subset of the
 //!   dirty pages reached the platter first (torn, unordered writes, as a real disk may do).
 //!
-//! Each incarnation gets a handle stamped with the disk's epoch; a crash bumps the epoch, so a
-//! crashed incarnation's handle (its redb `Database` is dropped while turmoil tears the host
-//! down, and would flush) fails every operation from then on.
+//! Each incarnation gets handles stamped with the disk's epoch; a crash bumps the epoch, so a
+//! crashed incarnation's handles (its redb `Database` is dropped while turmoil tears the host
+//! down, and would flush) fail every operation from then on.
 //!
-//! Two more faults: a crash can be armed to strike *inside* a sequence of writes (between a
-//! commit's page writes and its fsync, [`SimDisk::arm_cut`]); the process that was cut does not
-//! know it died until the driver tears its host down at the end of the step, so until then its
-//! handle works on a private copy (a ghost) that nothing else ever sees. And the disk can fail
-//! ([`SimDisk::set_failing`]): every write, resize and sync returns an I/O error, as a dying or
-//! full disk does. Must never: let a write reach the durable image without a `sync_data`, or let
-//! a crashed incarnation touch the disk.
+//! Two more faults: a crash can be armed to strike *inside* a sequence of disk operations
+//! ([`SimDisk::arm_cut`]): one counter over every file counts writes, resizes, syncs, segment
+//! creations and removals, so a cut can fall between a redb commit's page writes and its fsync
+//! as well as between a segment append's write and its fsync, or inside a segment's
+//! [`SegmentFile::zero_from`] (three operations: shrink, grow, sync). The process that was cut
+//! does not know it died until the driver tears its host down at the end of the step, so until
+//! then its handles work on a private copy of the whole file system (a ghost) that nothing else
+//! ever sees. And the disk can fail ([`SimDisk::set_failing`]): every write-side operation on
+//! any file returns an I/O error, as a dying or full disk does.
+//!
+//! Simplification, on purpose: **creating and removing a segment are durable at once** (a crash
+//! never loses a creation or brings back a removed segment, and a created segment reads as
+//! zeros whatever happens). The real [`runnev::storage::segments::FsSegments`] fsyncs the new
+//! file and the directory before `create` returns and the directory after `remove`, so this
+//! models only its completed calls; a crash inside those calls (a missing or half-allocated new
+//! segment, a removed one that comes back) is not simulated. A removed or replaced file stays
+//! usable through the handles already open on it (as an unlinked file does) until the next
+//! crash.
+//!
+//! Must never: let a write reach the durable image without a sync of its file, or let a crashed
+//! incarnation touch the disk.
 
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use redb::StorageBackend;
+use runnev::storage::segments::{SegmentDir, SegmentFile};
 
 use crate::rng::SimRng;
 
 /// Granularity of the volatile layer, in bytes: what a torn power loss keeps or loses as a unit.
 pub const PAGE_BYTES: usize = 4096;
+
+const PAGE: u64 = PAGE_BYTES as u64;
+
+/// The redb database's file name on a simulated disk (as `runnev::storage::Store::open` names it).
+pub const REDB_FILE: &str = "runnev.redb";
+
+/// The name of the segment whose first log index is `first` (as `FsSegments` names it, under
+/// the data directory).
+pub fn segment_name(first: u64) -> String {
+    format!("log/{first:020}.seg")
+}
+
+fn segment_first(name: &str) -> Option<u64> {
+    name.strip_prefix("log/")?.strip_suffix(".seg")?.parse().ok()
+}
 
 /// How a node goes down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +82,7 @@ pub enum CrashKind {
 /// Counters for the run report.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DiskStats {
-    /// `sync_data` calls that succeeded.
+    /// `sync_data` calls that succeeded (redb's and the segments', `zero_from`'s included).
     pub syncs: u64,
     /// Crashes suffered (driver crashes and mid-write cuts).
     pub crashes: u64,
@@ -62,15 +96,23 @@ pub struct DiskStats {
     pub failed_ops: u64,
 }
 
-/// Bytes as one incarnation sees them: a durable image plus the dirty pages over it.
+/// One file's bytes as one incarnation sees them: a durable image plus the dirty pages over it.
+/// Sparse: a page that was never written reads as zeros and takes no memory (a segment is
+/// preallocated to 64 MiB and mostly empty).
 #[derive(Debug, Clone, Default)]
 struct Image {
-    /// What survives a power loss. Its length is the durable length.
-    durable: Vec<u8>,
+    /// What survives a power loss, by page; an absent page reads as zeros, and every byte at or
+    /// past `durable_len` is zero.
+    durable: BTreeMap<u64, Box<[u8]>>,
+    /// The durable length.
+    durable_len: u64,
     /// Current length as the running incarnation sees it.
     len: u64,
     /// Pages written since the last sync: page number → the page's current content.
     dirty: BTreeMap<u64, Box<[u8]>>,
+    /// The shortest length the file was cut to since the last sync: durable bytes at or past it
+    /// read as zeros (they are still on the platter until a sync makes the truncation durable).
+    shrunk_to: Option<u64>,
 }
 
 fn out_of_range(what: &str, offset: u64, n: usize, len: u64) -> io::Error {
@@ -80,39 +122,66 @@ fn out_of_range(what: &str, offset: u64, n: usize, len: u64) -> io::Error {
     )
 }
 
+fn zero_page() -> Box<[u8]> {
+    vec![0u8; PAGE_BYTES].into_boxed_slice()
+}
+
 impl Image {
-    fn page(&self, p: u64) -> Box<[u8]> {
+    /// A file of `len` zero bytes, durable.
+    fn zeros(len: u64) -> Image {
+        Image { durable_len: len, len, ..Default::default() }
+    }
+
+    /// Copies bytes `in_page..in_page + out.len()` of page `p`, as the running incarnation sees
+    /// them, into `out`.
+    fn read_page(&self, p: u64, in_page: usize, out: &mut [u8]) {
+        let range = in_page..in_page + out.len();
         if let Some(d) = self.dirty.get(&p) {
-            return d.clone();
+            out.copy_from_slice(&d[range]);
+            return;
         }
-        let mut page = vec![0u8; PAGE_BYTES].into_boxed_slice();
-        let start = p as usize * PAGE_BYTES;
-        if start < self.durable.len() {
-            let end = (start + PAGE_BYTES).min(self.durable.len());
-            page[..end - start].copy_from_slice(&self.durable[start..end]);
+        match self.durable.get(&p) {
+            Some(d) => out.copy_from_slice(&d[range]),
+            None => out.fill(0),
         }
-        page
+        if let Some(s) = self.shrunk_to {
+            let start = p * PAGE + in_page as u64;
+            let keep = s.saturating_sub(start).min(out.len() as u64) as usize;
+            out[keep..].fill(0);
+        }
     }
 
     fn dirty_page(&mut self, p: u64) -> &mut Box<[u8]> {
         if !self.dirty.contains_key(&p) {
-            let page = self.page(p);
+            let mut page = zero_page();
+            self.read_page(p, 0, &mut page);
             self.dirty.insert(p, page);
         }
         self.dirty.get_mut(&p).expect("inserted above")
     }
 
-    /// Copies a page into the durable image, extending it up to `limit` bytes at most.
-    fn persist_page(durable: &mut Vec<u8>, p: u64, page: &[u8], limit: u64) {
-        let start = p as usize * PAGE_BYTES;
-        let end = (start + PAGE_BYTES).min(limit as usize);
+    /// Copies the bytes of `page` below `limit` into durable page `p` (bytes at or past `limit`
+    /// keep their durable content), extending the durable length up to `limit` at most.
+    fn persist_page(&mut self, p: u64, page: &[u8], limit: u64) {
+        let start = p * PAGE;
+        let end = (start + PAGE).min(limit);
         if end <= start {
             return;
         }
-        if durable.len() < end {
-            durable.resize(end, 0);
+        let n = (end - start) as usize;
+        let d = self.durable.entry(p).or_insert_with(zero_page);
+        d[..n].copy_from_slice(&page[..n]);
+        self.durable_len = self.durable_len.max(end);
+    }
+
+    /// Zeros every durable byte at or past `at` (the durable length is the caller's business).
+    fn zero_durable_from(&mut self, at: u64) {
+        drop(self.durable.split_off(&at.div_ceil(PAGE)));
+        if !at.is_multiple_of(PAGE) {
+            if let Some(d) = self.durable.get_mut(&(at / PAGE)) {
+                d[(at % PAGE) as usize..].fill(0);
+            }
         }
-        durable[start..end].copy_from_slice(&page[..end - start]);
     }
 
     /// Loses the volatile layer as `kind` says; returns (pages kept, pages lost).
@@ -122,13 +191,14 @@ impl Image {
         let (mut kept, mut lost) = (0, 0);
         for (p, page) in dirty {
             if keep_per_mille > 0 && rng.chance(keep_per_mille) {
-                Image::persist_page(&mut self.durable, p, &page, self.len);
+                self.persist_page(p, &page, self.len);
                 kept += 1;
             } else {
                 lost += 1;
             }
         }
-        self.len = self.durable.len() as u64;
+        self.shrunk_to = None;
+        self.len = self.durable_len;
         (kept, lost)
     }
 
@@ -141,17 +211,9 @@ impl Image {
         let mut done = 0usize;
         while done < out.len() {
             let pos = offset + done as u64;
-            let p = pos / PAGE_BYTES as u64;
-            let in_page = (pos % PAGE_BYTES as u64) as usize;
+            let in_page = (pos % PAGE) as usize;
             let n = (PAGE_BYTES - in_page).min(out.len() - done);
-            if let Some(d) = self.dirty.get(&p) {
-                out[done..done + n].copy_from_slice(&d[in_page..in_page + n]);
-            } else {
-                let from = pos as usize;
-                for (i, b) in out[done..done + n].iter_mut().enumerate() {
-                    *b = self.durable.get(from + i).copied().unwrap_or(0);
-                }
-            }
+            self.read_page(pos / PAGE, in_page, &mut out[done..done + n]);
             done += n;
         }
         Ok(())
@@ -159,28 +221,29 @@ impl Image {
 
     fn set_len(&mut self, len: u64) {
         if len < self.len {
-            // Zero what lies past the new end in the volatile layer, so growing again reads zeros
-            // (the durable image keeps the old bytes until a sync makes the truncation durable).
-            let first = len / PAGE_BYTES as u64;
-            let last = (self.len - 1) / PAGE_BYTES as u64;
-            for p in first..=last {
-                let start = (p * PAGE_BYTES as u64).max(len);
-                let page = self.dirty_page(p);
-                let from = (start - p * PAGE_BYTES as u64) as usize;
-                page[from..].fill(0);
+            // What lies past the new end reads as zeros from now on (growing again included);
+            // the durable image keeps the old bytes until a sync makes the truncation durable.
+            self.shrunk_to = Some(self.shrunk_to.map_or(len, |s| s.min(len)));
+            drop(self.dirty.split_off(&len.div_ceil(PAGE)));
+            if !len.is_multiple_of(PAGE) {
+                if let Some(d) = self.dirty.get_mut(&(len / PAGE)) {
+                    d[(len % PAGE) as usize..].fill(0);
+                }
             }
         }
         self.len = len;
     }
 
     fn sync(&mut self) {
-        let len = self.len;
-        let dirty = std::mem::take(&mut self.dirty);
-        self.durable.resize(len as usize, 0);
-        for (p, page) in dirty {
-            Image::persist_page(&mut self.durable, p, &page, len);
+        if let Some(s) = self.shrunk_to.take() {
+            self.zero_durable_from(s);
         }
-        self.durable.truncate(len as usize);
+        let len = self.len;
+        for (p, page) in std::mem::take(&mut self.dirty) {
+            self.persist_page(p, &page, len);
+        }
+        self.zero_durable_from(len);
+        self.durable_len = len;
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
@@ -192,17 +255,54 @@ impl Image {
         let mut done = 0usize;
         while done < data.len() {
             let pos = offset + done as u64;
-            let p = pos / PAGE_BYTES as u64;
-            let in_page = (pos % PAGE_BYTES as u64) as usize;
+            let in_page = (pos % PAGE) as usize;
             let n = (PAGE_BYTES - in_page).min(data.len() - done);
-            self.dirty_page(p)[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
+            self.dirty_page(pos / PAGE)[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
             done += n;
         }
         Ok(())
     }
 }
 
-/// A crash armed to strike in the middle of the disk's next writes.
+/// The files of one node: names → inodes. An inode no name points to (a removed or replaced
+/// file) lives on while handles may still use it, until the next crash.
+#[derive(Debug, Clone, Default)]
+struct Files {
+    names: BTreeMap<String, u64>,
+    inodes: BTreeMap<u64, Image>,
+    next_inode: u64,
+}
+
+fn not_found(name: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::NotFound, format!("simulated disk: no file {name}"))
+}
+
+impl Files {
+    /// Creates (or replaces) `name` as `len` zero bytes, durably; returns its inode.
+    fn create(&mut self, name: &str, len: u64) -> u64 {
+        let ino = self.next_inode;
+        self.next_inode += 1;
+        self.inodes.insert(ino, Image::zeros(len));
+        self.names.insert(name.to_string(), ino);
+        ino
+    }
+
+    fn lookup(&self, name: &str) -> io::Result<u64> {
+        self.names.get(name).copied().ok_or_else(|| not_found(name))
+    }
+
+    fn image(&mut self, ino: u64) -> io::Result<&mut Image> {
+        self.inodes.get_mut(&ino).ok_or_else(|| io::Error::other(format!("simulated disk: inode {ino} is gone")))
+    }
+
+    /// Frees the inodes no name points to (their handles died with the process).
+    fn drop_orphans(&mut self) {
+        let named: std::collections::BTreeSet<u64> = self.names.values().copied().collect();
+        self.inodes.retain(|ino, _| named.contains(ino));
+    }
+}
+
+/// A crash armed to strike in the middle of the disk's next operations.
 #[derive(Debug)]
 struct Cut {
     ops_left: u64,
@@ -214,16 +314,16 @@ struct Cut {
 struct DiskState {
     /// Incarnation allowed to use the disk.
     epoch: u64,
-    /// The disk's bytes.
-    image: Image,
+    /// The disk's files.
+    files: Files,
     /// The private copy a cut incarnation keeps using until its host is torn down: (its epoch,
-    /// its view).
-    ghost: Option<(u64, Image)>,
+    /// its view of every file).
+    ghost: Option<(u64, Files)>,
     /// An armed mid-write crash, if any.
     cut: Option<Cut>,
     /// A mid-write crash struck and the host has not been torn down yet.
     cut_fired: bool,
-    /// Writes, resizes and syncs fail with an I/O error.
+    /// Write-side operations fail with an I/O error.
     failing: bool,
     stats: DiskStats,
 }
@@ -232,9 +332,13 @@ impl DiskState {
     fn crash(&mut self, kind: CrashKind, rng: &mut SimRng) {
         self.epoch += 1;
         self.stats.crashes += 1;
-        let (kept, lost) = self.image.crash(kind, rng);
-        self.stats.pages_torn_in += kept;
-        self.stats.pages_lost += lost;
+        // The process is gone: so are the files only its open handles kept alive.
+        self.files.drop_orphans();
+        for image in self.files.inodes.values_mut() {
+            let (kept, lost) = image.crash(kind, rng);
+            self.stats.pages_torn_in += kept;
+            self.stats.pages_lost += lost;
+        }
     }
 
     /// Counts one write-side operation against an armed cut; when it strikes, the disk crashes
@@ -246,34 +350,58 @@ impl DiskState {
             return;
         }
         let Cut { kind, mut rng, .. } = self.cut.take().expect("checked above");
-        self.ghost = Some((self.epoch, self.image.clone()));
+        self.ghost = Some((self.epoch, self.files.clone()));
         self.crash(kind, &mut rng);
         self.cut_fired = true;
     }
 }
 
 /// One node's disk, shared by all its incarnations.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct SimDisk {
     state: Arc<Mutex<DiskState>>,
 }
 
+impl Default for SimDisk {
+    fn default() -> Self {
+        SimDisk::new()
+    }
+}
+
 impl SimDisk {
-    /// An empty disk.
+    /// An empty disk: an empty redb file and no segment.
     pub fn new() -> Self {
-        SimDisk::default()
+        let mut state = DiskState::default();
+        state.files.create(REDB_FILE, 0);
+        SimDisk { state: Arc::new(Mutex::new(state)) }
     }
 
     fn lock(&self) -> MutexGuard<'_, DiskState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A backend for the incarnation starting now.
-    pub fn handle(&self) -> DiskHandle {
-        DiskHandle { state: self.state.clone(), epoch: self.lock().epoch }
+    fn access(&self) -> Access {
+        Access { state: self.state.clone(), epoch: self.lock().epoch }
     }
 
-    /// The node crashed: the current incarnation's handle is dead from now on, and unsynced
+    /// The redb backend for the incarnation starting now.
+    pub fn handle(&self) -> DiskHandle {
+        let ino = {
+            let mut s = self.lock();
+            match s.files.lookup(REDB_FILE) {
+                Ok(ino) => ino,
+                Err(_) => s.files.create(REDB_FILE, 0),
+            }
+        };
+        DiskHandle { access: self.access(), ino }
+    }
+
+    /// The segment directory for the incarnation starting now.
+    pub fn segments(&self) -> Arc<dyn SegmentDir> {
+        Arc::new(SimSegments { access: self.access() })
+    }
+
+    /// The node crashed: the current incarnation's handles are dead from now on, and unsynced
     /// writes survive or not according to `kind` (`rng` draws the torn pages).
     pub fn crash(&self, kind: CrashKind, rng: &mut SimRng) {
         let mut s = self.lock();
@@ -282,9 +410,11 @@ impl SimDisk {
         s.crash(kind, rng);
     }
 
-    /// Arms a crash of `kind` that strikes at the `after_ops`-th write, `set_len` or sync from
-    /// now, in the middle of whatever redb is doing (a commit cut between its page writes and
-    /// its fsync). The driver then tears the host down ([`SimDisk::take_fired_cut`]).
+    /// Arms a crash of `kind` that strikes at the `after_ops`-th write-side operation from now
+    /// (a write, resize or sync of any file, a segment creation or removal), in the middle of
+    /// whatever the node is doing (a redb commit cut between its page writes and its fsync, a
+    /// log append cut before its fsync). The driver then tears the host down
+    /// ([`SimDisk::take_fired_cut`]).
     pub fn arm_cut(&self, after_ops: u64, kind: CrashKind, rng: SimRng) {
         self.lock().cut = Some(Cut { ops_left: after_ops.max(1), kind, rng });
     }
@@ -295,7 +425,7 @@ impl SimDisk {
     }
 
     /// Whether an armed cut struck since the last call. The struck incarnation's ghost is
-    /// dropped: its handle fails from now on.
+    /// dropped: its handles fail from now on.
     pub fn take_fired_cut(&self) -> bool {
         let mut s = self.lock();
         if std::mem::take(&mut s.cut_fired) {
@@ -305,7 +435,7 @@ impl SimDisk {
         false
     }
 
-    /// Makes every write, resize and sync fail with an I/O error (`true`), or work again.
+    /// Makes every write-side operation fail with an I/O error (`true`), or work again.
     pub fn set_failing(&self, failing: bool) {
         self.lock().failing = failing;
     }
@@ -318,20 +448,26 @@ impl SimDisk {
     /// A copy of what the next incarnation would find on this disk (for inspection; the copy
     /// shares nothing with this disk).
     pub fn fork(&self) -> SimDisk {
-        let image = self.lock().image.clone();
-        let state = DiskState { image, ..Default::default() };
+        let mut files = self.lock().files.clone();
+        files.drop_orphans();
+        let state = DiskState { files, ..Default::default() };
         SimDisk { state: Arc::new(Mutex::new(state)) }
     }
 
-    /// Pages written but not yet synced.
+    /// Pages written but not yet synced, over every file.
     pub fn dirty_pages(&self) -> usize {
-        self.lock().image.dirty.len()
+        self.lock().files.inodes.values().map(|i| i.dirty.len()).sum()
+    }
+
+    /// The names of the files present, in order.
+    pub fn file_names(&self) -> Vec<String> {
+        self.lock().files.names.keys().cloned().collect()
     }
 }
 
-/// The redb backend of one incarnation.
-#[derive(Debug)]
-pub struct DiskHandle {
+/// One incarnation's right to use the disk.
+#[derive(Debug, Clone)]
+struct Access {
     state: Arc<Mutex<DiskState>>,
     epoch: u64,
 }
@@ -340,9 +476,10 @@ fn stale() -> io::Error {
     io::Error::other("simulated disk: this incarnation crashed; its handle is dead")
 }
 
-impl DiskHandle {
-    /// Runs `f` on the image this incarnation may use: the disk's, or its ghost after a cut.
-    fn with<R>(&self, write: bool, f: impl FnOnce(&mut Image) -> io::Result<R>) -> io::Result<R> {
+impl Access {
+    /// Runs `f` on the files this incarnation may use: the disk's, or its ghost after a cut.
+    /// A write-side operation (`write`) may fail (failing disk) or trip an armed cut first.
+    fn with<R>(&self, write: bool, f: impl FnOnce(&mut Files) -> io::Result<R>) -> io::Result<R> {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if s.epoch == self.epoch && write {
             if s.failing {
@@ -352,7 +489,7 @@ impl DiskHandle {
             s.count_cut();
         }
         if s.epoch == self.epoch {
-            return f(&mut s.image);
+            return f(&mut s.files);
         }
         match &mut s.ghost {
             Some((e, ghost)) if *e == self.epoch => f(ghost),
@@ -362,37 +499,119 @@ impl DiskHandle {
             }
         }
     }
+
+    /// Runs `f` on inode `ino`.
+    fn on<R>(&self, write: bool, ino: u64, f: impl FnOnce(&mut Image) -> io::Result<R>) -> io::Result<R> {
+        self.with(write, |files| f(files.image(ino)?))
+    }
+
+    fn sync(&self, ino: u64) -> io::Result<()> {
+        self.on(true, ino, |i| {
+            i.sync();
+            Ok(())
+        })?;
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).stats.syncs += 1;
+        Ok(())
+    }
+}
+
+/// The redb backend of one incarnation: the file [`REDB_FILE`].
+#[derive(Debug)]
+pub struct DiskHandle {
+    access: Access,
+    ino: u64,
 }
 
 impl StorageBackend for DiskHandle {
     fn len(&self) -> io::Result<u64> {
-        self.with(false, |i| Ok(i.len))
+        self.access.on(false, self.ino, |i| Ok(i.len))
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        self.with(false, |i| i.read(offset, out))
+        self.access.on(false, self.ino, |i| i.read(offset, out))
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.with(true, |i| {
+        self.access.on(true, self.ino, |i| {
             i.set_len(len);
             Ok(())
         })
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        let synced = self.with(true, |i| {
-            i.sync();
-            Ok(())
-        });
-        if synced.is_ok() {
-            self.state.lock().unwrap_or_else(|p| p.into_inner()).stats.syncs += 1;
-        }
-        synced
+        self.access.sync(self.ino)
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.with(true, |i| i.write(offset, data))
+        self.access.on(true, self.ino, |i| i.write(offset, data))
+    }
+}
+
+/// The Raft log's segment directory of one incarnation (`log/` on the simulated disk).
+#[derive(Debug)]
+pub struct SimSegments {
+    access: Access,
+}
+
+/// One open segment file of one incarnation.
+#[derive(Debug)]
+pub struct SimSegment {
+    access: Access,
+    ino: u64,
+}
+
+impl SegmentDir for SimSegments {
+    fn list(&self) -> io::Result<Vec<u64>> {
+        self.access.with(false, |files| Ok(files.names.keys().filter_map(|n| segment_first(n)).collect()))
+    }
+
+    fn open(&self, first: u64) -> io::Result<Arc<dyn SegmentFile>> {
+        let ino = self.access.with(false, |files| files.lookup(&segment_name(first)))?;
+        Ok(Arc::new(SimSegment { access: self.access.clone(), ino }))
+    }
+
+    fn create(&self, first: u64, bytes: u64) -> io::Result<Arc<dyn SegmentFile>> {
+        // Durable at once, directory entry included (module doc: a simplification).
+        let ino = self.access.with(true, |files| Ok(files.create(&segment_name(first), bytes)))?;
+        Ok(Arc::new(SimSegment { access: self.access.clone(), ino }))
+    }
+
+    fn remove(&self, first: u64) -> io::Result<()> {
+        let name = segment_name(first);
+        self.access.with(true, |files| files.names.remove(&name).map(|_| ()).ok_or_else(|| not_found(&name)))
+    }
+}
+
+impl SegmentFile for SimSegment {
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.access.on(false, self.ino, |i| i.read(offset, out))
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.access.on(true, self.ino, |i| i.write(offset, data))
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.access.sync(self.ino)
+    }
+
+    /// As `FsSegments` does it: shrink to `offset`, grow back to the old length (reading as
+    /// zeros), sync the file. Three operations, so a cut can strike between them.
+    fn zero_from(&self, offset: u64) -> io::Result<()> {
+        let capacity = self.capacity()?;
+        self.access.on(true, self.ino, |i| {
+            i.set_len(offset);
+            Ok(())
+        })?;
+        self.access.on(true, self.ino, |i| {
+            i.set_len(capacity.max(offset));
+            Ok(())
+        })?;
+        self.access.sync(self.ino)
+    }
+
+    fn capacity(&self) -> io::Result<u64> {
+        self.access.on(false, self.ino, |i| Ok(i.len))
     }
 }
 
@@ -512,5 +731,213 @@ mod tests {
         let t = r.open_table(T).unwrap();
         assert_eq!(t.get(1).unwrap().map(|v| v.value()), Some(10));
         assert_eq!(t.get(2).unwrap().map(|v| v.value()), None, "the non-durable commit is lost");
+    }
+
+    trait ReadVec {
+        fn read_vec(&self, offset: u64, n: usize) -> Vec<u8>;
+    }
+
+    impl ReadVec for DiskHandle {
+        fn read_vec(&self, offset: u64, n: usize) -> Vec<u8> {
+            read(self, offset, n)
+        }
+    }
+
+    fn seg_read(f: &dyn SegmentFile, offset: u64, n: usize) -> Vec<u8> {
+        let mut v = vec![0; n];
+        f.read_at(offset, &mut v).unwrap();
+        v
+    }
+
+    #[test]
+    fn an_unsynced_segment_write_vanishes_on_power_loss_and_survives_a_kill() {
+        let disk = SimDisk::new();
+        let mut rng = SimRng::new(5);
+        let dir = disk.segments();
+        let f = dir.create(7, 1 << 20).unwrap();
+        assert_eq!(f.capacity().unwrap(), 1 << 20);
+        assert_eq!(disk.file_names(), vec![segment_name(7), REDB_FILE.to_string()]);
+        f.write_at(0, b"synced").unwrap();
+        f.sync_data().unwrap();
+        f.write_at(6, b"-late").unwrap();
+        assert!(f.write_at((1 << 20) - 2, b"abc").is_err(), "writes stay within the file");
+
+        disk.crash(CrashKind::Kill, &mut rng);
+        assert!(f.read_at(0, &mut [0]).is_err(), "a crashed incarnation's segment is dead");
+        assert!(dir.list().is_err());
+        let dir2 = disk.segments();
+        assert_eq!(dir2.list().unwrap(), vec![7]);
+        let f2 = dir2.open(7).unwrap();
+        assert_eq!(seg_read(f2.as_ref(), 0, 11), b"synced-late", "a kill keeps the page cache");
+
+        disk.crash(CrashKind::PowerLoss { keep_per_mille: 0 }, &mut rng);
+        let f3 = disk.segments().open(7).unwrap();
+        assert_eq!(seg_read(f3.as_ref(), 0, 11), b"synced\0\0\0\0\0");
+        assert_eq!(f3.capacity().unwrap(), 1 << 20, "a created segment keeps its size");
+        assert!(disk.segments().open(8).is_err());
+    }
+
+    #[test]
+    fn a_sync_makes_only_its_own_file_durable() {
+        let disk = SimDisk::new();
+        let mut rng = SimRng::new(6);
+        let h = disk.handle();
+        let seg = disk.segments().create(1, 2 * PAGE).unwrap();
+        h.set_len(2 * PAGE).unwrap();
+        h.write(0, b"db").unwrap();
+        seg.write_at(PAGE - 1, b"log").unwrap();
+        assert_eq!(disk.dirty_pages(), 3);
+        seg.sync_data().unwrap();
+        assert_eq!(disk.dirty_pages(), 1, "redb's page is still dirty");
+        disk.crash(CrashKind::PowerLoss { keep_per_mille: 0 }, &mut rng);
+        assert_eq!(disk.handle().len().unwrap(), 0, "redb's unsynced growth is lost");
+        let seg = disk.segments().open(1).unwrap();
+        assert_eq!(seg_read(seg.as_ref(), PAGE - 1, 3), b"log");
+        assert_eq!(disk.stats().syncs, 1);
+    }
+
+    #[test]
+    fn a_cut_can_strike_a_segment_write() {
+        let disk = SimDisk::new();
+        let h = disk.handle();
+        h.set_len(PAGE).unwrap();
+        h.sync_data().unwrap();
+        let seg = disk.segments().create(1, PAGE).unwrap();
+        seg.write_at(0, b"a").unwrap();
+        seg.sync_data().unwrap();
+        disk.arm_cut(2, CrashKind::PowerLoss { keep_per_mille: 0 }, SimRng::new(9));
+        h.write(0, b"redb page").unwrap();
+        // The second operation is the log append: the cut strikes before it reaches the disk;
+        // the process carries on on its ghost (the append and its fsync "succeed") ...
+        seg.write_at(1, b"b").unwrap();
+        seg.sync_data().unwrap();
+        assert_eq!(seg_read(seg.as_ref(), 0, 2), b"ab");
+        assert_eq!(h.read_vec(0, 9), b"redb page");
+        // ... but none of it happened on the disk, in either file.
+        assert!(disk.take_fired_cut());
+        assert!(seg.read_at(0, &mut [0]).is_err());
+        let seg2 = disk.segments().open(1).unwrap();
+        assert_eq!(seg_read(seg2.as_ref(), 0, 2), b"a\0");
+        assert_eq!(disk.handle().read_vec(0, 9), vec![0; 9]);
+    }
+
+    #[test]
+    fn a_cut_can_strike_a_segment_creation_and_removal() {
+        let disk = SimDisk::new();
+        let dir = disk.segments();
+        dir.create(1, PAGE).unwrap();
+        disk.arm_cut(2, CrashKind::Kill, SimRng::new(1));
+        dir.remove(1).unwrap();
+        dir.create(5, PAGE).unwrap();
+        assert_eq!(dir.list().unwrap(), vec![5], "the ghost's view");
+        assert!(disk.take_fired_cut());
+        assert_eq!(disk.segments().list().unwrap(), Vec::<u64>::new(), "the removal happened, the creation did not");
+    }
+
+    #[test]
+    fn zero_from_is_durable_and_syncs_the_whole_file() {
+        let disk = SimDisk::new();
+        let mut rng = SimRng::new(7);
+        let seg = disk.segments().create(1, 3 * PAGE).unwrap();
+        let data: Vec<u8> = (0..(2 * PAGE_BYTES + 10)).map(|i| (i % 251) as u8 + 1).collect();
+        seg.write_at(0, &data).unwrap();
+        seg.sync_data().unwrap();
+        seg.write_at(10, b"x").unwrap();
+        seg.zero_from(50).unwrap();
+        assert_eq!(seg.capacity().unwrap(), 3 * PAGE);
+        assert!(seg_read(seg.as_ref(), 50, 3 * PAGE_BYTES - 50).iter().all(|b| *b == 0));
+        assert_eq!(disk.dirty_pages(), 0);
+        disk.crash(CrashKind::PowerLoss { keep_per_mille: 1000 }, &mut rng);
+        let seg = disk.segments().open(1).unwrap();
+        assert_eq!(seg.capacity().unwrap(), 3 * PAGE);
+        let mut want = data[..50].to_vec();
+        want[10] = b'x';
+        assert_eq!(seg_read(seg.as_ref(), 0, 50), want, "the write before the offset was synced with it");
+        assert!(seg_read(seg.as_ref(), 50, 3 * PAGE_BYTES - 50).iter().all(|b| *b == 0), "stale bytes never return");
+        // Written again past the offset, unsynced, then lost: zeros, not the old bytes.
+        seg.write_at(60, b"new").unwrap();
+        disk.crash(CrashKind::PowerLoss { keep_per_mille: 0 }, &mut rng);
+        let seg = disk.segments().open(1).unwrap();
+        assert_eq!(seg_read(seg.as_ref(), 50, 20), vec![0; 20]);
+    }
+
+    #[test]
+    fn a_cut_inside_zero_from_leaves_what_a_real_crash_would() {
+        // Struck at the grow step after a kill: the file stays short (the shrink happened).
+        let disk = SimDisk::new();
+        let seg = disk.segments().create(1, 2 * PAGE).unwrap();
+        seg.write_at(0, &[7; 200]).unwrap();
+        seg.sync_data().unwrap();
+        disk.arm_cut(2, CrashKind::Kill, SimRng::new(2));
+        seg.zero_from(100).unwrap();
+        assert!(disk.take_fired_cut());
+        let after_kill = disk.segments().open(1).unwrap();
+        assert_eq!(after_kill.capacity().unwrap(), 100);
+        // The same with a power loss: the truncation was never synced, the old bytes are back.
+        let disk = SimDisk::new();
+        let seg = disk.segments().create(1, 2 * PAGE).unwrap();
+        seg.write_at(0, &[7; 200]).unwrap();
+        seg.sync_data().unwrap();
+        disk.arm_cut(3, CrashKind::PowerLoss { keep_per_mille: 0 }, SimRng::new(2));
+        seg.zero_from(100).unwrap();
+        assert!(disk.take_fired_cut());
+        let after_loss = disk.segments().open(1).unwrap();
+        assert_eq!(after_loss.capacity().unwrap(), 2 * PAGE);
+        assert_eq!(seg_read(after_loss.as_ref(), 100, 100), vec![7; 100]);
+    }
+
+    #[test]
+    fn creation_and_removal_are_durable_at_once_and_open_handles_outlive_removal() {
+        let disk = SimDisk::new();
+        let mut rng = SimRng::new(8);
+        let dir = disk.segments();
+        let old = dir.create(5, PAGE).unwrap();
+        old.write_at(0, b"old").unwrap();
+        old.sync_data().unwrap();
+        let new = dir.create(5, 2 * PAGE).unwrap();
+        assert_eq!(seg_read(new.as_ref(), 0, 3), vec![0; 3], "a replaced segment reads as zeros");
+        assert_eq!(seg_read(old.as_ref(), 0, 3), b"old", "the replaced file lives on for its handle");
+        let gone = dir.create(9, PAGE).unwrap();
+        dir.remove(9).unwrap();
+        assert!(dir.remove(9).is_err());
+        gone.write_at(0, b"unlinked").unwrap();
+        gone.sync_data().unwrap();
+        disk.crash(CrashKind::PowerLoss { keep_per_mille: 0 }, &mut rng);
+        let dir = disk.segments();
+        assert_eq!(dir.list().unwrap(), vec![5]);
+        let five = dir.open(5).unwrap();
+        assert_eq!(five.capacity().unwrap(), 2 * PAGE);
+        assert_eq!(seg_read(five.as_ref(), 0, 3), vec![0; 3]);
+    }
+
+    #[test]
+    fn a_failing_disk_refuses_every_segment_operation_but_reads() {
+        let disk = SimDisk::new();
+        let dir = disk.segments();
+        let seg = dir.create(1, PAGE).unwrap();
+        seg.write_at(0, b"ok").unwrap();
+        disk.set_failing(true);
+        assert!(seg.write_at(0, b"no").is_err());
+        assert!(seg.sync_data().is_err());
+        assert!(seg.zero_from(1).is_err());
+        assert!(dir.create(2, PAGE).is_err());
+        assert!(dir.remove(1).is_err());
+        assert_eq!(seg_read(seg.as_ref(), 0, 2), b"ok");
+        assert_eq!(dir.list().unwrap(), vec![1]);
+        assert_eq!(disk.stats().failed_ops, 5);
+    }
+
+    #[test]
+    fn a_fork_copies_every_file_and_shares_nothing() {
+        let disk = SimDisk::new();
+        let seg = disk.segments().create(3, PAGE).unwrap();
+        seg.write_at(0, b"unsynced").unwrap();
+        let copy = disk.fork();
+        let cseg = copy.segments().open(3).unwrap();
+        assert_eq!(seg_read(cseg.as_ref(), 0, 8), b"unsynced");
+        cseg.write_at(0, b"changed!").unwrap();
+        copy.segments().remove(3).unwrap();
+        assert_eq!(seg_read(seg.as_ref(), 0, 8), b"unsynced");
+        assert_eq!(disk.segments().list().unwrap(), vec![3]);
     }
 }

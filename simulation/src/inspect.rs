@@ -1,40 +1,113 @@
 //! Looks inside a node's disk between incarnations: what will the next incarnation find?
 //!
-//! Owns: a structural check of the Raft log as stored (runnev's `raft_log` table: log index →
-//! entry). Raft's Log Matching property (paper §5.3) and openraft's apply path assume the log is
-//! contiguous: every index between the first and the last entry present. A hole means a
-//! committed entry can be skipped when the state machine applies (openraft 0.9 checks only the
-//! first and last index of a range it reads). Must never: touch the node's own disk (it works on
-//! a [`SimDisk::fork`]).
+//! Owns: a structural check of the Raft log as stored (runnev's segment files under `log/`, read
+//! back with the production recovery, `runnev::storage::segments::SegmentLog::open`, from the
+//! purge point the redb table `raft_meta` holds). Raft's Log Matching property (paper §5.3) and
+//! openraft's apply path assume the log is contiguous: every index between the first and the
+//! last entry present. A hole means a committed entry can be skipped when the state machine
+//! applies (openraft 0.9 checks only the first and last index of a range it reads); a log that
+//! does not start right after the purge point (or at index 0, openraft's initial membership
+//! entry, when nothing was purged) stops openraft at start-up. The segment log cannot represent
+//! a hole inside by construction; the check stays because it is the invariant.
+//! Must never: touch the node's own disk (it works on a [`SimDisk::fork`]; recovery may write
+//! to the copy).
 
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableDatabase, TableDefinition};
+use runnev::storage::segments::SegmentLog;
 
 use crate::disk::SimDisk;
 
-/// runnev's Raft log table (`src/storage/mod.rs`, `LOG`).
-const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
+/// runnev's Raft metadata table (`src/storage/mod.rs`, `RAFT_META`): `"last_purged"` → a
+/// postcard-encoded `openraft::LogId<u64>`.
+const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
 
 /// A stored log's shape: its first index, its last index, and the inclusive ranges missing in
-/// between.
+/// between (or claimed by the log but not served by it, or missing between the purge point, or
+/// index 0 when nothing was purged, and the first entry).
 pub type LogShape = (u64, u64, Vec<(u64, u64)>);
 
-/// The stored log's shape (`None` when it is empty), or why the disk could not be read (redb
-/// refused to open it: that is reported by the node itself).
-pub fn log_holes(disk: &SimDisk) -> Result<Option<LogShape>, String> {
-    let copy = disk.fork();
+/// Reads one postcard varint (LEB128) `u64`.
+fn varint(bytes: &mut std::slice::Iter<'_, u8>) -> Result<u64, String> {
+    let mut v = 0u64;
+    for shift in (0..70).step_by(7) {
+        let b = *bytes.next().ok_or("last_purged: truncated varint")?;
+        v |= u64::from(b & 0x7f).checked_shl(shift).ok_or("last_purged: varint overflow")?;
+        if b & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+    Err("last_purged: varint too long".into())
+}
+
+/// The log index of a postcard-encoded `openraft::LogId<u64>`: `leader_id` (openraft 0.9's
+/// default `LeaderId { term: u64, node_id: u64 }`) then `index`, three varints. Decoded by
+/// hand so the simulation needs no serialization crate of its own; anything but exactly three
+/// varints is refused, so a change of layout shows up as an inspection error.
+fn log_index_of(bytes: &[u8]) -> Result<u64, String> {
+    let mut it = bytes.iter();
+    let (_term, _node, index) = (varint(&mut it)?, varint(&mut it)?, varint(&mut it)?);
+    if it.next().is_some() {
+        return Err(format!("last_purged: {} bytes is not a LogId", bytes.len()));
+    }
+    Ok(index)
+}
+
+/// The purge point recorded in the forked disk's redb, if any.
+fn last_purged(copy: &SimDisk) -> Result<Option<u64>, String> {
     let db = redb::Database::builder().create_with_backend(copy.handle()).map_err(|e| e.to_string())?;
     let txn = db.begin_read().map_err(|e| e.to_string())?;
-    let table = match txn.open_table(LOG) {
+    let table = match txn.open_table(RAFT_META) {
         Ok(t) => t,
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
         Err(e) => return Err(e.to_string()),
     };
-    let mut keys = Vec::new();
-    for row in table.iter().map_err(|e| e.to_string())? {
-        let (k, _) = row.map_err(|e| e.to_string())?;
-        keys.push(k.value());
+    let purged = table.get("last_purged").map_err(|e| e.to_string())?;
+    purged.map(|v| log_index_of(v.value())).transpose()
+}
+
+/// The stored log's shape (`None` when it is empty), or why the disk could not be read (redb or
+/// the log's recovery refused it: that is reported by the node itself when it restarts).
+pub fn log_holes(disk: &SimDisk) -> Result<Option<LogShape>, String> {
+    let copy = disk.fork();
+    let purged = last_purged(&copy)?;
+    let log = SegmentLog::open(copy.segments(), purged).map_err(|e| format!("raft log: {e}"))?;
+    let keys: Vec<u64> =
+        log.read(0, u64::MAX).map_err(|e| format!("raft log: {e}"))?.iter().map(|e| e.log_id.index).collect();
+    let claimed_last = log.last_log_id().map(|l| l.index);
+    let (Some(first), Some(last)) = (keys.first().copied(), keys.last().copied()) else {
+        return match claimed_last {
+            Some(l) => Ok(Some((log.first_index(), l, vec![(log.first_index(), l)]))),
+            None => Ok(None),
+        };
+    };
+    // The log starts right after the purge point, or at openraft's initial entry (index 0,
+    // written by `Raft::initialize` and replicated from there) when nothing was ever purged.
+    let expected_first = purged.map_or(0, |p| p + 1).min(log.first_index());
+    let mut holes: Vec<(u64, u64)> = Vec::new();
+    if expected_first < first {
+        holes.push((expected_first, first - 1));
     }
-    let (Some(first), Some(last)) = (keys.first().copied(), keys.last().copied()) else { return Ok(None) };
-    let holes = keys.windows(2).filter(|w| w[1] != w[0] + 1).map(|w| (w[0] + 1, w[1] - 1)).collect();
-    Ok(Some((first, last, holes)))
+    holes.extend(keys.windows(2).filter(|w| w[1] != w[0] + 1).map(|w| (w[0] + 1, w[1] - 1)));
+    if let Some(l) = claimed_last.filter(|l| *l > last) {
+        holes.push((last + 1, l));
+    }
+    Ok(Some((first.min(expected_first), last.max(claimed_last.unwrap_or(last)), holes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_postcard_log_id_yields_its_index() {
+        // term 3, node 1, index 300 (varint 0xac 0x02).
+        assert_eq!(log_index_of(&[3, 1, 0xac, 0x02]), Ok(300));
+        assert!(log_index_of(&[3, 1]).is_err());
+        assert!(log_index_of(&[3, 1, 5, 0]).is_err());
+    }
+
+    #[test]
+    fn an_empty_disk_has_an_empty_log() {
+        assert_eq!(log_holes(&SimDisk::new()), Ok(None));
+    }
 }

@@ -1,7 +1,7 @@
 //! Deterministic simulation of a three-node Runnev cluster (issue 4).
 //!
 //! The production node (`runnev::node::run`: the same axum router, Raft transport, state
-//! machine and redb storage) runs on three turmoil hosts over turmoil's simulated TCP, with a
+//! machine, Raft log segments and redb storage) runs on three turmoil hosts over turmoil's simulated TCP, with a
 //! simulated disk that loses unsynced writes on a power cut. A seed draws a [`plan::Plan`]:
 //! the workload (publishers with and without seq, subscribers, a stream with small retention)
 //! and a fault schedule (partitions, one-way links, packet loss, latency spikes, crashes and

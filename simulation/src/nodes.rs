@@ -1,5 +1,5 @@
 //! The simulated nodes: production `runnev::node::run` on turmoil's network, the simulated disk
-//! and simulated time.
+//! (redb's file and the Raft log's segments) and simulated time.
 //!
 //! Owns: a node's host factory (turmoil calls it again on every restart). Must never: give a
 //! node anything production does not (no shortcut around the router, the Raft transport or the
@@ -53,7 +53,7 @@ pub fn node_software(
         let incarnation = incarnations.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
             let cfg = node_config(&shared, id, data_dir);
-            let store = match Store::open_with_backend(&cfg.data_dir, disk.handle()) {
+            let store = match Store::open_with_backend(&cfg.data_dir, disk.handle(), disk.segments()) {
                 Ok(s) => s,
                 Err(e) => {
                     let why = format!("n{id} incarnation {incarnation} at {} ms: store did not open: {e}", now_ms());

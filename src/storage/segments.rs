@@ -297,11 +297,17 @@ impl SegmentLog {
             let capacity = file.capacity()?;
             let found = scan(file.as_ref(), name, capacity)?;
             let newest = i + 1 == count;
-            if !found.clean {
-                if !newest {
-                    return Err(corrupt(format!("damaged record at byte {} of segment {name}", found.end)));
+            if !found.clean && !newest {
+                return Err(corrupt(format!("damaged record at byte {} of segment {name}", found.end)));
+            }
+            if newest && found.end < capacity {
+                if !found.clean {
+                    tracing::warn!(segment = name, offset = found.end, "raft log: discarding a torn tail");
                 }
-                tracing::warn!(segment = name, offset = found.end, "raft log: discarding a torn tail");
+                // A torn power loss can keep pages past a clean end too (unordered writeback):
+                // zero them, or a later append of the same size lines up with stale records.
+                // zero_from also fsyncs what was found: after a kill, records still only in the
+                // page cache are served from here on, so they must be durable first.
                 file.zero_from(found.end)?;
             }
             let live: Vec<Loc> = found.locs.into_iter().filter(|l| purged.is_none_or(|p| l.log_id.index > p)).collect();
@@ -394,6 +400,14 @@ impl SegmentLog {
             let fits = active.and_then(|a| self.segments.get(&a)).is_some_and(|s| s.end + need <= s.capacity);
             if !fits {
                 self.flush_run(&mut run, run_start, &mut touched)?;
+                // The older segment is durable before the newer one is written: recovery relies
+                // on only the newest segment ending early.
+                if let Some(pos) = active.and_then(|a| touched.iter().position(|n| *n == a)) {
+                    let older = touched.remove(pos);
+                    if let Some(seg) = self.segments.get(&older) {
+                        seg.file.sync_data()?;
+                    }
+                }
                 let file = self.dir.create(id.index, SEGMENT_BYTES.max(need))?;
                 let capacity = file.capacity()?;
                 self.segments.insert(id.index, Segment { file, capacity, end: 0 });
