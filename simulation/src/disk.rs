@@ -580,7 +580,30 @@ impl SegmentDir for SimSegments {
         let name = segment_name(first);
         self.access.with(true, |files| files.names.remove(&name).map(|_| ()).ok_or_else(|| not_found(&name)))
     }
+
+    /// An unsynced overwrite of `log/committed` (created, durably, on first use).
+    fn save_commit_hint(&self, bytes: &[u8]) -> io::Result<()> {
+        let ino = self.access.with(true, |files| {
+            Ok(match files.lookup(HINT_NAME) {
+                Ok(ino) => ino,
+                Err(_) => files.create(HINT_NAME, HINT_BYTES),
+            })
+        })?;
+        self.access.on(true, ino, |i| i.write(0, &bytes[..bytes.len().min(HINT_BYTES as usize)]))
+    }
+
+    fn load_commit_hint(&self) -> io::Result<Option<Vec<u8>>> {
+        let Ok(ino) = self.access.with(false, |files| files.lookup(HINT_NAME)) else { return Ok(None) };
+        let mut out = vec![0u8; HINT_BYTES as usize];
+        self.access.on(false, ino, |i| i.read(0, &mut out))?;
+        Ok(Some(out))
+    }
 }
+
+/// The commit hint's file on the simulated disk, and its fixed size (bytes past the hint's
+/// frame are zeros; the log reads only the frame).
+const HINT_NAME: &str = "log/committed";
+const HINT_BYTES: u64 = 64;
 
 impl SegmentFile for SimSegment {
     fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
