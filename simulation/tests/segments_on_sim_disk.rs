@@ -248,3 +248,28 @@ fn a_torn_power_loss_across_a_segment_rollover_leaves_a_log_that_opens() {
     assert!(got.windows(2).all(|w| w[1] == w[0] + 1), "contiguous: {got:?}");
     assert!(*got.last().unwrap() >= 199 + m);
 }
+
+/// Simulation seed 324: a crash cut a truncation between its shrink and its grow (the segment
+/// stays short, unsynced); the restarted log then rolled over to a new segment at the next
+/// append, and a power loss brought the old segment back whole, truncated entries and all, in
+/// front of the new one: the log refused to open. Recovery now syncs the newest segment as found.
+#[test]
+fn a_truncation_cut_short_then_a_power_loss_leaves_a_log_that_opens() {
+    let disk = SimDisk::new();
+    let mut rng = SimRng::new(7);
+    let mut log = SegmentLog::open(disk.segments(), Some(9)).unwrap();
+    log.append(blank_entries!(1, 10, 17)).unwrap().sync().unwrap();
+    // Operation 1 (the shrink) happens; operation 2 (the grow back) is where the kill strikes.
+    disk.arm_cut(2, CrashKind::Kill, SimRng::new(8));
+    let _ = log.truncate(14);
+    assert!(disk.take_fired_cut());
+    drop(log);
+    let mut log = SegmentLog::open(disk.segments(), Some(9)).unwrap();
+    assert_eq!(last(&log), Some((1, 13)));
+    log.append(blank_entries!(2, 14, 15)).unwrap().sync().unwrap();
+    drop(log);
+    disk.crash(CrashKind::PowerLoss { keep_per_mille: 0 }, &mut rng);
+    let log = SegmentLog::open(disk.segments(), Some(9)).expect("the log opens after the power loss");
+    assert_eq!(last(&log), Some((2, 15)));
+    assert_eq!(indexes(&log), (10..=15).collect::<Vec<_>>());
+}

@@ -330,14 +330,17 @@ impl SegmentLog {
             if !found.clean && !newest {
                 return Err(corrupt(format!("damaged record at byte {} of segment {name}", found.end)));
             }
-            if newest && found.end < capacity {
+            if newest {
                 if !found.clean {
                     tracing::warn!(segment = name, offset = found.end, "raft log: discarding a torn tail");
                 }
                 // A torn power loss can keep pages past a clean end too (unordered writeback):
                 // zero them, or a later append of the same size lines up with stale records.
                 // zero_from also fsyncs what was found: after a kill, records still only in the
-                // page cache are served from here on, so they must be durable first.
+                // page cache, or a truncation's resize cut short, are what the log serves from
+                // here on, so they must be durable first. Even at the file's end (simulation
+                // seed 324: a segment shrunk by a cut truncation, never synced, came back whole
+                // after a power loss, stale entries and all).
                 file.zero_from(found.end)?;
             }
             let live: Vec<Loc> = found.locs.into_iter().filter(|l| purged.is_none_or(|p| l.log_id.index > p)).collect();
