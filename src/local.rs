@@ -38,7 +38,8 @@ pub enum LocalError {
 fn spawn_node(exe: &PathBuf, id: u64, opts: &LocalOptions, peers: &str, port: u16) -> std::io::Result<Child> {
     let data = opts.dir.join(format!("node-{id}"));
     std::fs::create_dir_all(&data)?;
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(opts.dir.join(format!("node-{id}.log")))?;
+    let mut log =
+        std::fs::OpenOptions::new().create(true).append(true).open(opts.dir.join(format!("node-{id}.log")))?;
     let mut cmd = Command::new(exe);
     cmd.arg("serve")
         .arg("--id")
@@ -49,11 +50,14 @@ fn spawn_node(exe: &PathBuf, id: u64, opts: &LocalOptions, peers: &str, port: u1
         .arg(format!("127.0.0.1:{port}"))
         .arg("--peers")
         .arg(peers)
-        .args(&opts.serve_args)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .kill_on_drop(true);
+        .args(&opts.serve_args);
+    // The exact command heads each start in the log, so a node can be started again by hand.
+    let line: Vec<String> = std::iter::once(cmd.as_std().get_program())
+        .chain(cmd.as_std().get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    std::io::Write::write_all(&mut log, format!("===== runnev local: {} =====\n", line.join(" ")).as_bytes())?;
+    cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).kill_on_drop(true);
     // SAFETY: prctl is async-signal-safe and touches only the child's own process state.
     unsafe {
         cmd.pre_exec(|| {

@@ -267,6 +267,19 @@ struct Scan {
     clean: bool,
 }
 
+/// The commit hint as saved, if it is intact ([`SegmentLog::save_commit_hint`]).
+fn read_hint(dir: &dyn SegmentDir) -> Result<Option<LogId>, StoreError> {
+    let Some(bytes) = dir.load_commit_hint()? else { return Ok(None) };
+    if bytes.len() < 8 {
+        return Ok(None);
+    }
+    let sum = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    let len = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) as usize;
+    let Some(body) = bytes.get(8..8 + len) else { return Ok(None) };
+    let Ok(hint) = decode::<LogId>(body) else { return Ok(None) };
+    Ok((crc(hint.index, body) == sum).then_some(hint))
+}
+
 fn scan(file: &dyn SegmentFile, segment: u64, capacity: u64) -> Result<Scan, StoreError> {
     let mut locs: Vec<Loc> = Vec::new();
     let mut off = 0u64;
@@ -332,7 +345,19 @@ impl SegmentLog {
             }
             if newest {
                 if !found.clean {
-                    tracing::warn!(segment = name, offset = found.end, "raft log: discarding a torn tail");
+                    let next = found.locs.last().map_or(name, |l| l.log_id.index + 1);
+                    match read_hint(dir.as_ref())? {
+                        // Entries this node knew committed were fsynced before: losing them is
+                        // a damaged disk, unless a power loss kept the hint and not the log.
+                        Some(h) if h.index >= next => tracing::error!(
+                            segment = name,
+                            offset = found.end,
+                            from_index = next,
+                            committed_index = h.index,
+                            "raft log: damaged below the commit index; discarding from here (after a power loss this can be a torn tail; otherwise check the disk)"
+                        ),
+                        _ => tracing::warn!(segment = name, offset = found.end, "raft log: discarding a torn tail"),
+                    }
                 }
                 // A torn power loss can keep pages past a clean end too (unordered writeback):
                 // zero them, or a later append of the same size lines up with stale records.
@@ -619,17 +644,7 @@ impl SegmentLog {
     ///
     /// Errors: I/O.
     pub fn commit_hint(&self) -> Result<Option<LogId>, StoreError> {
-        let Some(bytes) = self.dir.load_commit_hint()? else { return Ok(None) };
-        if bytes.len() < 8 {
-            return Ok(None);
-        }
-        let sum = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        let len = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) as usize;
-        let Some(body) = bytes.get(8..8 + len) else { return Ok(None) };
-        let Ok(hint) = decode::<LogId>(body) else { return Ok(None) };
-        if crc(hint.index, body) != sum {
-            return Ok(None);
-        }
+        let Some(hint) = read_hint(self.dir.as_ref())? else { return Ok(None) };
         let held = hint.index >= self.first
             && self.last_log_id().is_some_and(|l| hint.index <= l.index)
             && self.locs.get((hint.index - self.first) as usize).is_some_and(|l| l.log_id == hint);
