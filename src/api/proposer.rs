@@ -32,13 +32,6 @@ pub struct Proposer {
     tx: mpsc::UnboundedSender<Proposal>,
 }
 
-fn payload_bytes(cmd: &Command) -> usize {
-    match cmd {
-        Command::Publish { data, .. } => data.len(),
-        _ => 0,
-    }
-}
-
 impl Proposer {
     /// Starts the batching task for `raft`; it ends when every `Proposer` clone is dropped.
     pub fn start(raft: Raft) -> Proposer {
@@ -67,12 +60,12 @@ async fn run(raft: Raft, mut rx: mpsc::UnboundedReceiver<Proposal>) {
     loop {
         let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
         let Some(first) = rx.recv().await else { return };
-        let mut bytes = payload_bytes(&first.cmd);
+        let mut bytes = first.cmd.payload_bytes() as usize;
         let mut batch = vec![first];
         while batch.len() < PROPOSAL_COMMANDS_MAX && bytes < PROPOSAL_BYTES_MAX {
             match rx.try_recv() {
                 Ok(p) => {
-                    bytes += payload_bytes(&p.cmd);
+                    bytes += p.cmd.payload_bytes() as usize;
                     batch.push(p);
                 }
                 Err(_) => break,

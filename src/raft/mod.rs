@@ -121,18 +121,23 @@ pub enum Outcome {
     Batch(Vec<Outcome>),
 }
 
-/// Payload bytes a log entry carries: the sum of its publishes' payloads (0 for everything
-/// else). What byte limits on entries count (a few bytes of framing per command are left out).
-pub fn entry_payload_bytes(entry: &openraft::Entry<TypeConfig>) -> u64 {
-    fn cmd_bytes(c: &Command) -> u64 {
-        match c {
+impl Command {
+    /// Payload bytes the command carries: a publish's payload, a batch's sum (0 for everything
+    /// else). What byte limits on proposals and entries count (framing left out).
+    pub fn payload_bytes(&self) -> u64 {
+        match self {
             Command::Publish { data, .. } => data.len() as u64,
-            Command::Batch(cmds) => cmds.iter().map(cmd_bytes).sum(),
+            Command::Batch(cmds) => cmds.iter().map(Command::payload_bytes).sum(),
             _ => 0,
         }
     }
+}
+
+/// Payload bytes a log entry carries ([`Command::payload_bytes`]; 0 for blank and membership
+/// entries).
+pub fn entry_payload_bytes(entry: &openraft::Entry<TypeConfig>) -> u64 {
     match &entry.payload {
-        openraft::EntryPayload::Normal(c) => cmd_bytes(c),
+        openraft::EntryPayload::Normal(c) => c.payload_bytes(),
         _ => 0,
     }
 }

@@ -280,17 +280,27 @@ fn read_hint(dir: &dyn SegmentDir) -> Result<Option<LogId>, StoreError> {
     Ok((crc(hint.index, body) == sum).then_some(hint))
 }
 
+/// A record's header: body length (bytes), CRC-32 of index and body, log index.
+struct Header {
+    len: u64,
+    sum: u32,
+    index: u64,
+}
+
+impl Header {
+    fn parse(b: &[u8]) -> Header {
+        let word = |at: usize, n: usize| b[at..at + n].iter().rev().fold(0u64, |v, x| (v << 8) | u64::from(*x));
+        Header { len: word(0, 4), sum: word(4, 4) as u32, index: word(8, 8) }
+    }
+}
+
 fn scan(file: &dyn SegmentFile, segment: u64, capacity: u64) -> Result<Scan, StoreError> {
     let mut locs: Vec<Loc> = Vec::new();
     let mut off = 0u64;
     let mut header = [0u8; HEADER_BYTES];
     while off + HEADER_BYTES as u64 <= capacity {
         file.read_at(off, &mut header)?;
-        let len = u64::from(u32::from_le_bytes([header[0], header[1], header[2], header[3]]));
-        let sum = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-        let mut idx = [0u8; 8];
-        idx.copy_from_slice(&header[8..16]);
-        let index = u64::from_le_bytes(idx);
+        let Header { len, sum, index } = Header::parse(&header);
         if len == 0 {
             return Ok(Scan { locs, end: off, clean: true });
         }
@@ -548,11 +558,9 @@ impl SegmentLog {
             for loc in self.locs.range(i..=j) {
                 let at = (loc.offset - head.offset) as usize;
                 let rec = &buf[at..at + loc.len as usize];
-                let mut idx = [0u8; 8];
-                idx.copy_from_slice(&rec[8..16]);
-                let sum = u32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]]);
+                let h = Header::parse(rec);
                 let body = &rec[HEADER_BYTES..];
-                if u64::from_le_bytes(idx) != loc.log_id.index || crc(loc.log_id.index, body) != sum {
+                if h.index != loc.log_id.index || crc(loc.log_id.index, body) != h.sum {
                     return Err(corrupt(format!("record of index {} fails its checksum", loc.log_id.index)));
                 }
                 out.push(decode(body)?);
