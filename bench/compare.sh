@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Side-by-side publish benchmark on this machine: a local three-node Runnev cluster (release
-# build) and a 3-node NATS JetStream R3 file-stream cluster (../shared/bench-peers), both driven
+# build) and a 3-node NATS JetStream R3 file-stream cluster (bench/peers/nats.sh), both driven
 # by the SAME Rust load generator (runnev::bench::publish: `runnev bench publish` for Runnev,
 # `runnev-peer-bench nats` from the bench/ crate for NATS), 1 KiB payloads.
 #
@@ -13,10 +13,11 @@
 # medians table to target/bench/table.md, and prints it; --update-doc also replaces the section
 # between <!-- results:start --> and <!-- results:end --> in BENCHMARKS.md with it.
 #
-# Needs ../shared/bench-peers/setup.sh run once (NATS 2.15 in $PEERS_VENV) and jq. Not part of
+# Needs bench/peers/install.sh run once (the NATS server in $PEERS_VENV, and jq). Not part of
 # CI: it takes minutes and its figures depend on the machine.
 #
-# Env: PEERS_DIR, PEERS_VENV, OUT_DIR, COUNT64 (default 30000), COUNT1 (default 2000),
+# Env: PEERS_DIR (default bench/peers), PEERS_VENV (default target/peers/venv), NATS_DIR
+# (default /tmp/runnev-bench-nats), OUT_DIR, COUNT64 (default 30000), COUNT1 (default 2000),
 # DURATION_SECS (default 60, bound of each run), DOC (default BENCHMARKS.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,14 +27,17 @@ UPDATE_DOC=0
 for a in "$@"; do
   case "$a" in
     --update-doc) UPDATE_DOC=1 ;;
-    -h | --help) sed -n 2,20p "$0"; exit 0 ;;
+    -h | --help) sed -n 2,21p "$0"; exit 0 ;;
     *[!0-9]* | '') echo "unknown argument $a (usage: bench/compare.sh [ROUNDS] [--update-doc])" >&2; exit 2 ;;
     *) ROUNDS=$a ;;
   esac
 done
 [ "$ROUNDS" -ge 1 ] || { echo "ROUNDS must be at least 1" >&2; exit 2; }
-PEERS=${PEERS_DIR:-../shared/bench-peers}
-export PEERS_VENV=${PEERS_VENV:-/tmp/peers-venv}
+PEERS=${PEERS_DIR:-bench/peers}
+export PEERS_VENV=${PEERS_VENV:-$PWD/target/peers/venv}
+# NATS keeps its data on the same filesystem as the Runnev cluster (mktemp -d /tmp/… below),
+# so both pay the same fsync.
+export NATS_DIR=${NATS_DIR:-/tmp/runnev-bench-nats}
 OUT_DIR=${OUT_DIR:-target/bench}
 OUT=$OUT_DIR/results.jsonl
 LOGS=$OUT_DIR/logs
@@ -43,8 +47,8 @@ DURATION_SECS=${DURATION_SECS:-60}
 DOC=${DOC:-BENCHMARKS.md}
 PAYLOAD=1024
 
-command -v jq >/dev/null || { echo "needs jq (../shared/bench-peers/setup.sh installs it)" >&2; exit 1; }
-[ -x "$PEERS_VENV/bin/nats-server" ] || { echo "no NATS in $PEERS_VENV: run $PEERS/setup.sh first" >&2; exit 1; }
+command -v jq >/dev/null || { echo "needs jq ($PEERS/install.sh installs it)" >&2; exit 1; }
+[ -x "$PEERS_VENV/bin/nats-server" ] || { echo "no NATS in $PEERS_VENV: run $PEERS/install.sh first" >&2; exit 1; }
 mkdir -p "$LOGS"
 : > "$OUT"
 
@@ -60,7 +64,7 @@ LOCAL_DIR=
 cleanup() {
   if [ -n "$LOCAL_PID" ]; then kill -TERM "$LOCAL_PID" 2>/dev/null || true; wait "$LOCAL_PID" 2>/dev/null || true; fi
   [ -n "$LOCAL_DIR" ] && rm -rf "$LOCAL_DIR"
-  "$PEERS/teardown.sh" nats --wipe >/dev/null 2>&1 || true
+  "$PEERS/nats.sh" stop --wipe >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 
@@ -107,11 +111,11 @@ runnev_round() {
 
 nats_round() {
   local round=$1 sync=$2
-  "$PEERS/teardown.sh" nats --wipe >/dev/null 2>&1 || true
-  "$PEERS/nats_r3.sh" --sync "$sync" --no-stream > "$LOGS/r$round-nats-$sync.log" 2>&1 \
-    || { echo "nats_r3.sh failed; see $LOGS/r$round-nats-$sync.log" >&2; exit 1; }
+  "$PEERS/nats.sh" stop --wipe >/dev/null 2>&1 || true
+  "$PEERS/nats.sh" start --sync "$sync" --no-stream > "$LOGS/r$round-nats-$sync.log" 2>&1 \
+    || { echo "nats.sh start failed; see $LOGS/r$round-nats-$sync.log" >&2; exit 1; }
   loads "$round" "nats-$sync" "$PEER_BENCH" nats
-  "$PEERS/teardown.sh" nats --wipe >/dev/null 2>&1 || true
+  "$PEERS/nats.sh" stop --wipe >/dev/null 2>&1 || true
 }
 
 for r in $(seq 1 "$ROUNDS"); do
