@@ -1,4 +1,4 @@
-//! Runnev: a Raft-replicated, clustered log service (see `README.md` and `../shared/SPEC.md`).
+//! Runnev: a Raft-replicated, clustered log service (see `README.md`; the contract, SPEC, is under `docs/`).
 //!
 //! How a publish flows, module by module:
 //! 1. [`api`] parses `POST /v1/streams/{name}/batches` and validates it (names and rules from
