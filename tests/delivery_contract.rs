@@ -292,6 +292,7 @@ async fn a_lagging_node_waits_for_the_cursor() {
     create_stream(&c.http, &c.url(leader), "lag").await;
     assert_eq!(publish(&c, leader, "lag", None, b"1").await.status, 201);
     let pid = c.node(lagging).pid().expect("running") as libc::pid_t;
+    // SAFETY: signalling a child of this test that has not been reaped.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
     for i in 2..=10 {
         assert_eq!(publish(&c, leader, "lag", None, format!("{i}").as_bytes()).await.status, 201);
@@ -302,6 +303,7 @@ async fn a_lagging_node_waits_for_the_cursor() {
     let read =
         tokio::spawn(async move { http.request(hyper::Method::GET, &url, None, &[], Duration::from_secs(20)).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // SAFETY: signalling a child of this test that has not been reaped.
     unsafe { libc::kill(pid, libc::SIGCONT) };
     let r = read.await.expect("task").expect("answer");
     assert_eq!(r.status, 200, "a node behind the stream's creation waits too: {}", r.describe());
@@ -372,6 +374,7 @@ async fn a_node_behind_a_streams_creation_waits_instead_of_404() {
     let leader = c.leader().await;
     let lagging = c.followers().await[0];
     let pid = c.node(lagging).pid().expect("running") as libc::pid_t;
+    // SAFETY: signalling a child of this test that has not been reaped.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
     create_stream(&c.http, &c.url(leader), "late").await;
     assert_eq!(publish(&c, leader, "late", None, b"first").await.status, 201);
@@ -386,6 +389,7 @@ async fn a_node_behind_a_streams_creation_waits_instead_of_404() {
         std::process::Command::new("curl").args(["-sN", "--max-time", "4", &sub_url]).output().expect("curl")
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // SAFETY: signalling a child of this test that has not been reaped.
     unsafe { libc::kill(pid, libc::SIGCONT) };
     let r = read.await.expect("task").expect("answer");
     assert_eq!(r.status, 200, "{}", r.describe());

@@ -411,6 +411,7 @@ impl Cluster {
         if let Ok(level) = std::env::var("RUNNEV_TEST_LOG") {
             cmd.env("RUST_LOG", level);
         }
+        // SAFETY: prctl is async-signal-safe and touches only the child's own process state.
         unsafe {
             cmd.pre_exec(|| {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
@@ -561,6 +562,7 @@ impl Cluster {
         let Some(mut child) = node.child.take() else {
             return;
         };
+        // SAFETY: signalling our own child, which has not been reaped.
         unsafe {
             libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
         }

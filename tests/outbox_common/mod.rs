@@ -115,6 +115,7 @@ impl Proc {
         for (k, v) in &self.envs {
             cmd.env(k, v);
         }
+        // SAFETY: prctl is async-signal-safe and touches only the child's own process state.
         unsafe {
             cmd.pre_exec(|| {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
