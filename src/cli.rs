@@ -132,7 +132,11 @@ pub async fn status(client: &Client) -> Result<()> {
     }
     if !tty() {
         for (node, v) in rows {
-            let v = v.unwrap_or_else(|e| serde_json::json!({"node": node, "error": e.to_string()}));
+            // Through a JSON value: keys sorted, as this output has always been.
+            let v = match v {
+                Ok(view) => serde_json::to_value(view)?,
+                Err(e) => serde_json::json!({"node": node, "error": e.to_string()}),
+            };
             println!("{v}");
         }
         return Ok(());
@@ -146,12 +150,12 @@ pub async fn status(client: &Client) -> Result<()> {
             Ok(v) => println!(
                 "{:<28} {:>4} {:>10} {:>7} {:>6} {:>10} {:>10}",
                 node,
-                v["node_id"].to_string(),
-                v["state"].as_str().unwrap_or("?"),
-                v["leader_id"].to_string(),
-                v["term"].to_string(),
-                v["commit_index"].to_string(),
-                v["applied_index"].to_string()
+                v.node_id.to_string(),
+                v.state,
+                v.leader_id.map_or_else(|| "null".to_string(), |l| l.to_string()),
+                v.term.to_string(),
+                v.commit_index.to_string(),
+                v.applied_index.to_string()
             ),
             Err(e) => println!("{node:<28} unreachable: {e}"),
         }

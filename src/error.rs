@@ -5,11 +5,11 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 
 use crate::limits::RETRY_AFTER_SECS;
 use crate::storage::StoreError;
 use crate::stream::{NameError, PublishRejection};
+use crate::wire::{ErrorBody, ErrorDetail};
 
 /// Header on a `503` whose write may still commit (see [`ApiError::OutcomeUnknown`]).
 pub const OUTCOME_HEADER: &str = "runnev-outcome";
@@ -101,21 +101,10 @@ impl ApiError {
     }
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    error: Detail<'a>,
-}
-
-#[derive(Serialize)]
-struct Detail<'a> {
-    code: &'a str,
-    message: String,
-}
-
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        let body = Body { error: Detail { code, message: self.to_string() } };
+        let body = ErrorBody { error: ErrorDetail { code: code.to_string(), message: self.to_string() } };
         let mut resp = (status, axum::Json(body)).into_response();
         match self {
             ApiError::NoLeader(_) => {

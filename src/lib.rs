@@ -26,3 +26,4 @@ pub mod outbox;
 pub mod raft;
 pub mod storage;
 pub mod stream;
+pub mod wire;

@@ -326,7 +326,8 @@ async fn run() -> Result<()> {
                 ClusterCmd::Add { id, addr, learner } => client.add_member(id, &addr, !learner).await?,
                 ClusterCmd::Remove { id } => client.remove_member(id).await?,
             };
-            println!("{view}");
+            // Through a JSON value: keys sorted, as this output has always been.
+            println!("{}", serde_json::to_value(view)?);
         }
         Cmd::Bench { cmd, publish } => match cmd.unwrap_or(BenchCmd::Publish(publish)) {
             BenchCmd::Publish(a) => cli::bench(&a.at.client()?, &a.load).await?,

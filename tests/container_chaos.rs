@@ -31,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use futures::StreamExt;
 use runnev::client::{Client, ClientError, Delivery, RetryPolicy};
-use serde_json::Value;
+use runnev::wire::ClusterView;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const STREAM: &str = "chaos";
@@ -435,12 +435,12 @@ struct Views<'a> {
 }
 
 impl Views<'_> {
-    async fn view(&self, id: u64) -> Result<Value, String> {
+    async fn view(&self, id: u64) -> Result<ClusterView, String> {
         self.probe.cluster_view(&self.env.node(id).url()).await.map_err(|e| e.to_string())
     }
 
     /// Every node's view, asked concurrently (a cut-off node costs one probe timeout).
-    async fn all(&self) -> BTreeMap<u64, Result<Value, String>> {
+    async fn all(&self) -> BTreeMap<u64, Result<ClusterView, String>> {
         let asks = self.env.nodes.iter().map(|n| async move { (n.id, self.view(n.id).await) });
         futures::future::join_all(asks).await.into_iter().collect()
     }
@@ -451,8 +451,8 @@ impl Views<'_> {
             let views = self.all().await;
             let mut votes: BTreeMap<(u64, u64), usize> = BTreeMap::new();
             for v in views.values().flatten() {
-                if let (Some(l), Some(t)) = (v["leader_id"].as_u64(), v["term"].as_u64()) {
-                    *votes.entry((l, t)).or_default() += 1;
+                if let Some(l) = v.leader_id {
+                    *votes.entry((l, v.term)).or_default() += 1;
                 }
             }
             if let Some(((l, _), _)) = votes.iter().find(|((l, _), n)| *l != old && **n >= 2) {
@@ -470,14 +470,14 @@ impl Views<'_> {
             let views = self.all().await;
             let mut votes: BTreeMap<(u64, u64), usize> = BTreeMap::new();
             for v in views.values().flatten() {
-                if let (Some(l), Some(t)) = (v["leader_id"].as_u64(), v["term"].as_u64()) {
-                    *votes.entry((l, t)).or_default() += 1;
+                if let Some(l) = v.leader_id {
+                    *votes.entry((l, v.term)).or_default() += 1;
                 }
             }
             for ((l, t), n) in &votes {
                 if *n >= 2 {
                     if let Some(Ok(v)) = views.get(l) {
-                        if v["leader_id"].as_u64() == Some(*l) && v["term"].as_u64() == Some(*t) {
+                        if v.leader_id == Some(*l) && v.term == *t {
                             return *l;
                         }
                     }
@@ -495,7 +495,7 @@ impl Views<'_> {
     async fn wait_recovered(&self, what: &str, timeout: Duration) -> Duration {
         let start = Instant::now();
         let leader = self.leader(timeout).await;
-        let target = self.view(leader).await.ok().and_then(|v| v["commit_index"].as_u64()).unwrap_or(0);
+        let target = self.view(leader).await.map_or(0, |v| v.commit_index);
         loop {
             let views = self.all().await;
             let mut ok = true;
@@ -503,8 +503,8 @@ impl Views<'_> {
             for (id, v) in &views {
                 match v {
                     Ok(v) => {
-                        leaders.push((v["leader_id"].as_u64(), v["term"].as_u64()));
-                        if v["applied_index"].as_u64().unwrap_or(0) < target {
+                        leaders.push((v.leader_id, v.term));
+                        if v.applied_index < target {
                             ok = false;
                         }
                     }
@@ -905,7 +905,7 @@ async fn chaos_across_containers() {
         let mut fill_index = 0u64;
         let name = env.node(follower).name.clone();
         let fv = views.view(follower).await.expect("follower view");
-        let f_applied = fv["applied_index"].as_u64().unwrap_or(0);
+        let f_applied = fv.applied_index;
         let installed_before = match http_get(env.node(follower).port, "/metrics").await {
             Ok((200, body)) => prom_value(&body, "runnev_snapshots_installed_total").unwrap_or(0.0),
             other => panic!("GET /metrics on node {follower}: {other:?}"),
@@ -926,15 +926,15 @@ async fn chaos_across_containers() {
         fill.put_stream(FILL_STREAM, None).await.expect("creating the fill stream");
         let deadline = Instant::now() + Duration::from_secs(90);
         let purged = loop {
-            let v = views.view(leader).await.unwrap_or_default();
-            if let Some(p) = v["purged_index"].as_u64() {
+            let v = views.view(leader).await;
+            if let Some(p) = v.as_ref().ok().and_then(|v| v.purged_index) {
                 if p > f_applied + 1 {
                     break p;
                 }
             }
             assert!(
                 Instant::now() < deadline,
-                "pause: the leader did not purge past the paused follower's applied index {f_applied} in 90 s: {v}"
+                "pause: the leader did not purge past the paused follower's applied index {f_applied} in 90 s: {v:?}"
             );
             for _ in 0..50 {
                 fill_seq += 1;
@@ -942,7 +942,7 @@ async fn chaos_across_containers() {
                 fill_index = fill_index.max(ack.index);
             }
         };
-        let leader_commit = views.view(leader).await.ok().and_then(|v| v["commit_index"].as_u64()).unwrap_or(0);
+        let leader_commit = views.view(leader).await.map_or(0, |v| v.commit_index);
         println!(
             "    leader purged its log through index {purged} after {:.1?} (commit_index {leader_commit}); unpausing",
             at.elapsed()
@@ -952,7 +952,7 @@ async fn chaos_across_containers() {
         let deadline = Instant::now() + Duration::from_secs(60);
         let fv = loop {
             if let Ok(v) = views.view(follower).await {
-                if v["applied_index"].as_u64().unwrap_or(0) >= leader_commit {
+                if v.applied_index >= leader_commit {
                     break v;
                 }
             }
@@ -967,7 +967,7 @@ async fn chaos_across_containers() {
             "    node {follower} caught up to {leader_commit} {:.1?} after the unpause: snapshot_index {}, \
              snapshots installed {installed_before} -> {installed_after}",
             un_at.elapsed(),
-            fv["snapshot_index"]
+            fv.snapshot_index.map_or_else(|| "null".to_string(), |i| i.to_string())
         );
         assert!(
             installed_after > installed_before,

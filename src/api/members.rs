@@ -15,27 +15,12 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use http_body_util::BodyExt;
 use openraft::{BasicNode, ChangeMembers};
-use serde::Deserialize;
 
 use super::write::{on_leader, op_error, Forwardable, Led, OpError};
 use super::{cluster, json, read_body, AppState};
 use crate::error::ApiError;
 use crate::limits::{ADMIN_BODY_BYTES_MAX, MEMBER_CATCHUP_MS};
 use crate::raft::NodeId;
-
-/// Body of `POST /v1/cluster/members`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AddBody {
-    id: NodeId,
-    addr: String,
-    #[serde(default = "yes")]
-    voter: bool,
-}
-
-fn yes() -> bool {
-    true
-}
 
 fn answer(s: &AppState, led: Led<()>) -> Response {
     match led {
@@ -77,7 +62,7 @@ pub(super) async fn add(
     body: Body,
 ) -> Result<Response, ApiError> {
     let bytes = read_body(body, ADMIN_BODY_BYTES_MAX).await?;
-    let b: AddBody = serde_json::from_slice(&bytes).map_err(|e| {
+    let b: crate::wire::AddMember = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::InvalidBody(format!("expected {{\"id\": N, \"addr\": \"HOST:PORT\", \"voter\": bool}}: {e}"))
     })?;
     if b.addr.trim().is_empty() || !b.addr.contains(':') {

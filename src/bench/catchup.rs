@@ -215,14 +215,14 @@ async fn pick_node(client: &Client, args: &CatchupArgs) -> Result<(String, u64, 
     let mut views = Vec::new();
     for n in client.nodes() {
         if let Ok(v) = client.cluster_view(n).await {
-            views.push((n.clone(), v["node_id"].as_u64().unwrap_or(0), v["leader_id"].as_u64()));
+            views.push((n.clone(), v.node_id, v.leader_id));
         }
     }
     let leader = views.iter().find_map(|v| v.2);
     if let Some(url) = &args.read_node {
         let url = url.trim_end_matches('/').to_string();
         let v = client.cluster_view(&url).await?;
-        return Ok((url, v["node_id"].as_u64().unwrap_or(0), leader));
+        return Ok((url, v.node_id, leader));
     }
     match views.iter().find(|v| Some(v.1) != leader) {
         Some((url, id, _)) => Ok((url.clone(), *id, leader)),

@@ -14,11 +14,11 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
 use tokio::process::{Child, Command};
 
 use crate::client::{Client, ClientError, RetryPolicy};
 use crate::net::{http_client, HttpClient, TcpDialer};
+use crate::wire::ClusterView;
 
 /// Interval between two probes of a node while waiting for it, in ms: the resolution of the
 /// readiness times the benchmarks report.
@@ -81,21 +81,6 @@ impl StopSignal {
     }
 }
 
-/// The fields of `GET /v1/cluster` (SPEC §3) the benchmarks use.
-#[derive(Debug, Clone, Deserialize)]
-pub struct NodeView {
-    /// The answering node's id.
-    pub node_id: u64,
-    /// The leader it knows, if any.
-    pub leader_id: Option<u64>,
-    /// Its current term.
-    pub term: u64,
-    /// The highest log index it knows is committed.
-    pub commit_index: u64,
-    /// The highest log index its state machine has applied.
-    pub applied_index: u64,
-}
-
 /// GETs `url` once with the probe deadline; the status and body, or why there is none.
 async fn probe(http: &HttpClient, url: &str) -> Result<(u16, bytes::Bytes), String> {
     let (status, body) =
@@ -106,7 +91,7 @@ async fn probe(http: &HttpClient, url: &str) -> Result<(u16, bytes::Bytes), Stri
 /// `GET {node}/v1/cluster` once, without retries.
 ///
 /// Errors: a text saying why no view could be had.
-pub async fn view_of(http: &HttpClient, node: &str) -> Result<NodeView, String> {
+pub async fn view_of(http: &HttpClient, node: &str) -> Result<ClusterView, String> {
     let (status, body) = probe(http, &format!("{node}/v1/cluster")).await?;
     if status != 200 {
         return Err(format!("{node}/v1/cluster answered {status}"));
@@ -467,7 +452,7 @@ impl LocalCluster {
     /// Node `id`'s view of the cluster, once.
     ///
     /// Errors: a text saying why there is none.
-    pub async fn view(&self, id: u64) -> Result<NodeView, String> {
+    pub async fn view(&self, id: u64) -> Result<ClusterView, String> {
         view_of(&self.http, &self.url(id)).await
     }
 

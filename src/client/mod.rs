@@ -19,17 +19,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, StatusCode};
-use serde::{Deserialize, Serialize};
 
 pub use cursor::{CursorStore, FileCursor};
 pub use subscription::{Delivery, Subscription};
 
 use crate::net::{http_client, Dialer, HttpClient, TcpDialer};
 use crate::stream::Retention;
+use crate::wire::{self, BatchBody, ClusterView};
+pub use crate::wire::{Gap, PublishAck, StreamInfo};
 
 /// Default node list (SPEC §5), used when neither `--nodes` nor `RUNNEV_NODES` is given.
 pub const DEFAULT_NODES: &str = "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003";
@@ -114,19 +114,6 @@ impl ClientError {
     }
 }
 
-/// The answer to a publish (SPEC §3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PublishAck {
-    /// The batch's seq.
-    pub seq: u64,
-    /// Leader-assigned time, ms since the Unix epoch.
-    pub ts: u64,
-    /// True when the batch was already stored (a retry).
-    pub duplicate: bool,
-    /// Raft log index of the batch; pass as `min_index` to read your write on any node.
-    pub index: u64,
-}
-
 /// One batch as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Batch {
@@ -136,15 +123,6 @@ pub struct Batch {
     pub ts: u64,
     /// The payload, byte for byte.
     pub data: Bytes,
-}
-
-/// A range of seqs that retention evicted before the consumer read them (SPEC §2.5), inclusive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Gap {
-    /// First evicted seq asked for.
-    pub from: u64,
-    /// Last evicted seq (the stream's `evicted_through`).
-    pub to: u64,
 }
 
 /// The answer to a read (SPEC §3).
@@ -160,58 +138,9 @@ pub struct ReadAnswer {
     pub next_after: u64,
 }
 
-/// Stream info (SPEC §3).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StreamInfo {
-    /// Name.
-    pub name: String,
-    /// Oldest retained seq (`last_seq + 1` when empty).
-    pub first_seq: u64,
-    /// Highest accepted seq.
-    pub last_seq: u64,
-    /// Highest evicted seq.
-    pub evicted_through: u64,
-    /// Retained batches.
-    pub batches: u64,
-    /// Retained payload bytes.
-    pub bytes: u64,
-    /// Retention limits.
-    pub retention: Retention,
-}
-
-/// A batch as the wire carries it; `data` borrows from the answer (base64 never holds a JSON
-/// escape), so a catch-up read copies each payload once, when decoding it.
-#[derive(Deserialize)]
-pub(crate) struct WireBatch<'a> {
-    seq: u64,
-    ts: u64,
-    #[serde(borrow)]
-    data: std::borrow::Cow<'a, str>,
-}
-
-#[derive(Deserialize)]
-struct WireRead<'a> {
-    #[serde(borrow)]
-    batches: Vec<WireBatch<'a>>,
-    gap: Option<Gap>,
-    last_seq: u64,
-    next_after: u64,
-}
-
-#[derive(Deserialize)]
-struct WireError {
-    error: WireErrorBody,
-}
-
-#[derive(Deserialize)]
-struct WireErrorBody {
-    code: String,
-    message: String,
-}
-
-pub(crate) fn decode_batch(node: &str, b: WireBatch<'_>) -> Result<Batch, ClientError> {
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(b.data.as_bytes())
+pub(crate) fn decode_batch(node: &str, b: BatchBody<'_>) -> Result<Batch, ClientError> {
+    let data = b
+        .payload()
         .map_err(|e| ClientError::Protocol { node: node.to_string(), what: format!("batch {} data: {e}", b.seq) })?;
     Ok(Batch { seq: b.seq, ts: b.ts, data: data.into() })
 }
@@ -406,6 +335,10 @@ impl Client {
         }
     }
 
+    fn body<T: serde::Serialize>(value: &T) -> Result<String, ClientError> {
+        serde_json::to_string(value).map_err(|e| ClientError::Config(format!("encoding a request body: {e}")))
+    }
+
     fn json<T: serde::de::DeserializeOwned>(node: &str, bytes: &[u8]) -> Result<T, ClientError> {
         serde_json::from_slice(bytes).map_err(|e| ClientError::Protocol { node: node.to_string(), what: e.to_string() })
     }
@@ -452,7 +385,7 @@ impl Client {
             path.push_str(&format!("&min_index={i}"));
         }
         let (node, _, bytes) = self.call(Method::GET, &path, Bytes::new(), Duration::from_millis(wait_ms)).await?;
-        let wire: WireRead<'_> = serde_json::from_slice(&bytes)
+        let wire: wire::ReadAnswer<'_> = serde_json::from_slice(&bytes)
             .map_err(|e| ClientError::Protocol { node: node.to_string(), what: e.to_string() })?;
         let batches = wire.batches.into_iter().map(|b| decode_batch(&node, b)).collect::<Result<_, _>>()?;
         Ok(ReadAnswer { batches, gap: wire.gap, last_seq: wire.last_seq, next_after: wire.next_after })
@@ -468,7 +401,7 @@ impl Client {
         retention: Option<Retention>,
     ) -> Result<(StreamInfo, bool), ClientError> {
         let body = match retention {
-            Some(r) => Bytes::from(serde_json::json!({ "retention": r }).to_string()),
+            Some(retention) => Bytes::from(Self::body(&wire::PutStream { retention })?),
             None => Bytes::new(),
         };
         let (node, status, bytes) =
@@ -489,12 +422,8 @@ impl Client {
     ///
     /// Errors: as [`Client::publish`].
     pub async fn streams(&self) -> Result<Vec<StreamInfo>, ClientError> {
-        #[derive(Deserialize)]
-        struct List {
-            streams: Vec<StreamInfo>,
-        }
         let (node, _, bytes) = self.call(Method::GET, "/v1/streams", Bytes::new(), Duration::ZERO).await?;
-        Ok(Self::json::<List>(&node, &bytes)?.streams)
+        Ok(Self::json::<wire::StreamList>(&node, &bytes)?.streams)
     }
 
     /// Deletes a stream and its batches.
@@ -505,10 +434,11 @@ impl Client {
     }
 
     /// `GET /v1/cluster` from one given node (no failover: the caller asks each node it cares
-    /// about). Returns the JSON document.
+    /// about).
     ///
-    /// Errors: [`ClientError::Unavailable`] if that node does not answer within the request timeout.
-    pub async fn cluster_view(&self, node: &str) -> Result<serde_json::Value, ClientError> {
+    /// Errors: [`ClientError::Unavailable`] if that node does not answer within the request
+    /// timeout; [`ClientError::Protocol`] if its answer is not a cluster view.
+    pub async fn cluster_view(&self, node: &str) -> Result<ClusterView, ClientError> {
         let timeout = self.inner.policy.request_timeout;
         match self.exchange(node, &Method::GET, "/v1/cluster", &Bytes::new(), timeout).await {
             Ok((s, bytes, _)) if s.is_success() => Self::json(node, &bytes),
@@ -526,8 +456,8 @@ impl Client {
     /// Errors: [`ClientError::Api`] with `not_ready` if the node did not catch up (it stays a
     /// learner) or another change is in progress; `invalid_parameter` if it is already a voter
     /// with another address.
-    pub async fn add_member(&self, id: u64, addr: &str, voter: bool) -> Result<serde_json::Value, ClientError> {
-        let body = Bytes::from(serde_json::json!({"id": id, "addr": addr, "voter": voter}).to_string());
+    pub async fn add_member(&self, id: u64, addr: &str, voter: bool) -> Result<ClusterView, ClientError> {
+        let body = Bytes::from(Self::body(&wire::AddMember { id, addr: addr.to_string(), voter })?);
         let (node, _, bytes) = self.call(Method::POST, "/v1/cluster/members", body, MEMBER_CHANGE_EXTRA).await?;
         Self::json(&node, &bytes)
     }
@@ -536,7 +466,7 @@ impl Client {
     ///
     /// Errors: [`ClientError::Api`] with `not_found` for an unknown id, `not_ready` when the
     /// voters left could not form a live quorum.
-    pub async fn remove_member(&self, id: u64) -> Result<serde_json::Value, ClientError> {
+    pub async fn remove_member(&self, id: u64) -> Result<ClusterView, ClientError> {
         let path = format!("/v1/cluster/members/{id}");
         let (node, _, bytes) = self.call(Method::DELETE, &path, Bytes::new(), MEMBER_CHANGE_EXTRA).await?;
         Self::json(&node, &bytes)
@@ -550,7 +480,7 @@ impl Client {
 }
 
 pub(crate) fn api_error(node: &str, status: StatusCode, bytes: &[u8]) -> ClientError {
-    match serde_json::from_slice::<WireError>(bytes) {
+    match serde_json::from_slice::<wire::ErrorBody>(bytes) {
         Ok(e) => ClientError::Api { status: status.as_u16(), code: e.error.code, message: e.error.message },
         Err(_) => ClientError::Protocol {
             node: node.to_string(),

@@ -15,7 +15,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::StatusCode;
 use tokio::time::Instant;
 
-use super::{api_error, decode_batch, Batch, Client, ClientError, Gap, WireBatch};
+use super::{api_error, decode_batch, Batch, Client, ClientError, Gap};
+use crate::wire::BatchBody;
 
 /// A connection silent (not even a keep-alive) for this long is presumed dead, in ms: three
 /// server keep-alive intervals.
@@ -173,7 +174,7 @@ async fn next(st: &mut State) -> Option<Result<Delivery, ClientError>> {
         };
         match ev.event.as_str() {
             "batch" => {
-                let wire: WireBatch<'_> = match serde_json::from_str(&ev.data) {
+                let wire: BatchBody<'_> = match serde_json::from_str(&ev.data) {
                     Ok(w) => w,
                     Err(e) => return Some(Err(protocol(&format!("batch event: {e}")))),
                 };
