@@ -11,13 +11,15 @@
 //!    and the outcome returns to the client.
 //!
 //! Reads and subscriptions are served by any node from its applied state in [`storage`].
-//! [`node`] wires one node together; [`local`] runs a three-node cluster on one machine.
+//! [`node`] wires one node together; [`launcher`] starts `runnev serve` processes on one machine,
+//! for [`local`] (a three-node cluster), the benchmark and the tests.
 #![deny(missing_docs)]
 
 pub mod api;
 pub mod bench;
 pub mod client;
 pub mod error;
+pub mod launcher;
 pub mod limits;
 pub mod local;
 pub mod net;

@@ -426,7 +426,7 @@ async fn bad_input_is_rejected_without_state_change() {
     }
     // Wait for anything a bad request might have (wrongly) committed to be applied everywhere:
     // read with min_index = the leader's current commit index.
-    let commit = c.cluster_info(c.leader().await).await.unwrap()["commit_index"].as_u64().unwrap_or(max_index);
+    let commit = c.cluster_info(c.leader().await).await.unwrap().commit_index;
     for (i, id) in c.ids().into_iter().enumerate() {
         let after = state_of(&c, id, &long_name, commit.max(max_index)).await;
         if let Some(d) = before[i].diff(&after) {

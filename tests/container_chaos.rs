@@ -22,7 +22,6 @@
 //! the next run.
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -161,9 +160,7 @@ impl Env {
         docker(&["network", "create", "--label", LABEL, "--label", &pid_label, &network])
             .unwrap_or_else(|e| panic!("{e}"));
         // Free loopback ports for the published client API.
-        let listeners: Vec<TcpListener> = (0..3).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind")).collect();
-        let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().unwrap().port()).collect();
-        drop(listeners);
+        let ports = runnev::launcher::free_ports(3).expect("free ports");
         for id in 1..=3u64 {
             env.nodes.push(NodeBox {
                 id,

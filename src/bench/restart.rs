@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::cluster::{
-    dir_bytes, eager_retry_policy, parse_size, BenchError, ClusterOptions, LocalCluster, OwnCluster, StopSignal,
-    Ticker, PROBE_INTERVAL_MS,
+    self, dir_bytes, eager_retry_policy, parse_size, BenchError, ClusterOptions, OwnCluster, StopSignal, Ticker,
 };
 use super::stats::Latencies;
 use crate::client::{Client, ClientError};
+use crate::launcher::{LocalCluster, PROBE_INTERVAL_MS};
 
 /// How long the cluster may take to form or a restarted node to be ready, in ms.
 const READY_MS_MAX: u64 = 120_000;
@@ -166,9 +166,9 @@ async fn restart_once(
     commit: u64,
 ) -> Result<Restart, BenchError> {
     let data_dir_bytes = dir_bytes(&cluster.data_dir(node));
-    let signalled = cluster.signal(node, signal)?;
-    let exited = cluster.wait_exit(node).await?;
-    let spawned = cluster.spawn(node)?;
+    let signalled = cluster.signal(node, signal.into())?;
+    let exited = cluster.wait_exit(node, Duration::from_millis(cluster::STOP_TERM_MS_MAX)).await?;
+    let spawned = cluster.start_node(node)?;
     let deadline = spawned + Duration::from_millis(READY_MS_MAX);
     let mut answered = None;
     let ready = loop {
@@ -224,20 +224,20 @@ pub async fn run(args: RestartArgs) -> Result<(), BenchError> {
         serve_args: vec![],
     };
     eprintln!("starting a {}-node cluster…", args.cluster.nodes);
-    let mut cluster = LocalCluster::start(opts, Duration::from_millis(READY_MS_MAX)).await?;
+    let mut cluster = cluster::start(opts, Duration::from_millis(READY_MS_MAX)).await?;
     if args.cluster.keep {
-        cluster.keep();
+        cluster::keep(&mut cluster);
     }
     let result = fill_and_restart(&mut cluster, &args).await;
     if result.is_err() {
-        cluster.keep();
+        cluster::keep(&mut cluster);
     }
-    cluster.shutdown().await;
+    cluster::shutdown(cluster).await;
     result
 }
 
 async fn fill_and_restart(cluster: &mut LocalCluster, args: &RestartArgs) -> Result<(), BenchError> {
-    let client = cluster.client(eager_retry_policy())?;
+    let client = cluster::client(cluster, eager_retry_policy())?;
     eprintln!(
         "filling {:.0} MB in {} KiB batches over {} streams…",
         args.fill_bytes as f64 / 1e6,
@@ -265,7 +265,7 @@ async fn fill_and_restart(cluster: &mut LocalCluster, args: &RestartArgs) -> Res
     let mut turn = 0usize;
     for round in 1..=args.rounds {
         for &signal in &args.signal {
-            let leader = cluster.leader_among(&lagging, Duration::from_millis(READY_MS_MAX)).await?;
+            let leader = cluster.wait_leader(&lagging, true, Duration::from_millis(READY_MS_MAX)).await?.0;
             let followers: Vec<u64> =
                 cluster.ids().into_iter().filter(|id| *id != leader && !lagging.contains(id)).collect();
             if followers.is_empty() {
