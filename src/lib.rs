@@ -16,7 +16,6 @@
 #![deny(missing_docs)]
 
 pub mod api;
-pub mod bench;
 pub mod client;
 pub mod error;
 pub mod launcher;

@@ -22,8 +22,8 @@ use bytes::Bytes;
 
 use super::cluster::{self, eager_retry_policy, BenchError, ClusterOptions, OwnCluster, StopSignal, Ticker};
 use super::stats::Latencies;
-use crate::client::{Client, ClientError};
-use crate::launcher::LocalCluster;
+use runnev::client::{Client, ClientError};
+use runnev::launcher::LocalCluster;
 
 /// How long a trial waits for the first acknowledged publish after the kill, in ms.
 const WINDOW_MS_MAX: u64 = 60_000;

@@ -1,5 +1,5 @@
 //! A throw-away local cluster for the benchmarks that kill and restart nodes (`runnev bench
-//! failover` and `restart`), started by [`crate::launcher`] on free loopback ports under one
+//! failover` and `restart`), started by [`runnev::launcher`] on free loopback ports under one
 //! directory that is removed at the end.
 //!
 //! Owns: the error type of the bench modes, their cluster flags, sizes with units (`1GiB`) and
@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::{Client, ClientError, RetryPolicy};
-use crate::launcher::{ClusterSpec, LaunchError, LocalCluster, Signal};
-use crate::net::TcpDialer;
+use runnev::client::{Client, ClientError, RetryPolicy};
+use runnev::launcher::{ClusterSpec, LaunchError, LocalCluster, Signal};
+use runnev::net::TcpDialer;
 
 /// How long a node stopped with SIGTERM may take to exit before it gets SIGKILL, in ms.
 pub const STOP_TERM_MS_MAX: u64 = 15_000;
@@ -226,9 +226,22 @@ pub async fn shutdown(mut c: LocalCluster) {
     c.stop_all(Duration::from_millis(STOP_TERM_MS_MAX)).await;
 }
 
-/// The `runnev` executable the nodes run: this executable (while the benchmark is part of it).
+/// The `runnev` executable the nodes run: the one that ran `runnev bench` (it sets
+/// [`crate::cli::RUNNEV_EXE_ENV`]), else a `runnev` beside this executable.
+///
+/// Errors: neither is there.
 fn runnev_exe() -> Result<PathBuf, BenchError> {
-    Ok(std::env::current_exe()?)
+    if let Some(exe) = std::env::var_os(crate::cli::RUNNEV_EXE_ENV) {
+        return Ok(PathBuf::from(exe));
+    }
+    let beside = std::env::current_exe()?.with_file_name("runnev");
+    if beside.is_file() {
+        return Ok(beside);
+    }
+    Err(BenchError::Invalid(format!(
+        "no runnev executable: run this as `runnev bench …`, or put runnev at {}",
+        beside.display()
+    )))
 }
 
 #[cfg(test)]

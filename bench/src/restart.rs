@@ -20,8 +20,8 @@ use super::cluster::{
     self, dir_bytes, eager_retry_policy, parse_size, BenchError, ClusterOptions, OwnCluster, StopSignal, Ticker,
 };
 use super::stats::Latencies;
-use crate::client::{Client, ClientError};
-use crate::launcher::{LocalCluster, PROBE_INTERVAL_MS};
+use runnev::client::{Client, ClientError};
+use runnev::launcher::{LocalCluster, PROBE_INTERVAL_MS};
 
 /// How long the cluster may take to form or a restarted node to be ready, in ms.
 const READY_MS_MAX: u64 = 120_000;
@@ -205,10 +205,10 @@ async fn restart_once(
 /// Errors: bad flags, the cluster could not be started or filled, or a restarted node was not
 /// ready within the bounds above.
 pub async fn run(args: RestartArgs) -> Result<(), BenchError> {
-    if args.payload_bytes == 0 || args.payload_bytes > crate::limits::BATCH_BYTES_DEFAULT as u64 {
+    if args.payload_bytes == 0 || args.payload_bytes > runnev::limits::BATCH_BYTES_DEFAULT as u64 {
         return Err(BenchError::Invalid(format!(
             "--payload-bytes must be 1 to {} bytes (the nodes' --max-batch-bytes)",
-            crate::limits::BATCH_BYTES_DEFAULT
+            runnev::limits::BATCH_BYTES_DEFAULT
         )));
     }
     if args.concurrency == 0 || args.rounds == 0 || args.signal.is_empty() {
