@@ -64,6 +64,36 @@ impl Default for RetryPolicy {
     }
 }
 
+/// Exponential backoff between retries: `min`, doubling, capped at `max`, without end and
+/// without jitter; [`Backoff::reset`] after a success. The one the client, its subscriptions and
+/// the outbox relay and sink wait with. (backon's exponential backoff multiplies in `f32`, so its
+/// delays drift off whole milliseconds; these stay exact.)
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// A backoff from `min` doubling up to `max`.
+    pub fn new(min: Duration, max: Duration) -> Backoff {
+        Backoff { min, max, next: min }
+    }
+
+    /// The delay to wait now; the next one doubles (saturating, capped at `max`).
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = self.next.saturating_mul(2).min(self.max);
+        d
+    }
+
+    /// Back to `min` after a success.
+    pub fn reset(&mut self) {
+        self.next = self.min;
+    }
+}
+
 /// A client error.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -304,7 +334,7 @@ impl Client {
     ) -> Result<(String, StatusCode, Bytes), ClientError> {
         let policy = self.inner.policy;
         let started = tokio::time::Instant::now();
-        let mut backoff = policy.backoff_min;
+        let mut backoff = Backoff::new(policy.backoff_min, policy.backoff_max);
         let write = method != Method::GET;
         loop {
             let node = self.inner.nodes[if write { self.pick_for_write() } else { self.pick() }].clone();
@@ -326,12 +356,12 @@ impl Client {
             // The leader we knew failed us: rotate until a response names the new one.
             self.inner.leader.store(usize::MAX, Ordering::Relaxed);
             let elapsed = started.elapsed();
-            if elapsed + backoff > policy.give_up_after {
+            let delay = backoff.next_delay();
+            if elapsed + delay > policy.give_up_after {
                 return Err(ClientError::Unavailable { after: elapsed, last });
             }
-            tracing::debug!(problem = %last, ?backoff, "retrying on another node");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(policy.backoff_max);
+            tracing::debug!(problem = %last, backoff = ?delay, "retrying on another node");
+            tokio::time::sleep(delay).await;
         }
     }
 

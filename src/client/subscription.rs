@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::StatusCode;
 use tokio::time::Instant;
 
-use super::{api_error, decode_batch, Batch, Client, ClientError, Gap};
+use super::{api_error, decode_batch, Backoff, Batch, Client, ClientError, Gap};
 use crate::wire::BatchBody;
 
 /// A connection silent (not even a keep-alive) for this long is presumed dead, in ms: three
@@ -41,7 +41,7 @@ struct State {
     events: Option<Events>,
     last_bytes: Arc<Mutex<Instant>>,
     failing_since: Option<Instant>,
-    backoff: Duration,
+    backoff: Backoff,
     done: bool,
 }
 
@@ -62,7 +62,7 @@ pub struct Subscription {
 
 impl Subscription {
     pub(super) fn new(client: Client, stream: String, cursor: u64) -> Subscription {
-        let backoff = client.policy().backoff_min;
+        let backoff = Backoff::new(client.policy().backoff_min, client.policy().backoff_max);
         let state = State {
             client,
             stream,
@@ -134,7 +134,7 @@ async fn next(st: &mut State) -> Option<Result<Delivery, ClientError>> {
                 Ok(ev) => {
                     st.events = Some(ev);
                     st.failing_since = None;
-                    st.backoff = policy.backoff_min;
+                    st.backoff.reset();
                 }
                 Err(Connect::Fail(e)) => {
                     st.done = true;
@@ -142,8 +142,7 @@ async fn next(st: &mut State) -> Option<Result<Delivery, ClientError>> {
                 }
                 Err(Connect::Retry(why)) => {
                     let since = *st.failing_since.get_or_insert_with(Instant::now);
-                    tokio::time::sleep(st.backoff).await;
-                    st.backoff = (st.backoff * 2).min(policy.backoff_max);
+                    tokio::time::sleep(st.backoff.next_delay()).await;
                     if since.elapsed() >= policy.give_up_after {
                         st.failing_since = None;
                         return Some(Err(ClientError::Unavailable { after: since.elapsed(), last: why }));
