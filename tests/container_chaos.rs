@@ -419,11 +419,15 @@ async fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
     tokio::time::timeout(Duration::from_secs(3), run).await.map_err(|_| "no answer within 3s".to_string())?
 }
 
+/// The first sample of metric `name` in `/metrics` text, parsed by prometheus-parse.
 fn prom_value(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find(|l| l.split_whitespace().next().map(|m| m == name || m.starts_with(&format!("{name}{{"))) == Some(true))
-        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).ok()?;
+    scrape.samples.iter().filter(|s| s.metric == name).find_map(|s| match s.value {
+        prometheus_parse::Value::Counter(v)
+        | prometheus_parse::Value::Gauge(v)
+        | prometheus_parse::Value::Untyped(v) => Some(v),
+        _ => None,
+    })
 }
 
 struct Views<'a> {

@@ -18,6 +18,8 @@ use hyper::{HeaderMap, Method, Request};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 use runnev::launcher::{log_tail, ClusterSpec, LocalCluster, Node, Signal};
 use runnev::wire::ClusterView;
 use serde_json::Value;
@@ -474,57 +476,44 @@ pub async fn read_all(
     }
 }
 
-/// Sum of the samples of a Prometheus metric (any labels) in `/metrics` text.
+/// Sum of the samples of a Prometheus metric (any labels) in `/metrics` text, parsed by
+/// prometheus-parse; `None` when the text has no sample of it (histograms and summaries count
+/// as none).
 pub fn prom_value(text: &str, name: &str) -> Option<f64> {
-    let mut found = None;
-    for line in text.lines() {
-        if line.starts_with('#') {
-            continue;
-        }
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        if !(rest.starts_with(' ') || rest.starts_with('{')) {
-            continue;
-        }
-        let value_part = if rest.starts_with('{') {
-            match rest.find('}') {
-                Some(i) => &rest[i + 1..],
-                None => continue,
-            }
-        } else {
-            rest
-        };
-        if let Some(v) = value_part.split_whitespace().next().and_then(|s| s.parse::<f64>().ok()) {
-            *found.get_or_insert(0.0) += v;
-        }
-    }
-    found
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).ok()?;
+    let values: Vec<f64> = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter_map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
 }
 
-/// A tiny deterministic PRNG (xorshift64*), so tests need no extra crates.
-#[derive(Clone)]
-pub struct Rng(u64);
+/// The variable that replays a test's random choices: set it to the seed a failed run printed.
+pub const SEED_ENV: &str = "RUNNEV_TEST_SEED";
 
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.max(1))
-    }
-    pub fn from_time() -> Self {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-        Rng::new(t ^ 0x9E37_79B9_7F4A_7C15)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
+/// A test's random seed: from [`SEED_ENV`] when set (to replay a failure), else from the clock.
+/// It is printed (the harness shows it when the test fails), with how to replay it. `tag` names
+/// the test. Derive one generator per task with [`rng`].
+pub fn test_seed(tag: &str) -> u64 {
+    let seed = match std::env::var(SEED_ENV) {
+        Ok(s) => s.trim().parse().unwrap_or_else(|e| panic!("{SEED_ENV}={s:?} is not a u64: {e}")),
+        Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
+    };
+    eprintln!("{tag}: random seed {seed} (replay with {SEED_ENV}={seed})");
+    seed
+}
+
+/// The generator of task `n` of a test seeded with `seed` ([`test_seed`]): distinct per task,
+/// the same on a replay.
+pub fn rng(seed: u64, n: u64) -> StdRng {
+    StdRng::seed_from_u64(seed ^ n.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
 /// A distinct, partly non-UTF-8 payload for (tag, i): the prefix makes it unique, the tail
