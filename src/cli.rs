@@ -197,7 +197,7 @@ pub fn bench(args: Vec<std::ffi::OsString>) -> anyhow::Error {
 /// have no curl).
 pub async fn probe(url: &str, timeout: Duration) -> Result<()> {
     let http = runnev::net::http_client(std::sync::Arc::new(runnev::net::TcpDialer));
-    match runnev::net::get(&http, url, timeout, 64 * 1024).await {
+    match runnev::net::get(&http, url, timeout, runnev::limits::CLI_PROBE_BYTES_MAX).await {
         Ok((status, _)) if status.is_success() => Ok(()),
         Ok((status, _)) => bail!("{url} answered {status}"),
         Err(e) => bail!("{e}"),

@@ -66,7 +66,7 @@ fn raft_config(cfg: &NodeConfig) -> Result<openraft::Config, NodeError> {
         )));
     }
     // An entry holds at most PROPOSAL_BYTES_MAX plus one batch; size appends to fit one RPC.
-    let entry_bytes_max = (PROPOSAL_BYTES_MAX + cfg.max_batch_bytes + 4096) as u64;
+    let entry_bytes_max = (PROPOSAL_BYTES_MAX + cfg.max_batch_bytes + ENTRY_FRAMING_BYTES) as u64;
     let entries_per_append = (RAFT_RPC_BYTES_MAX as u64 / entry_bytes_max).clamp(1, RAFT_ENTRIES_PER_APPEND_MAX);
     let c = openraft::Config {
         cluster_name: "runnev".into(),

@@ -19,7 +19,7 @@ use openraft::{BasicNode, ChangeMembers};
 use super::write::{on_leader, op_error, Forwardable, Led, OpError};
 use super::{cluster, json, read_body, AppState};
 use crate::error::ApiError;
-use crate::limits::{ADMIN_BODY_BYTES_MAX, MEMBER_CATCHUP_MS};
+use crate::limits::{ADMIN_BODY_BYTES_MAX, MEMBER_CATCHUP_MS, PEER_PROBE_BYTES_MAX, PEER_PROBE_MS};
 use crate::raft::NodeId;
 
 fn answer(s: &AppState, led: Led<()>) -> Response {
@@ -104,8 +104,8 @@ pub(super) async fn add(
     Ok(answer(&s, led))
 }
 
-/// Counts the voters in `voters` that answer `/healthz` within a second (this node counts
-/// without asking).
+/// Counts the voters in `voters` that answer `/healthz` within [`PEER_PROBE_MS`] (this node
+/// counts without asking).
 async fn live_voters(s: &AppState, voters: &BTreeSet<NodeId>, addrs: &HashMap<NodeId, String>) -> usize {
     let mut live = 0;
     for id in voters {
@@ -114,7 +114,8 @@ async fn live_voters(s: &AppState, voters: &BTreeSet<NodeId>, addrs: &HashMap<No
             continue;
         }
         let Some(addr) = addrs.get(id) else { continue };
-        let answer = crate::net::get(&s.http, &format!("http://{addr}/healthz"), Duration::from_secs(1), 1024).await;
+        let url = format!("http://{addr}/healthz");
+        let answer = crate::net::get(&s.http, &url, Duration::from_millis(PEER_PROBE_MS), PEER_PROBE_BYTES_MAX).await;
         if answer.is_ok_and(|(status, _)| status.is_success()) {
             live += 1;
         }

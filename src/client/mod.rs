@@ -34,11 +34,13 @@ pub use crate::wire::{Gap, PublishAck, StreamInfo};
 /// Default node list (SPEC §5), used when neither `--nodes` nor `RUNNEV_NODES` is given.
 pub const DEFAULT_NODES: &str = "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003";
 
-/// Largest answer body the client reads, in bytes: a read of 10 000 batches base64-encoded.
-const ANSWER_BYTES_MAX: usize = 64 * 1024 * 1024;
+use crate::limits::{
+    CLIENT_ANSWER_BYTES_MAX as ANSWER_BYTES_MAX, CLIENT_BACKOFF_MAX_MS, CLIENT_BACKOFF_MIN_MS, CLIENT_GIVE_UP_MS,
+    CLIENT_MEMBER_CHANGE_EXTRA_MS, CLIENT_REQUEST_TIMEOUT_MS,
+};
 
 /// Extra time a membership change may take beyond the request timeout (catch-up and two commits).
-const MEMBER_CHANGE_EXTRA: Duration = Duration::from_secs(30);
+const MEMBER_CHANGE_EXTRA: Duration = Duration::from_millis(CLIENT_MEMBER_CHANGE_EXTRA_MS);
 
 /// How the client retries.
 #[derive(Debug, Clone, Copy)]
@@ -56,10 +58,10 @@ pub struct RetryPolicy {
 impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy {
-            request_timeout: Duration::from_secs(10),
-            backoff_min: Duration::from_millis(50),
-            backoff_max: Duration::from_secs(2),
-            give_up_after: Duration::from_secs(30),
+            request_timeout: Duration::from_millis(CLIENT_REQUEST_TIMEOUT_MS),
+            backoff_min: Duration::from_millis(CLIENT_BACKOFF_MIN_MS),
+            backoff_max: Duration::from_millis(CLIENT_BACKOFF_MAX_MS),
+            give_up_after: Duration::from_millis(CLIENT_GIVE_UP_MS),
         }
     }
 }

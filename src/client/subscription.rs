@@ -18,9 +18,7 @@ use tokio::time::Instant;
 use super::{api_error, decode_batch, Backoff, Batch, Client, ClientError, Gap};
 use crate::wire::BatchBody;
 
-/// A connection silent (not even a keep-alive) for this long is presumed dead, in ms: three
-/// server keep-alive intervals.
-const IDLE_MS: u64 = 30_000;
+use crate::limits::{SUBSCRIPTION_IDLE_CHECK_MS, SUBSCRIPTION_IDLE_MS as IDLE_MS};
 
 /// What a subscription yields.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,7 +149,7 @@ async fn next(st: &mut State) -> Option<Result<Delivery, ClientError>> {
             }
             continue;
         };
-        let ev = match tokio::time::timeout(Duration::from_secs(5), events.next()).await {
+        let ev = match tokio::time::timeout(Duration::from_millis(SUBSCRIPTION_IDLE_CHECK_MS), events.next()).await {
             Err(_) => {
                 let silent = st.last_bytes.lock().unwrap_or_else(|p| p.into_inner()).elapsed();
                 if silent >= Duration::from_millis(IDLE_MS) {

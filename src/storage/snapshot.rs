@@ -18,13 +18,11 @@ use redb::{ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
 use super::{decode, encode, Store, StoreError, BATCHES, RAFT_META, SM_META, STREAMS, TOMBSTONES};
+use crate::limits::SNAPSHOT_RECORD_BYTES_MAX;
 use crate::raft::{LogId, NodeId};
 use crate::stream::StreamMeta;
 
 const MAGIC: &[u8; 8] = b"RUNNEVS1";
-/// Largest record accepted when reading a snapshot, in bytes: a batch of the largest allowed size
-/// plus its key, with room to spare. Guards against a corrupt length.
-const RECORD_BYTES_MAX: u32 = 64 * 1024 * 1024;
 
 /// openraft's snapshot metadata in Runnev's configuration.
 pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, openraft::BasicNode>;
@@ -81,7 +79,7 @@ fn read_record(r: &mut impl Read, buf: &mut Vec<u8>) -> Result<(), StoreError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len);
-    if len > RECORD_BYTES_MAX {
+    if len > SNAPSHOT_RECORD_BYTES_MAX {
         return Err(StoreError::Corrupt(format!("snapshot record of {len} bytes")));
     }
     buf.resize(len as usize, 0);

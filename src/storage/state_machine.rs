@@ -57,6 +57,7 @@ impl Tables<'_> {
     }
 
     fn put_meta(&mut self, name: &str, meta: &StreamMeta) -> Result<(), StoreError> {
+        debug_assert!(meta.is_consistent(), "stream {name}: {meta:?}");
         self.streams.insert(name, encode(meta)?.as_slice())?;
         Ok(())
     }
