@@ -199,8 +199,7 @@ fn apply_entries(
 ) -> Result<(Vec<Outcome>, Option<LogId>), StoreError> {
     let mut txn = if durable { store.begin_durable_write()? } else { store.db().begin_write()? };
     if !durable {
-        txn.set_durability(redb::Durability::None)
-            .map_err(|e| StoreError::Corrupt(format!("setting durability: {e}")))?;
+        txn.set_durability(redb::Durability::None)?;
     }
     let mut outcomes = Vec::with_capacity(entries.len());
     let mut last = None;
