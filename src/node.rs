@@ -22,6 +22,19 @@ use crate::storage::log_store::LogStore;
 use crate::storage::state_machine::StateMachine;
 use crate::storage::{Store, StoreError};
 
+/// Installs this process's `tracing` subscriber: plain lines on stderr (coloured on a
+/// terminal), filtered by `RUST_LOG`, else `info,openraft=warn`. For `runnev` and `runnev-bench`.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
 /// A node's configuration (the flags of `runnev serve`, SPEC §5).
 #[derive(Debug, Clone)]
 pub struct NodeConfig {

@@ -84,14 +84,7 @@ async fn run(cli: Cli) -> Result<()> {
 /// Parses the command line, runs the mode, and prints an error on stderr; the exit code says
 /// whether it succeeded.
 pub fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    runnev::node::init_logging();
     // Run through `runnev bench`, usage and errors name that command.
     let via_runnev = std::env::var_os(RUNNEV_EXE_ENV).is_some();
     let name = if via_runnev { "runnev bench" } else { "runnev-bench" };

@@ -205,6 +205,29 @@ pub async fn start(opts: ClusterOptions, timeout: Duration) -> Result<LocalClust
     Ok(c)
 }
 
+/// Starts the cluster `own` asks for (see [`start`]), runs `body` on it, then stops it; its
+/// directory is kept when `own.keep` says so or `body` failed.
+///
+/// Errors: the cluster did not form within `timeout`, or `body`'s error.
+pub async fn run_on_own<F>(own: &OwnCluster, label: &str, timeout: Duration, body: F) -> Result<(), BenchError>
+where
+    F: AsyncFnOnce(&mut LocalCluster) -> Result<(), BenchError>,
+{
+    let opts =
+        ClusterOptions { nodes: own.nodes, parent_dir: own.dir.clone(), label: label.into(), serve_args: vec![] };
+    eprintln!("starting a {}-node cluster…", own.nodes);
+    let mut cluster = start(opts, timeout).await?;
+    if own.keep {
+        keep(&mut cluster);
+    }
+    let result = body(&mut cluster).await;
+    if result.is_err() {
+        keep(&mut cluster);
+    }
+    shutdown(cluster).await;
+    result
+}
+
 /// Keeps the cluster's directory (data and logs) when it is dropped; says where on stderr.
 pub fn keep(c: &mut LocalCluster) {
     if !c.kept() {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::cluster::{self, eager_retry_policy, BenchError, ClusterOptions, OwnCluster, StopSignal, Ticker};
+use super::cluster::{self, eager_retry_policy, BenchError, OwnCluster, StopSignal, Ticker};
 use super::stats::Latencies;
 use runnev::client::{Client, ClientError};
 use runnev::launcher::LocalCluster;
@@ -195,23 +195,8 @@ pub async fn run(args: FailoverArgs) -> Result<(), BenchError> {
     if args.cluster.nodes < 3 {
         return Err(BenchError::Invalid("--nodes must be at least 3 (a majority must survive a kill)".into()));
     }
-    let opts = ClusterOptions {
-        nodes: args.cluster.nodes,
-        parent_dir: args.cluster.dir.clone(),
-        label: "failover".into(),
-        serve_args: vec![],
-    };
-    eprintln!("starting a {}-node cluster…", args.cluster.nodes);
-    let mut cluster = cluster::start(opts, Duration::from_millis(LEADER_WAIT_MS_MAX)).await?;
-    if args.cluster.keep {
-        cluster::keep(&mut cluster);
-    }
-    let result = trials(&mut cluster, &args).await;
-    if result.is_err() {
-        cluster::keep(&mut cluster);
-    }
-    cluster::shutdown(cluster).await;
-    result
+    let timeout = Duration::from_millis(LEADER_WAIT_MS_MAX);
+    cluster::run_on_own(&args.cluster, "failover", timeout, async |c| trials(c, &args).await).await
 }
 
 async fn trials(cluster: &mut LocalCluster, args: &FailoverArgs) -> Result<(), BenchError> {

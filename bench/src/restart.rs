@@ -16,9 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::cluster::{
-    self, dir_bytes, eager_retry_policy, parse_size, BenchError, ClusterOptions, OwnCluster, StopSignal, Ticker,
-};
+use super::cluster::{self, dir_bytes, eager_retry_policy, parse_size, BenchError, OwnCluster, StopSignal, Ticker};
 use super::stats::Latencies;
 use runnev::client::{Client, ClientError};
 use runnev::launcher::{LocalCluster, PROBE_INTERVAL_MS};
@@ -217,23 +215,8 @@ pub async fn run(args: RestartArgs) -> Result<(), BenchError> {
     if args.cluster.nodes < 2 {
         return Err(BenchError::Invalid("--nodes must be at least 2 (a follower is restarted)".into()));
     }
-    let opts = ClusterOptions {
-        nodes: args.cluster.nodes,
-        parent_dir: args.cluster.dir.clone(),
-        label: "restart".into(),
-        serve_args: vec![],
-    };
-    eprintln!("starting a {}-node cluster…", args.cluster.nodes);
-    let mut cluster = cluster::start(opts, Duration::from_millis(READY_MS_MAX)).await?;
-    if args.cluster.keep {
-        cluster::keep(&mut cluster);
-    }
-    let result = fill_and_restart(&mut cluster, &args).await;
-    if result.is_err() {
-        cluster::keep(&mut cluster);
-    }
-    cluster::shutdown(cluster).await;
-    result
+    let timeout = Duration::from_millis(READY_MS_MAX);
+    cluster::run_on_own(&args.cluster, "restart", timeout, async |c| fill_and_restart(c, &args).await).await
 }
 
 async fn fill_and_restart(cluster: &mut LocalCluster, args: &RestartArgs) -> Result<(), BenchError> {
