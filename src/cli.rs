@@ -189,6 +189,7 @@ pub fn bench(args: Vec<std::ffi::OsString>) -> anyhow::Error {
             beside.display()
         );
     };
+    // runnev-bench reads it as its cluster::RUNNEV_EXE_ENV.
     let err = std::process::Command::new(&bench).args(args).env("RUNNEV_EXE", &exe).exec();
     anyhow::anyhow!("running {}: {err}", bench.display())
 }

@@ -11,11 +11,8 @@ use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use runnev::client::Client;
 
+use crate::cluster::RUNNEV_EXE_ENV;
 use crate::publish::{run as run_load, stream_names, LoadArgs, RunnevTarget};
-
-/// The variable `runnev bench` sets to its own executable when it runs `runnev-bench`; the
-/// modes that start a cluster run that executable's `serve`.
-pub const RUNNEV_EXE_ENV: &str = "RUNNEV_EXE";
 
 #[derive(Parser)]
 #[command(

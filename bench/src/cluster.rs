@@ -14,6 +14,10 @@ use runnev::client::{Client, ClientError, RetryPolicy};
 use runnev::launcher::{ClusterSpec, LaunchError, LocalCluster, Signal};
 use runnev::net::TcpDialer;
 
+/// The variable `runnev bench` sets to its own executable when it runs `runnev-bench`; the
+/// modes that start a cluster run that executable's `serve`.
+pub const RUNNEV_EXE_ENV: &str = "RUNNEV_EXE";
+
 /// How long a node stopped with SIGTERM may take to exit before it gets SIGKILL, in ms.
 pub const STOP_TERM_MS_MAX: u64 = 15_000;
 
@@ -250,11 +254,11 @@ pub async fn shutdown(mut c: LocalCluster) {
 }
 
 /// The `runnev` executable the nodes run: the one that ran `runnev bench` (it sets
-/// [`crate::cli::RUNNEV_EXE_ENV`]), else a `runnev` beside this executable.
+/// [`RUNNEV_EXE_ENV`]), else a `runnev` beside this executable.
 ///
 /// Errors: neither is there.
 fn runnev_exe() -> Result<PathBuf, BenchError> {
-    if let Some(exe) = std::env::var_os(crate::cli::RUNNEV_EXE_ENV) {
+    if let Some(exe) = std::env::var_os(RUNNEV_EXE_ENV) {
         return Ok(PathBuf::from(exe));
     }
     let beside = std::env::current_exe()?.with_file_name("runnev");
