@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use runnev::launcher::{command_line, free_ports, log_tail, open_log, spawn_child, Signal};
+use runnev::launcher::{free_ports, log_tail, open_log, spawn_child, Signal};
 
 use crate::common::{prom_value, wait_for, Http, BIN};
 
@@ -110,7 +110,8 @@ impl Proc {
         for (k, v) in &self.envs {
             cmd.env(k, v);
         }
-        let heading = format!("test: start #{} of {}: {}", self.starts, self.name, command_line(&cmd));
+        // Not the command line: it holds the database URL, password included.
+        let heading = format!("test: start #{} of {}", self.starts, self.name);
         let log = open_log(&self.log, &heading).unwrap_or_else(|e| panic!("opening {}: {e}", self.log.display()));
         cmd.stdout(log.try_clone().expect("clone log handle")).stderr(log);
         *self.slot() = Some(spawn_child(cmd, Signal::Kill).unwrap_or_else(|e| panic!("spawning {BIN}: {e}")));
