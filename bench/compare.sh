@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side publish benchmark on this machine: a local three-node Runnev cluster (release
 # build) and a 3-node NATS JetStream R3 file-stream cluster (bench/peers/nats.sh), both driven
-# by the SAME Rust load generator (runnev::bench::publish: `runnev bench publish` for Runnev,
+# by the SAME Rust load generator (runnev_bench::publish: `runnev bench publish` for Runnev,
 # `runnev-peer-bench nats` from the bench/ crate for NATS), 1 KiB payloads.
 #
 #   bench/compare.sh [ROUNDS] [--update-doc]
@@ -53,7 +53,8 @@ mkdir -p "$LOGS"
 : > "$OUT"
 
 cargo build --release --locked -p runnev --bin runnev
-cargo build --release --locked -p runnev-bench --bin runnev-peer-bench
+# `runnev bench` runs runnev-bench from beside runnev.
+cargo build --release --locked -p runnev-bench --bin runnev-bench --bin runnev-peer-bench
 RUNNEV=target/release/runnev
 PEER_BENCH=target/release/runnev-peer-bench
 PORT=17001

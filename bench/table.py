@@ -5,7 +5,7 @@
   table.py --replace DOC SECTION.md        put SECTION.md between the results markers of DOC
   table.py --self-test                     check the math and the replacement
 
-Each line of RESULTS.jsonl is one `--json` summary of runnev::bench::publish, tagged by
+Each line of RESULTS.jsonl is one `--json` summary of runnev_bench::publish, tagged by
 compare.sh with system (runnev | nats-always | nats-default), mode (plain | seq) and round.
 """
 import datetime

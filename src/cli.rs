@@ -1,4 +1,5 @@
-//! Client commands of the `runnev` binary (SPEC §5): publish, subscribe, streams, status, bench.
+//! Client commands of the `runnev` binary (SPEC §5): publish, subscribe, streams, status, and the
+//! hand-over of `bench` to the benchmark's executable.
 //! Output is JSON lines when stdout is piped and readable text on a terminal.
 
 use std::io::{IsTerminal, Read, Write};
@@ -8,7 +9,6 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use base64::Engine;
 use futures::StreamExt;
-use runnev::bench::publish::{run as run_load, stream_names, LoadArgs, RunnevTarget};
 use runnev::client::{Client, CursorStore, Delivery, FileCursor};
 use runnev::stream::Retention;
 
@@ -132,7 +132,11 @@ pub async fn status(client: &Client) -> Result<()> {
     }
     if !tty() {
         for (node, v) in rows {
-            let v = v.unwrap_or_else(|e| serde_json::json!({"node": node, "error": e.to_string()}));
+            // Through a JSON value: keys sorted, as this output has always been.
+            let v = match v {
+                Ok(view) => serde_json::to_value(view)?,
+                Err(e) => serde_json::json!({"node": node, "error": e.to_string()}),
+            };
             println!("{v}");
         }
         return Ok(());
@@ -146,12 +150,12 @@ pub async fn status(client: &Client) -> Result<()> {
             Ok(v) => println!(
                 "{:<28} {:>4} {:>10} {:>7} {:>6} {:>10} {:>10}",
                 node,
-                v["node_id"].to_string(),
-                v["state"].as_str().unwrap_or("?"),
-                v["leader_id"].to_string(),
-                v["term"].to_string(),
-                v["commit_index"].to_string(),
-                v["applied_index"].to_string()
+                v.node_id.to_string(),
+                v.state,
+                v.leader_id.map_or_else(|| "null".to_string(), |l| l.to_string()),
+                v.term.to_string(),
+                v.commit_index.to_string(),
+                v.applied_index.to_string()
             ),
             Err(e) => println!("{node:<28} unreachable: {e}"),
         }
@@ -159,26 +163,42 @@ pub async fn status(client: &Client) -> Result<()> {
     Ok(())
 }
 
-/// `runnev bench publish` (and plain `runnev bench`): a bounded publish load with the generator
-/// of [`runnev::bench::publish`]; progress on stderr, then a table or one JSON line on stdout.
-pub async fn bench(client: &Client, args: &LoadArgs) -> Result<()> {
-    let spec = args.spec();
-    let names = stream_names(&args.stream, spec.streams);
-    let target = std::sync::Arc::new(RunnevTarget::new(client.clone(), names));
-    let summary = run_load(target, &spec, !args.quiet).await?;
-    if args.json {
-        println!("{}", summary.json_line());
-    } else {
-        print!("{}", summary.table());
-    }
-    Ok(())
+/// The benchmark's executable, which `runnev bench` runs.
+const BENCH_EXE: &str = "runnev-bench";
+
+/// `runnev bench ARGS`: replaces this process with `runnev-bench ARGS` (the benchmark is not
+/// linked into `runnev`), found beside this executable, else on `PATH`. It learns this
+/// executable's path from `RUNNEV_EXE`, to start `runnev serve` nodes of the same build.
+/// Returns only on failure: the error says how to build it when it is missing.
+pub fn bench(args: Vec<std::ffi::OsString>) -> anyhow::Error {
+    use std::os::unix::process::CommandExt;
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return anyhow::anyhow!("finding this executable: {e}"),
+    };
+    let beside = exe.with_file_name(BENCH_EXE);
+    let on_path = || {
+        std::env::var_os("PATH")
+            .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(BENCH_EXE)).find(|p| p.is_file()))
+    };
+    let Some(bench) = Some(beside.clone()).filter(|p| p.is_file()).or_else(on_path) else {
+        return anyhow::anyhow!(
+            "`runnev bench` runs {BENCH_EXE}, which is neither at {} nor on PATH; build it with \
+             `cargo build --release -p runnev-bench` (or `cargo build -p runnev-bench` for a debug \
+             runnev; plain `cargo build` at the repository root builds both)",
+            beside.display()
+        );
+    };
+    // runnev-bench reads it as its cluster::RUNNEV_EXE_ENV.
+    let err = std::process::Command::new(&bench).args(args).env("RUNNEV_EXE", &exe).exec();
+    anyhow::anyhow!("running {}: {err}", bench.display())
 }
 
 /// `runnev probe URL`: succeeds when URL answers 2xx in time (for health checks in images that
 /// have no curl).
 pub async fn probe(url: &str, timeout: Duration) -> Result<()> {
     let http = runnev::net::http_client(std::sync::Arc::new(runnev::net::TcpDialer));
-    match runnev::net::get(&http, url, timeout, 64 * 1024).await {
+    match runnev::net::get(&http, url, timeout, runnev::limits::CLI_PROBE_BYTES_MAX).await {
         Ok((status, _)) if status.is_success() => Ok(()),
         Ok((status, _)) => bail!("{url} answered {status}"),
         Err(e) => bail!("{e}"),

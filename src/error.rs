@@ -5,11 +5,11 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 
 use crate::limits::RETRY_AFTER_SECS;
 use crate::storage::StoreError;
 use crate::stream::{NameError, PublishRejection};
+use crate::wire::{ErrorBody, ErrorDetail};
 
 /// Header on a `503` whose write may still commit (see [`ApiError::OutcomeUnknown`]).
 pub const OUTCOME_HEADER: &str = "runnev-outcome";
@@ -65,13 +65,11 @@ pub enum ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        let text = e.to_string();
-        // ENOSPC surfaces through redb and std::io as "No space left on device".
-        if text.contains("No space left") {
-            ApiError::StorageFull(format!("this node's disk is full: {text}"))
+        if e.is_storage_full() {
+            ApiError::StorageFull(format!("this node's disk is full: {e}"))
         } else {
-            tracing::error!(error = %text, "storage failure");
-            ApiError::Internal(format!("storage failure: {text}"))
+            tracing::error!(error = %e, "storage failure");
+            ApiError::Internal(format!("storage failure: {e}"))
         }
     }
 }
@@ -101,21 +99,10 @@ impl ApiError {
     }
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    error: Detail<'a>,
-}
-
-#[derive(Serialize)]
-struct Detail<'a> {
-    code: &'a str,
-    message: String,
-}
-
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        let body = Body { error: Detail { code, message: self.to_string() } };
+        let body = ErrorBody { error: ErrorDetail { code: code.to_string(), message: self.to_string() } };
         let mut resp = (status, axum::Json(body)).into_response();
         match self {
             ApiError::NoLeader(_) => {
@@ -152,6 +139,24 @@ mod tests {
             code(PublishRejection::SeqEvicted { seq: 1, evicted_through: 2 }),
             (StatusCode::CONFLICT, "seq_evicted")
         );
+    }
+
+    /// A full disk is told by its error kind, from file I/O or through redb, whatever the
+    /// message; any other storage failure is this node's fault.
+    #[test]
+    fn a_full_disk_is_507_by_its_kind() {
+        let full = || std::io::Error::new(std::io::ErrorKind::StorageFull, "disk quota");
+        for e in [
+            StoreError::Io(full()),
+            StoreError::Db(redb::Error::Io(full())),
+            StoreError::Io(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+        ] {
+            assert_eq!(ApiError::from(e).status_and_code(), (StatusCode::INSUFFICIENT_STORAGE, "storage_full"));
+        }
+        let other = StoreError::Io(std::io::Error::other("No space left, says the message"));
+        assert_eq!(ApiError::from(other).status_and_code(), (StatusCode::INTERNAL_SERVER_ERROR, "internal"));
+        let durability = StoreError::Durability(redb::SetDurabilityError::NonDurableCommitUnsupported);
+        assert!(durability.to_string().starts_with("setting a transaction's durability"), "{durability}");
     }
 
     #[test]

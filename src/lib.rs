@@ -1,4 +1,4 @@
-//! Runnev: a Raft-replicated, clustered log service (see `README.md` and `../shared/SPEC.md`).
+//! Runnev: a Raft-replicated, clustered log service (see `README.md`; the contract, SPEC, is under `docs/`).
 //!
 //! How a publish flows, module by module:
 //! 1. [`api`] parses `POST /v1/streams/{name}/batches` and validates it (names and rules from
@@ -11,13 +11,14 @@
 //!    and the outcome returns to the client.
 //!
 //! Reads and subscriptions are served by any node from its applied state in [`storage`].
-//! [`node`] wires one node together; [`local`] runs a three-node cluster on one machine.
+//! [`node`] wires one node together; [`launcher`] starts `runnev serve` processes on one machine,
+//! for [`local`] (a three-node cluster), the benchmark and the tests.
 #![deny(missing_docs)]
 
 pub mod api;
-pub mod bench;
 pub mod client;
 pub mod error;
+pub mod launcher;
 pub mod limits;
 pub mod local;
 pub mod net;
@@ -26,3 +27,4 @@ pub mod outbox;
 pub mod raft;
 pub mod storage;
 pub mod stream;
+pub mod wire;

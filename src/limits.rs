@@ -122,3 +122,92 @@ pub const SM_DURABLE_EVERY_ENTRIES: u64 = 1_000;
 /// The state machine also commits durably after this many applied payload bytes (whichever of
 /// the two limits comes first).
 pub const SM_DURABLE_EVERY_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Largest body a node reads back from a forwarded write's leader, in bytes (answers to writes
+/// are small JSON documents).
+pub const FORWARDED_ANSWER_BYTES_MAX: usize = 1024 * 1024;
+
+/// While a write waits for a leader, how often it looks again even when Raft reports no change,
+/// in ms.
+pub const LEADER_RECHECK_MS: u64 = 100;
+
+/// Deadline of one probe of a peer (cluster formation's `/v1/cluster`, a membership change's
+/// `/healthz`), in ms.
+pub const PEER_PROBE_MS: u64 = 1_000;
+/// Largest probe answer read from a peer, in bytes.
+pub const PEER_PROBE_BYTES_MAX: usize = 1024 * 1024;
+
+/// How long an idle pooled HTTP connection between nodes (or of a client) is kept, in ms.
+pub const HTTP_POOL_IDLE_MS: u64 = 30_000;
+
+/// Bytes a log entry adds around its payloads (postcard framing of the entry and its commands),
+/// counted when sizing appends so that one entry always fits one Raft RPC.
+pub const ENTRY_FRAMING_BYTES: usize = 4096;
+
+/// Largest answer `runnev probe` reads, in bytes.
+pub const CLI_PROBE_BYTES_MAX: usize = 64 * 1024;
+
+/// Largest record accepted when reading a snapshot, in bytes: a batch of the largest allowed size
+/// plus its key, with room to spare. Guards against a corrupt length.
+pub const SNAPSHOT_RECORD_BYTES_MAX: u32 = 64 * 1024 * 1024;
+
+/// Largest answer body the client reads, in bytes: a read of [`READ_BATCHES_MAX`] batches,
+/// base64-encoded.
+pub const CLIENT_ANSWER_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// Extra time the client gives a membership change beyond its request timeout, in ms (catch-up
+/// and two commits).
+pub const CLIENT_MEMBER_CHANGE_EXTRA_MS: u64 = 30_000;
+
+/// The client's default deadline of one HTTP exchange, in ms.
+pub const CLIENT_REQUEST_TIMEOUT_MS: u64 = 10_000;
+/// The client's default first backoff between attempts, in ms; it doubles up to
+/// [`CLIENT_BACKOFF_MAX_MS`].
+pub const CLIENT_BACKOFF_MIN_MS: u64 = 50;
+/// The client's default largest backoff between attempts, in ms.
+pub const CLIENT_BACKOFF_MAX_MS: u64 = 2_000;
+/// How long the client keeps retrying a call by default, in ms.
+pub const CLIENT_GIVE_UP_MS: u64 = 30_000;
+
+/// A subscription connection silent (not even a keep-alive) for this long is presumed dead and
+/// the client reconnects, in ms: three server keep-alive intervals.
+pub const SUBSCRIPTION_IDLE_MS: u64 = 30_000;
+/// How often a subscription checks its connection for silence, in ms.
+pub const SUBSCRIPTION_IDLE_CHECK_MS: u64 = 5_000;
+
+/// Longest stream name, in bytes (each of its characters is ASCII).
+const STREAM_NAME_BYTES_MAX: usize = STREAM_NAME_CHARS_MAX;
+
+// The relations between the limits, checked when the crate compiles.
+
+// A batch of the largest size, with its key, fits one snapshot record.
+const _: () = assert!(BATCH_BYTES_MAX + STREAM_NAME_BYTES_MAX + 64 <= SNAPSHOT_RECORD_BYTES_MAX as usize);
+// The default batch limit is one a node accepts.
+const _: () = assert!(BATCH_BYTES_DEFAULT <= BATCH_BYTES_MAX);
+// A full proposal plus one batch of the largest size, framed, fits one Raft RPC: an entry
+// always travels.
+const _: () = assert!(PROPOSAL_BYTES_MAX + BATCH_BYTES_MAX + ENTRY_FRAMING_BYTES <= RAFT_RPC_BYTES_MAX);
+// A full proposal is sent whole in one append (the transport cuts appends past the budget).
+const _: () = assert!(PROPOSAL_BYTES_MAX as u64 <= RAFT_APPEND_BYTES_MAX);
+// A snapshot chunk fits one Raft RPC.
+const _: () = assert!(SNAPSHOT_CHUNK_BYTES <= RAFT_RPC_BYTES_MAX as u64);
+// SPEC §4: a subscription hears something at least every 15 s.
+const _: () = assert!(SUBSCRIBE_KEEPALIVE_MS < 15_000);
+// A client presumes a subscription dead only after missing three keep-alives.
+const _: () = assert!(SUBSCRIPTION_IDLE_MS >= 3 * SUBSCRIBE_KEEPALIVE_MS);
+// Raft paper §5.2, §9: heartbeats come well within the election timeout, whose range is not
+// empty.
+const _: () = assert!(RAFT_HEARTBEAT_MS < RAFT_ELECTION_TIMEOUT_MIN_MS);
+const _: () = assert!(RAFT_ELECTION_TIMEOUT_MIN_MS < RAFT_ELECTION_TIMEOUT_MAX_MS);
+// The default read size is one the API accepts.
+const _: () = assert!(READ_BATCHES_DEFAULT <= READ_BATCHES_MAX);
+// The largest read answer (its payload capped at the soft cap or one largest batch, base64,
+// plus each batch's JSON) fits what the client reads.
+const _: () = {
+    let payload = if READ_ANSWER_BYTES_MAX > BATCH_BYTES_MAX { READ_ANSWER_BYTES_MAX } else { BATCH_BYTES_MAX };
+    assert!((payload / 3 + 1) * 4 + READ_BATCHES_MAX * 64 <= CLIENT_ANSWER_BYTES_MAX);
+};
+// The leader gives up on a commit before the node that forwarded the write gives up on it.
+const _: () = assert!(LEADER_WAIT_MS + COMMIT_WAIT_MS < FORWARD_TIMEOUT_MS);
+// A stream name fits a forwarded answer many times over (answers name the stream).
+const _: () = assert!(ADMIN_BODY_BYTES_MAX <= FORWARDED_ANSWER_BYTES_MAX);

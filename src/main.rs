@@ -83,28 +83,6 @@ pub enum StreamsCmd {
     },
 }
 
-/// `runnev bench` subcommands.
-#[derive(Subcommand)]
-enum BenchCmd {
-    /// Bounded publish load; prints msgs/s, MB/s and latency percentiles (the default).
-    Publish(BenchPublishArgs),
-    /// Catch-up read of a whole stream from a follower by one consumer (poll and SSE); MB/s.
-    Catchup(runnev::bench::catchup::CatchupArgs),
-    /// Kill (or restart) the leader of a cluster it starts, repeatedly; unavailability window.
-    Failover(runnev::bench::failover::FailoverArgs),
-    /// Fill a cluster it starts, then restart a follower; time until it is ready.
-    Restart(runnev::bench::restart::RestartArgs),
-}
-
-/// Flags of `runnev bench publish` (also accepted by plain `runnev bench`).
-#[derive(clap::Args)]
-struct BenchPublishArgs {
-    #[command(flatten)]
-    at: ClientArgs,
-    #[command(flatten)]
-    load: runnev::bench::publish::LoadArgs,
-}
-
 #[derive(Subcommand)]
 enum Cmd {
     /// Run one node.
@@ -201,13 +179,13 @@ enum Cmd {
         #[command(flatten)]
         at: ClientArgs,
     },
-    /// Load and fault benchmarks; without a subcommand, `runnev bench [FLAGS]` is `bench publish`.
-    #[command(args_conflicts_with_subcommands = true)]
+    /// Load and fault benchmarks (publish, catchup, failover, restart), run by the runnev-bench
+    /// executable beside this one; `runnev bench --help` lists them.
+    #[command(disable_help_flag = true)]
     Bench {
-        #[command(subcommand)]
-        cmd: Option<BenchCmd>,
-        #[command(flatten)]
-        publish: BenchPublishArgs,
+        /// Passed to runnev-bench as they are.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
     },
     /// Relay committed rows of a PostgreSQL outbox table into streams, each exactly once.
     OutboxRelay(runnev::outbox::cli::RelayArgs),
@@ -267,14 +245,7 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    runnev::node::init_logging();
     match Cli::parse().command {
         Cmd::Serve {
             id,
@@ -326,14 +297,10 @@ async fn run() -> Result<()> {
                 ClusterCmd::Add { id, addr, learner } => client.add_member(id, &addr, !learner).await?,
                 ClusterCmd::Remove { id } => client.remove_member(id).await?,
             };
-            println!("{view}");
+            // Through a JSON value: keys sorted, as this output has always been.
+            println!("{}", serde_json::to_value(view)?);
         }
-        Cmd::Bench { cmd, publish } => match cmd.unwrap_or(BenchCmd::Publish(publish)) {
-            BenchCmd::Publish(a) => cli::bench(&a.at.client()?, &a.load).await?,
-            BenchCmd::Catchup(a) => runnev::bench::catchup::run(a).await?,
-            BenchCmd::Failover(a) => runnev::bench::failover::run(a).await?,
-            BenchCmd::Restart(a) => runnev::bench::restart::run(a).await?,
-        },
+        Cmd::Bench { args } => return Err(cli::bench(args)),
         Cmd::OutboxRelay(args) => runnev::outbox::cli::relay(args, shutdown_signal()).await?,
         Cmd::SinkPostgres(args) => runnev::outbox::cli::sink(args, shutdown_signal()).await?,
     }

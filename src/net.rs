@@ -108,11 +108,12 @@ impl tower::Service<Uri> for DialConnector {
 /// The HTTP/1.1 client nodes use for Raft RPCs and forwarding, with pooled keep-alive connections.
 pub type HttpClient = hyper_util::client::legacy::Client<DialConnector, Full<Bytes>>;
 
-/// Builds an [`HttpClient`] over `dialer`. Idle pooled connections close after 30 s.
+/// Builds an [`HttpClient`] over `dialer`. Idle pooled connections close after
+/// [`crate::limits::HTTP_POOL_IDLE_MS`].
 pub fn http_client(dialer: Arc<dyn Dialer>) -> HttpClient {
     hyper_util::client::legacy::Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(Duration::from_secs(30))
+        .pool_idle_timeout(Duration::from_millis(crate::limits::HTTP_POOL_IDLE_MS))
         .build(DialConnector(dialer))
 }
 

@@ -22,6 +22,19 @@ use crate::storage::log_store::LogStore;
 use crate::storage::state_machine::StateMachine;
 use crate::storage::{Store, StoreError};
 
+/// Installs this process's `tracing` subscriber: plain lines on stderr (coloured on a
+/// terminal), filtered by `RUST_LOG`, else `info,openraft=warn`. For `runnev` and `runnev-bench`.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
 /// A node's configuration (the flags of `runnev serve`, SPEC §5).
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -66,7 +79,7 @@ fn raft_config(cfg: &NodeConfig) -> Result<openraft::Config, NodeError> {
         )));
     }
     // An entry holds at most PROPOSAL_BYTES_MAX plus one batch; size appends to fit one RPC.
-    let entry_bytes_max = (PROPOSAL_BYTES_MAX + cfg.max_batch_bytes + 4096) as u64;
+    let entry_bytes_max = (PROPOSAL_BYTES_MAX + cfg.max_batch_bytes + ENTRY_FRAMING_BYTES) as u64;
     let entries_per_append = (RAFT_RPC_BYTES_MAX as u64 / entry_bytes_max).clamp(1, RAFT_ENTRIES_PER_APPEND_MAX);
     let c = openraft::Config {
         cluster_name: "runnev".into(),

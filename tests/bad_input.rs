@@ -1,5 +1,6 @@
 //! Bad input gets the SPEC's error answers (status, JSON error body, Runnev-Node header) on
-//! every node, never crashes a node and never changes state.
+//! every node, never crashes a node and never changes state: one rule per test, each on a
+//! cluster of its own ([`Fixture`]).
 
 mod common;
 
@@ -188,63 +189,116 @@ async fn state_of(c: &Cluster, node: u64, long_name: &str, min_index: u64) -> St
     State { list, good, long, batches }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_is_rejected_without_state_change() {
-    let c = Cluster::start(3, &[]).await;
-    let http = c.http.clone();
-    let leader = c.leader().await;
-    let lurl = c.url(leader);
+/// A cluster with two streams and four batches (the last exactly `MAX_BATCH` bytes), every
+/// node's view of them, and a [`Checker`]: each test below sends one kind of bad request to every
+/// node, then [`Fixture::finish`] checks that nothing changed and every node is still up.
+struct Fixture {
+    c: Cluster,
+    long_name: String,
+    max_index: u64,
+    big: Vec<u8>,
+    before: Vec<State>,
+    ck: Checker,
+}
 
-    // ---------------------------------------------------------------- setup (valid requests)
-    create_stream(&http, &lurl, "good").await;
-    let long_name: String = "L".repeat(128);
-    let r = http.put(&format!("{lurl}/v1/streams/{long_name}"), None).await.unwrap();
-    assert_eq!(r.status, 201, "a 128-char name is valid: {}", r.describe());
-    let mut max_index = 0;
-    for i in 1..=3u64 {
-        let r = http.post(&format!("{lurl}/v1/streams/good/batches"), format!("batch-{i}")).await.unwrap();
-        assert_eq!(r.status, 201, "{}", r.describe());
-        assert_eq!(r.json()["seq"].as_u64(), Some(i), "{}", r.describe());
-        max_index = max_index.max(r.json()["index"].as_u64().unwrap());
-    }
-    // Exactly max_batch_bytes is accepted (through a follower, so forwarding carries it).
-    let follower = c.followers().await[0];
-    let big: Vec<u8> = (0..MAX_BATCH).map(|i| (i % 251) as u8).collect();
-    let r = http.post(&format!("{}/v1/streams/good/batches", c.url(follower)), big.clone()).await.unwrap();
-    assert_eq!(r.status, 201, "a payload of exactly {MAX_BATCH} bytes must be accepted: {}", r.describe());
-    assert_eq!(r.json()["seq"].as_u64(), Some(4), "{}", r.describe());
-    max_index = max_index.max(r.json()["index"].as_u64().unwrap());
+impl Fixture {
+    async fn start() -> Fixture {
+        let c = Cluster::start(3, &[]).await;
+        let http = c.http.clone();
+        let leader = c.leader().await;
+        let lurl = c.url(leader);
 
-    let mut before = Vec::new();
-    for id in c.ids() {
-        before.push(state_of(&c, id, &long_name, max_index).await);
-    }
-    assert_eq!(before[0].batches.len(), 4, "setup: 'good' should hold 4 batches");
-    assert!(before[0].batches[3].data == big, "the 1 MiB batch does not read back byte for byte");
-    for (i, s) in before.iter().enumerate().skip(1) {
-        if let Some(d) = s.diff(&before[0]) {
-            panic!("setup: node {} vs node 1 differ: {d}", i + 1);
+        create_stream(&http, &lurl, "good").await;
+        let long_name: String = "L".repeat(128);
+        let r = http.put(&format!("{lurl}/v1/streams/{long_name}"), None).await.unwrap();
+        assert_eq!(r.status, 201, "a 128-char name is valid: {}", r.describe());
+        let mut max_index = 0;
+        for i in 1..=3u64 {
+            let r = http.post(&format!("{lurl}/v1/streams/good/batches"), format!("batch-{i}")).await.unwrap();
+            assert_eq!(r.status, 201, "{}", r.describe());
+            assert_eq!(r.json()["seq"].as_u64(), Some(i), "{}", r.describe());
+            max_index = max_index.max(r.json()["index"].as_u64().unwrap());
         }
+        // Exactly max_batch_bytes is accepted (through a follower, so forwarding carries it).
+        let follower = c.followers().await[0];
+        let big: Vec<u8> = (0..MAX_BATCH).map(|i| (i % 251) as u8).collect();
+        let r = http.post(&format!("{}/v1/streams/good/batches", c.url(follower)), big.clone()).await.unwrap();
+        assert_eq!(r.status, 201, "a payload of exactly {MAX_BATCH} bytes must be accepted: {}", r.describe());
+        assert_eq!(r.json()["seq"].as_u64(), Some(4), "{}", r.describe());
+        max_index = max_index.max(r.json()["index"].as_u64().unwrap());
+
+        let mut before = Vec::new();
+        for id in c.ids() {
+            before.push(state_of(&c, id, &long_name, max_index).await);
+        }
+        assert_eq!(before[0].batches.len(), 4, "setup: 'good' should hold 4 batches");
+        assert!(before[0].batches[3].data == big, "the 1 MiB batch does not read back byte for byte");
+        for (i, s) in before.iter().enumerate().skip(1) {
+            if let Some(d) = s.diff(&before[0]) {
+                panic!("setup: node {} vs node 1 differ: {d}", i + 1);
+            }
+        }
+        let ck = Checker { http, failures: Vec::new(), checked: 0 };
+        Fixture { c, long_name, max_index, big, before, ck }
     }
 
-    // ---------------------------------------------------------------- bad requests
-    let mut ck = Checker { http: http.clone(), failures: Vec::new(), checked: 0 };
-    for id in c.ids() {
-        let base = c.url(id);
+    /// Every node is up, holds exactly what it held before the bad requests, and no stream they
+    /// named was created; then every check of the test must have passed.
+    async fn finish(mut self) {
+        let (c, ck, http) = (&self.c, &mut self.ck, self.c.http.clone());
+        for id in c.ids() {
+            let r = http.get(&format!("{}/healthz", c.url(id))).await;
+            match r {
+                Ok(r) if r.status == 200 => {}
+                other => ck.failures.push(format!("node {id} /healthz after the bad requests: {other:?}")),
+            }
+        }
+        // Wait for anything a bad request might have (wrongly) committed to be applied everywhere:
+        // read with min_index = the leader's current commit index.
+        let leader = c.leader().await;
+        let commit = c.cluster_info(leader).await.unwrap().commit_index;
+        for (i, id) in c.ids().into_iter().enumerate() {
+            let after = state_of(c, id, &self.long_name, commit.max(self.max_index)).await;
+            if let Some(d) = self.before[i].diff(&after) {
+                ck.failures.push(format!("node {id}: state changed by the bad requests (before vs after): {d}"));
+            }
+        }
+        for name in ["x", "missing"] {
+            let r = http.get(&format!("{}/v1/streams/{name}", c.url(leader))).await.unwrap();
+            if r.status != 404 {
+                ck.failures.push(format!("stream {name} should not exist: {}", r.describe()));
+            }
+        }
 
-        // Malformed / mistyped JSON bodies → 400 invalid_body (new and existing stream).
-        let bodies: Vec<&[u8]> = vec![
-            b"{",
-            b"not json",
-            b"{\"retention\": 5}",
-            b"{\"retention\": {\"max_batches\": \"ten\"}}",
-            b"{\"retention\": {\"max_batches\": -1}}",
-            b"[1, 2, 3]",
-            b"\xff\xfe\x00",
-        ];
+        println!("{} checks, {} failures", ck.checked, ck.failures.len());
+        assert!(
+            ck.failures.is_empty(),
+            "{} of {} checks failed:\n{}",
+            ck.failures.len(),
+            ck.checked,
+            ck.failures.join("\n")
+        );
+    }
+}
+
+/// Malformed or mistyped JSON bodies → 400 invalid_body (new and existing stream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_bodies_are_invalid_body() {
+    let mut f = Fixture::start().await;
+    let bodies: Vec<&[u8]> = vec![
+        b"{",
+        b"not json",
+        b"{\"retention\": 5}",
+        b"{\"retention\": {\"max_batches\": \"ten\"}}",
+        b"{\"retention\": {\"max_batches\": -1}}",
+        b"[1, 2, 3]",
+        b"\xff\xfe\x00",
+    ];
+    for id in f.c.ids() {
+        let base = f.c.url(id);
         for name in ["x", "good"] {
             for b in &bodies {
-                ck.expect_error(
+                f.ck.expect_error(
                     id,
                     Method::PUT,
                     &format!("{base}/v1/streams/{name}"),
@@ -256,8 +310,16 @@ async fn bad_input_is_rejected_without_state_change() {
                 .await;
             }
         }
+    }
+    f.finish().await;
+}
 
-        // Unknown paths → 404 not_found.
+/// Unknown paths → 404 not_found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_paths_are_not_found() {
+    let mut f = Fixture::start().await;
+    for id in f.c.ids() {
+        let base = f.c.url(id);
         for (m, p) in [
             (Method::GET, "/nope"),
             (Method::GET, "/v1/nope"),
@@ -265,13 +327,22 @@ async fn bad_input_is_rejected_without_state_change() {
             (Method::POST, "/v1/nothing/here"),
             (Method::GET, "/v2/streams"),
         ] {
-            ck.expect_error(id, m, &format!("{base}{p}"), None, None, 404, "not_found").await;
+            f.ck.expect_error(id, m, &format!("{base}{p}"), None, None, 404, "not_found").await;
         }
+    }
+    f.finish().await;
+}
 
-        // Bad stream names → 400 invalid_stream_name, on every stream endpoint.
-        let too_long = "a".repeat(129);
-        let bad_names =
-            ["a%20b", too_long.as_str(), "..", ".", "%2E%2E", "a%2Fb", "a%5Cb", "%C3%A9", "a*b", "a%00b", "a+b", "a~b"];
+/// Bad stream names → 400 invalid_stream_name, on every stream endpoint; an empty name is a
+/// path problem: some 4xx, still a SPEC error body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_stream_names_are_invalid_stream_name() {
+    let mut f = Fixture::start().await;
+    let too_long = "a".repeat(129);
+    let bad_names =
+        ["a%20b", too_long.as_str(), "..", ".", "%2E%2E", "a%2Fb", "a%5Cb", "%C3%A9", "a*b", "a%00b", "a+b", "a~b"];
+    for id in f.c.ids() {
+        let base = f.c.url(id);
         for name in bad_names {
             for (m, suffix, body) in [
                 (Method::PUT, "", None),
@@ -281,7 +352,7 @@ async fn bad_input_is_rejected_without_state_change() {
                 (Method::GET, "/batches", None),
                 (Method::GET, "/subscribe", None),
             ] {
-                ck.expect_error(
+                f.ck.expect_error(
                     id,
                     m,
                     &format!("{base}/v1/streams/{name}{suffix}"),
@@ -293,26 +364,31 @@ async fn bad_input_is_rejected_without_state_change() {
                 .await;
             }
         }
-        // Empty name is a path problem: some 4xx, still a SPEC error body.
-        {
-            ck.checked += 1;
-            let url = format!("{base}/v1/streams/");
-            match http.put(&url, None).await {
-                Ok(r) => {
-                    let code = r.error_code().unwrap_or_default();
-                    let st = r.status;
-                    if !(400..500).contains(&st) || error_problem(&r, st, &code).is_some() || code.is_empty() {
-                        ck.failures.push(format!(
-                            "node {id}: PUT /v1/streams/ (empty name): expected a 4xx SPEC error, got {}",
-                            r.describe()
-                        ));
-                    }
+        f.ck.checked += 1;
+        let url = format!("{base}/v1/streams/");
+        match f.c.http.put(&url, None).await {
+            Ok(r) => {
+                let code = r.error_code().unwrap_or_default();
+                let st = r.status;
+                if !(400..500).contains(&st) || error_problem(&r, st, &code).is_some() || code.is_empty() {
+                    f.ck.failures.push(format!(
+                        "node {id}: PUT /v1/streams/ (empty name): expected a 4xx SPEC error, got {}",
+                        r.describe()
+                    ));
                 }
-                Err(e) => ck.failures.push(format!("node {id}: PUT /v1/streams/: {e}")),
             }
+            Err(e) => f.ck.failures.push(format!("node {id}: PUT /v1/streams/: {e}")),
         }
+    }
+    f.finish().await;
+}
 
-        // Missing stream → 404 stream_not_found.
+/// A missing stream → 404 stream_not_found, for writes and reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_streams_are_stream_not_found() {
+    let mut f = Fixture::start().await;
+    for id in f.c.ids() {
+        let base = f.c.url(id);
         for (m, p, body) in [
             (Method::POST, "/v1/streams/missing/batches", Some(Bytes::from_static(b"x"))),
             (Method::POST, "/v1/streams/missing/batches?seq=5", Some(Bytes::from_static(b"x"))),
@@ -320,31 +396,47 @@ async fn bad_input_is_rejected_without_state_change() {
             (Method::GET, "/v1/streams/missing/batches?after=0", None),
             (Method::DELETE, "/v1/streams/missing", None),
         ] {
-            ck.expect_error(id, m, &format!("{base}{p}"), body, None, 404, "stream_not_found").await;
+            f.ck.expect_error(id, m, &format!("{base}{p}"), body, None, 404, "stream_not_found").await;
         }
+    }
+    f.finish().await;
+}
 
-        // One byte over max_batch_bytes → 413 payload_too_large. Sent on a client of its own:
-        // the server closes the connection after this answer without saying so (see
-        // `oversized_publish_leaves_connection_usable_or_announces_close`), which must not turn
-        // the following checks into transport errors.
-        let mut over = big.clone();
-        over.push(7);
-        let shared = std::mem::take(&mut ck.http);
-        ck.expect_error(
+/// One byte over max_batch_bytes → 413 payload_too_large. Sent on a client of its own: the
+/// server closes the connection after this answer without saying so (see
+/// `oversized_publish_leaves_connection_usable_or_announces_close`), which must not turn the
+/// following checks into transport errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_byte_over_the_batch_limit_is_payload_too_large() {
+    let mut f = Fixture::start().await;
+    let mut over = f.big.clone();
+    over.push(7);
+    for id in f.c.ids() {
+        let base = f.c.url(id);
+        let shared = std::mem::take(&mut f.ck.http);
+        f.ck.expect_error(
             id,
             Method::POST,
             &format!("{base}/v1/streams/good/batches"),
-            Some(Bytes::from(over)),
+            Some(Bytes::from(over.clone())),
             Some("application/octet-stream"),
             413,
             "payload_too_large",
         )
         .await;
-        ck.http = shared;
+        f.ck.http = shared;
+    }
+    f.finish().await;
+}
 
-        // Bad ?seq → 400 invalid_seq.
+/// A bad `?seq` → 400 invalid_seq.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_seqs_are_invalid_seq() {
+    let mut f = Fixture::start().await;
+    for id in f.c.ids() {
+        let base = f.c.url(id);
         for s in ["abc", "0", "-1", "1.5", "18446744073709551616", "0x10", "%201"] {
-            ck.expect_error(
+            f.ck.expect_error(
                 id,
                 Method::POST,
                 &format!("{base}/v1/streams/good/batches?seq={s}"),
@@ -355,8 +447,18 @@ async fn bad_input_is_rejected_without_state_change() {
             )
             .await;
         }
-        // Idempotency answers that write nothing.
-        ck.expect_error(
+    }
+    f.finish().await;
+}
+
+/// The idempotency answers write nothing: another payload at a stored seq → 409 seq_conflict,
+/// the same payload → 200 `duplicate: true`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_answers_write_nothing() {
+    let mut f = Fixture::start().await;
+    for id in f.c.ids() {
+        let base = f.c.url(id);
+        f.ck.expect_error(
             id,
             Method::POST,
             &format!("{base}/v1/streams/good/batches?seq=2"),
@@ -366,8 +468,8 @@ async fn bad_input_is_rejected_without_state_change() {
             "seq_conflict",
         )
         .await;
-        if let Some(r) = ck
-            .expect_status(
+        if let Some(r) =
+            f.ck.expect_status(
                 id,
                 Method::POST,
                 &format!("{base}/v1/streams/good/batches?seq=2"),
@@ -379,12 +481,20 @@ async fn bad_input_is_rejected_without_state_change() {
             if r.status == 200 {
                 let v = r.json();
                 if v["duplicate"] != Value::Bool(true) || v["seq"].as_u64() != Some(2) {
-                    ck.failures.push(format!("node {id}: duplicate publish of seq 2: {v}"));
+                    f.ck.failures.push(format!("node {id}: duplicate publish of seq 2: {v}"));
                 }
             }
         }
+    }
+    f.finish().await;
+}
 
-        // Bad read parameters → 400 invalid_parameter.
+/// Bad read parameters → 400 invalid_parameter, while the boundaries are fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_read_parameters_are_invalid_parameter() {
+    let mut f = Fixture::start().await;
+    for id in f.c.ids() {
+        let base = f.c.url(id);
         for q in [
             "limit=0",
             "limit=10001",
@@ -399,7 +509,7 @@ async fn bad_input_is_rejected_without_state_change() {
             "min_index=abc",
             "min_index=-1",
         ] {
-            ck.expect_error(
+            f.ck.expect_error(
                 id,
                 Method::GET,
                 &format!("{base}/v1/streams/good/batches?{q}"),
@@ -410,44 +520,11 @@ async fn bad_input_is_rejected_without_state_change() {
             )
             .await;
         }
-        // …while the boundaries are fine.
         for q in ["limit=1", "limit=10000", "wait_ms=0", "wait_ms=60000&after=0", "after=-1", "after=0&limit=2"] {
-            ck.expect_status(id, Method::GET, &format!("{base}/v1/streams/good/batches?{q}"), None, 200).await;
+            f.ck.expect_status(id, Method::GET, &format!("{base}/v1/streams/good/batches?{q}"), None, 200).await;
         }
     }
-
-    // ---------------------------------------------------------------- nothing changed
-    for id in c.ids() {
-        let r = http.get(&format!("{}/healthz", c.url(id))).await;
-        match r {
-            Ok(r) if r.status == 200 => {}
-            other => ck.failures.push(format!("node {id} /healthz after the bad requests: {other:?}")),
-        }
-    }
-    // Wait for anything a bad request might have (wrongly) committed to be applied everywhere:
-    // read with min_index = the leader's current commit index.
-    let commit = c.cluster_info(c.leader().await).await.unwrap()["commit_index"].as_u64().unwrap_or(max_index);
-    for (i, id) in c.ids().into_iter().enumerate() {
-        let after = state_of(&c, id, &long_name, commit.max(max_index)).await;
-        if let Some(d) = before[i].diff(&after) {
-            ck.failures.push(format!("node {id}: state changed by the bad requests (before vs after): {d}"));
-        }
-    }
-    for name in ["x", "missing"] {
-        let r = http.get(&format!("{lurl}/v1/streams/{name}")).await.unwrap();
-        if r.status != 404 {
-            ck.failures.push(format!("stream {name} should not exist: {}", r.describe()));
-        }
-    }
-
-    println!("{} checks, {} failures", ck.checked, ck.failures.len());
-    assert!(
-        ck.failures.is_empty(),
-        "{} of {} checks failed:\n{}",
-        ck.failures.len(),
-        ck.checked,
-        ck.failures.join("\n")
-    );
+    f.finish().await;
 }
 
 /// After answering a publish 413 without reading the whole body, the server must either announce

@@ -1,5 +1,9 @@
 //! `runnev bench failover | restart | catchup`, run as the real binary in small configurations:
 //! each finishes, prints sane JSON summaries, loses nothing, and leaves no directory behind.
+//!
+//! `runnev bench` runs the `runnev-bench` executable from beside `runnev` (another workspace
+//! member, which cargo builds for these tests only when asked): the tests build it first, for the
+//! same profile as `runnev` (a no-op when it is up to date).
 
 mod common;
 
@@ -9,9 +13,44 @@ use std::time::Duration;
 use common::*;
 use serde_json::Value;
 
+/// Builds `runnev-bench` beside `runnev` (once per test process).
+fn build_runnev_bench() {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| {
+        let profile_dir = Path::new(BIN).parent().and_then(Path::file_name).and_then(|d| d.to_str());
+        let mut cargo = std::process::Command::new(env!("CARGO"));
+        cargo.args(["build", "-p", "runnev-bench", "--bin", "runnev-bench"]);
+        // What cargo set for this test's own crate would make build scripts that watch it (ring's
+        // watches CARGO_MANIFEST_DIR) rebuild, each time, what the outer build just built.
+        const OWN: [&str; 7] = [
+            "CARGO_MANIFEST_",
+            "CARGO_PKG_",
+            "CARGO_CRATE_",
+            "CARGO_BIN_",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+            "CARGO_RUSTC_CURRENT_DIR",
+        ];
+        for (key, _) in std::env::vars_os() {
+            if key.to_str().is_some_and(|k| OWN.iter().any(|p| k.starts_with(p))) {
+                cargo.env_remove(key);
+            }
+        }
+        match profile_dir {
+            Some("debug") | None => {}
+            Some(profile) => {
+                cargo.args(["--profile", profile]);
+            }
+        }
+        let status = cargo.status().expect("run cargo build -p runnev-bench");
+        assert!(status.success(), "cargo build -p runnev-bench failed: {status}");
+    });
+}
+
 /// Runs `runnev ARGS` (bounded by `timeout`); panics with its output unless it exits 0.
 /// Returns the JSON lines of its stdout.
 async fn bench(args: &[&str], timeout: Duration) -> Vec<Value> {
+    build_runnev_bench();
     let mut cmd = tokio::process::Command::new(BIN);
     cmd.args(args).kill_on_drop(true);
     let out = tokio::time::timeout(timeout, cmd.output())

@@ -44,7 +44,7 @@ async fn three_nodes_elect_a_leader_and_replicate_a_stream() {
     let mut self_leaders = Vec::new();
     for id in c.ids() {
         let v = c.cluster_info(id).await.unwrap();
-        if v["leader_id"].as_u64() == Some(id) {
+        if v.leader_id == Some(id) {
             self_leaders.push(id);
         }
     }

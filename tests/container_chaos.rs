@@ -22,7 +22,6 @@
 //! the next run.
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,7 +30,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use futures::StreamExt;
 use runnev::client::{Client, ClientError, Delivery, RetryPolicy};
-use serde_json::Value;
+use runnev::wire::ClusterView;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const STREAM: &str = "chaos";
@@ -161,9 +160,7 @@ impl Env {
         docker(&["network", "create", "--label", LABEL, "--label", &pid_label, &network])
             .unwrap_or_else(|e| panic!("{e}"));
         // Free loopback ports for the published client API.
-        let listeners: Vec<TcpListener> = (0..3).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind")).collect();
-        let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().unwrap().port()).collect();
-        drop(listeners);
+        let ports = runnev::launcher::free_ports(3).expect("free ports");
         for id in 1..=3u64 {
             env.nodes.push(NodeBox {
                 id,
@@ -422,11 +419,15 @@ async fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
     tokio::time::timeout(Duration::from_secs(3), run).await.map_err(|_| "no answer within 3s".to_string())?
 }
 
+/// The first sample of metric `name` in `/metrics` text, parsed by prometheus-parse.
 fn prom_value(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find(|l| l.split_whitespace().next().map(|m| m == name || m.starts_with(&format!("{name}{{"))) == Some(true))
-        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).ok()?;
+    scrape.samples.iter().filter(|s| s.metric == name).find_map(|s| match s.value {
+        prometheus_parse::Value::Counter(v)
+        | prometheus_parse::Value::Gauge(v)
+        | prometheus_parse::Value::Untyped(v) => Some(v),
+        _ => None,
+    })
 }
 
 struct Views<'a> {
@@ -435,12 +436,12 @@ struct Views<'a> {
 }
 
 impl Views<'_> {
-    async fn view(&self, id: u64) -> Result<Value, String> {
+    async fn view(&self, id: u64) -> Result<ClusterView, String> {
         self.probe.cluster_view(&self.env.node(id).url()).await.map_err(|e| e.to_string())
     }
 
     /// Every node's view, asked concurrently (a cut-off node costs one probe timeout).
-    async fn all(&self) -> BTreeMap<u64, Result<Value, String>> {
+    async fn all(&self) -> BTreeMap<u64, Result<ClusterView, String>> {
         let asks = self.env.nodes.iter().map(|n| async move { (n.id, self.view(n.id).await) });
         futures::future::join_all(asks).await.into_iter().collect()
     }
@@ -451,8 +452,8 @@ impl Views<'_> {
             let views = self.all().await;
             let mut votes: BTreeMap<(u64, u64), usize> = BTreeMap::new();
             for v in views.values().flatten() {
-                if let (Some(l), Some(t)) = (v["leader_id"].as_u64(), v["term"].as_u64()) {
-                    *votes.entry((l, t)).or_default() += 1;
+                if let Some(l) = v.leader_id {
+                    *votes.entry((l, v.term)).or_default() += 1;
                 }
             }
             if let Some(((l, _), _)) = votes.iter().find(|((l, _), n)| *l != old && **n >= 2) {
@@ -470,14 +471,14 @@ impl Views<'_> {
             let views = self.all().await;
             let mut votes: BTreeMap<(u64, u64), usize> = BTreeMap::new();
             for v in views.values().flatten() {
-                if let (Some(l), Some(t)) = (v["leader_id"].as_u64(), v["term"].as_u64()) {
-                    *votes.entry((l, t)).or_default() += 1;
+                if let Some(l) = v.leader_id {
+                    *votes.entry((l, v.term)).or_default() += 1;
                 }
             }
             for ((l, t), n) in &votes {
                 if *n >= 2 {
                     if let Some(Ok(v)) = views.get(l) {
-                        if v["leader_id"].as_u64() == Some(*l) && v["term"].as_u64() == Some(*t) {
+                        if v.leader_id == Some(*l) && v.term == *t {
                             return *l;
                         }
                     }
@@ -495,7 +496,7 @@ impl Views<'_> {
     async fn wait_recovered(&self, what: &str, timeout: Duration) -> Duration {
         let start = Instant::now();
         let leader = self.leader(timeout).await;
-        let target = self.view(leader).await.ok().and_then(|v| v["commit_index"].as_u64()).unwrap_or(0);
+        let target = self.view(leader).await.map_or(0, |v| v.commit_index);
         loop {
             let views = self.all().await;
             let mut ok = true;
@@ -503,8 +504,8 @@ impl Views<'_> {
             for (id, v) in &views {
                 match v {
                     Ok(v) => {
-                        leaders.push((v["leader_id"].as_u64(), v["term"].as_u64()));
-                        if v["applied_index"].as_u64().unwrap_or(0) < target {
+                        leaders.push((v.leader_id, v.term));
+                        if v.applied_index < target {
                             ok = false;
                         }
                     }
@@ -776,230 +777,12 @@ async fn chaos_across_containers() {
     println!("load running: {before} publishes acknowledged in 2 s");
     verify(&env, &sh, "warm-up").await;
 
-    let mut windows: Vec<Window> = Vec::new();
-    let mut restart_stops: Vec<(u64, Duration)> = Vec::new();
-
-    // ---- 1. partition: the leader's container leaves the network, then comes back
-    {
-        let leader = views.leader(Duration::from_secs(20)).await;
-        let name = env.node(leader).name.clone();
-        println!("\n[1] disconnecting leader node {leader} ({name}) from {}", env.network);
-        let t0 = Instant::now();
-        docker_must(&["network", "disconnect", &env.network, &name]).await;
-        // The fault is certainly in effect once the command returns.
-        let (at, at_ms) = fault_clock();
-        println!("    (docker network disconnect took {:.2?})", at - t0);
-        let (elected, election) = views.leader_change(leader, at, Duration::from_secs(30)).await;
-        let to_first = first_ack_after(&sh, at, at_ms, Duration::from_secs(60), "partition").await;
-        println!(
-            "    node {elected} elected by the majority side {election:.2?} after the disconnect; first publish \
-             acknowledged {to_first:.2?} after it"
-        );
-        // Stay cut off long enough for the old leader to notice nothing and the rest to move on.
-        let hold = Duration::from_secs(5).saturating_sub(at.elapsed());
-        tokio::time::sleep(hold).await;
-        let new_leader = views.leader(Duration::from_secs(20)).await;
-        assert_ne!(new_leader, leader, "the majority side should have elected another leader");
-        println!("    node {new_leader} leads the majority side; reconnecting node {leader}");
-        docker_must(&["network", "connect", &env.network, &name]).await;
-        let (re_at, re_ms) = fault_clock();
-        let re_first = first_ack_after(&sh, re_at, re_ms, Duration::from_secs(60), "partition heal").await;
-        let recovered = views.wait_recovered("partition heal", Duration::from_secs(60)).await;
-        println!(
-            "    after the reconnect: first publish acknowledged in {re_first:.2?}; all 3 ready in {recovered:.1?}"
-        );
-        let end = Instant::now();
-        windows.push(Window {
-            fault: format!("1. leader (node {leader}) disconnected from the network"),
-            to_first_ack: to_first,
-            longest_stall: longest_stall(&sh, at, re_at),
-            election: Some(election),
-            load: load_stats(&sh, at, re_at),
-        });
-        windows.push(Window {
-            fault: format!("1b. node {leader} reconnected"),
-            to_first_ack: re_first,
-            longest_stall: longest_stall(&sh, re_at, end),
-            election: None,
-            load: load_stats(&sh, re_at, end),
-        });
-        verify(&env, &sh, "partition of the leader").await;
-    }
-
-    // ---- 2. docker kill the leader, start it again
-    {
-        let leader = views.leader(Duration::from_secs(20)).await;
-        let name = env.node(leader).name.clone();
-        println!("\n[2] docker kill leader node {leader} ({name})");
-        docker_must(&["kill", &name]).await;
-        let (at, at_ms) = fault_clock();
-        let (elected, election) = views.leader_change(leader, at, Duration::from_secs(30)).await;
-        let to_first = first_ack_after(&sh, at, at_ms, Duration::from_secs(60), "kill").await;
-        println!(
-            "    node {elected} elected {election:.2?} after the kill; first publish acknowledged {to_first:.2?} after it"
-        );
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        docker_must(&["start", &name]).await;
-        let recovered = views.wait_recovered("restart after kill", Duration::from_secs(60)).await;
-        println!("    node {leader} started again; all 3 ready in {recovered:.1?}");
-        windows.push(Window {
-            fault: format!("2. leader (node {leader}) killed (SIGKILL)"),
-            to_first_ack: to_first,
-            longest_stall: longest_stall(&sh, at, Instant::now()),
-            election: Some(election),
-            load: load_stats(&sh, at, Instant::now()),
-        });
-        verify(&env, &sh, "kill of the leader").await;
-    }
-
-    // ---- 3. rolling restart, one node at a time
-    {
-        println!("\n[3] restarting all three nodes one at a time (docker stop: SIGTERM, then docker start)");
-        for id in 1..=3u64 {
-            let leader = views.leader(Duration::from_secs(20)).await;
-            let name = env.node(id).name.clone();
-            let role = if id == leader { "leader" } else { "follower" };
-            // SIGTERM is sent when the command starts: the fault begins then.
-            let at = Instant::now();
-            docker_must(&["stop", "-t", "10", &name]).await;
-            let stopped = at.elapsed();
-            // A node stopping on SIGTERM drains first (it may still commit for a few hundred ms):
-            // the window is measured from the moment it is gone.
-            let (gone, gone_ms) = fault_clock();
-            let election = if id == leader {
-                Some(views.leader_change(leader, at, Duration::from_secs(30)).await.1)
-            } else {
-                None
-            };
-            let to_first = first_ack_after(&sh, gone, gone_ms, Duration::from_secs(60), "rolling restart").await;
-            docker_must(&["start", &name]).await;
-            views.wait_recovered("rolling restart", Duration::from_secs(60)).await;
-            let how = if stopped >= Duration::from_secs(10) {
-                "SIGTERM did not stop it: docker sent SIGKILL after 10 s".to_string()
-            } else {
-                "exited by itself on SIGTERM".to_string()
-            };
-            println!(
-                "    node {id} ({role}): docker stop took {stopped:.1?} ({how}); first publish acknowledged \
-                 {to_first:.2?} after it was gone{}; started again, all 3 ready {:.1?} after SIGTERM",
-                election.map(|e| format!(" (new leader elected {e:.2?} after SIGTERM)")).unwrap_or_default(),
-                at.elapsed()
-            );
-            restart_stops.push((id, stopped));
-            windows.push(Window {
-                fault: format!("3. rolling restart: node {id} ({role}) stopped by SIGTERM"),
-                to_first_ack: to_first,
-                longest_stall: longest_stall(&sh, at, Instant::now()),
-                election,
-                load: load_stats(&sh, at, Instant::now()),
-            });
-        }
-        verify(&env, &sh, "rolling restart").await;
-    }
-
-    // ---- 4. pause a follower until the leader has purged the log past it
-    {
-        let leader = views.leader(Duration::from_secs(20)).await;
-        let follower = (1..=3u64).find(|i| *i != leader).unwrap();
-        let mut fill_seq = 0u64;
-        let mut fill_index = 0u64;
-        let name = env.node(follower).name.clone();
-        let fv = views.view(follower).await.expect("follower view");
-        let f_applied = fv["applied_index"].as_u64().unwrap_or(0);
-        let installed_before = match http_get(env.node(follower).port, "/metrics").await {
-            Ok((200, body)) => prom_value(&body, "runnev_snapshots_installed_total").unwrap_or(0.0),
-            other => panic!("GET /metrics on node {follower}: {other:?}"),
-        };
-        println!(
-            "\n[4] docker pause follower node {follower} ({name}) at applied_index {f_applied} \
-             (leader {leader}; snapshots installed so far: {installed_before})"
-        );
-        docker_must(&["pause", &name]).await;
-        let (at, at_ms) = fault_clock();
-        let to_first = first_ack_after(&sh, at, at_ms, Duration::from_secs(60), "pause").await;
-        // The main load keeps going through all three nodes (a third of its requests hit the
-        // paused node and time out); a second publisher writes to another stream through the two
-        // live nodes, so the leader's log moves past the follower quickly. Wait until the leader's
-        // log no longer has what the follower needs next.
-        let live: Vec<String> = (1..=3u64).filter(|i| *i != follower).map(|i| env.node(i).url()).collect();
-        let fill = Client::with_dialer(&live, Arc::new(runnev::net::TcpDialer), policy).unwrap();
-        fill.put_stream(FILL_STREAM, None).await.expect("creating the fill stream");
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let purged = loop {
-            let v = views.view(leader).await.unwrap_or_default();
-            if let Some(p) = v["purged_index"].as_u64() {
-                if p > f_applied + 1 {
-                    break p;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "pause: the leader did not purge past the paused follower's applied index {f_applied} in 90 s: {v}"
-            );
-            for _ in 0..50 {
-                fill_seq += 1;
-                let ack = fill.publish(FILL_STREAM, Some(fill_seq), payload(fill_seq)).await.expect("fill publish");
-                fill_index = fill_index.max(ack.index);
-            }
-        };
-        let leader_commit = views.view(leader).await.ok().and_then(|v| v["commit_index"].as_u64()).unwrap_or(0);
-        println!(
-            "    leader purged its log through index {purged} after {:.1?} (commit_index {leader_commit}); unpausing",
-            at.elapsed()
-        );
-        let un_at = Instant::now();
-        docker_must(&["unpause", &name]).await;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let fv = loop {
-            if let Ok(v) = views.view(follower).await {
-                if v["applied_index"].as_u64().unwrap_or(0) >= leader_commit {
-                    break v;
-                }
-            }
-            assert!(Instant::now() < deadline, "pause: node {follower} did not catch up to {leader_commit} in 60 s");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        let installed_after = match http_get(env.node(follower).port, "/metrics").await {
-            Ok((200, body)) => prom_value(&body, "runnev_snapshots_installed_total").unwrap_or(0.0),
-            other => panic!("GET /metrics on node {follower}: {other:?}"),
-        };
-        println!(
-            "    node {follower} caught up to {leader_commit} {:.1?} after the unpause: snapshot_index {}, \
-             snapshots installed {installed_before} -> {installed_after}",
-            un_at.elapsed(),
-            fv["snapshot_index"]
-        );
-        assert!(
-            installed_after > installed_before,
-            "node {follower} fell behind the leader's purged log ({f_applied} < {purged}) but installed no snapshot"
-        );
-        views.wait_recovered("unpause", Duration::from_secs(60)).await;
-        windows.push(Window {
-            fault: format!("4. follower (node {follower}) paused until the leader purged past it"),
-            to_first_ack: to_first,
-            longest_stall: longest_stall(&sh, at, Instant::now()),
-            election: None,
-            load: load_stats(&sh, at, Instant::now()),
-        });
-        verify(&env, &sh, "pause of a follower").await;
-        for n in &env.nodes {
-            let got = read_node(&n.url(), FILL_STREAM, fill_seq, fill_index)
-                .await
-                .unwrap_or_else(|e| panic!("pause: reading {FILL_STREAM} on node {}: {e}", n.id));
-            assert_eq!(
-                got.len() as u64,
-                fill_seq,
-                "pause: node {} serves {} of {fill_seq} fill batches",
-                n.id,
-                got.len()
-            );
-            for (i, (seq, _, data)) in got.iter().enumerate() {
-                assert_eq!(*seq, i as u64 + 1, "pause: node {} fill batch #{i}", n.id);
-                assert!(data[..] == payload(*seq)[..], "pause: node {} fill seq {seq}: payload differs", n.id);
-            }
-        }
-        println!("  verified the {fill_seq} batches of {FILL_STREAM} on all 3 nodes");
-    }
+    let ch = Chaos { env: &env, views, sh: sh.clone(), policy };
+    let mut windows = partition_the_leader(&ch).await;
+    windows.extend(kill_the_leader(&ch).await);
+    let (rolling, restart_stops) = rolling_restart(&ch).await;
+    windows.extend(rolling);
+    windows.extend(pause_a_follower(&ch).await);
 
     // ---- stop the load, final check
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -1008,11 +791,18 @@ async fn chaos_across_containers() {
     sub_task.await.expect("subscriber task");
     let total = verify(&env, &sh, "the whole run").await;
 
+    report(&windows, &restart_stops, &sh, total, test_start);
+    drop(ch);
+    drop(env);
+}
+
+/// Prints each fault's unavailability window and the run's totals.
+fn report(windows: &[Window], restart_stops: &[(u64, Duration)], sh: &Shared, total: u64, test_start: Instant) {
     println!(
         "\nUNAVAILABILITY WINDOWS (fault injection -> first publish acknowledged that was proposed after it; \
          longest stall between two acks in the phase; time to a new leader)"
     );
-    for w in &windows {
+    for w in windows {
         println!(
             "  {:<60} window {:>9.2?}   longest stall {:>9.2?}   new leader {:>9}",
             w.fault,
@@ -1041,6 +831,242 @@ async fn chaos_across_containers() {
             slow.join(", ")
         );
     }
-    drop(views);
-    drop(env);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The faults, one per function, in the order the test injects them
+// ---------------------------------------------------------------------------------------------
+
+/// What every fault works with: the containers, the cluster views, the load's shared record and
+/// the load's retry policy.
+struct Chaos<'a> {
+    env: &'a Env,
+    views: Views<'a>,
+    sh: Arc<Shared>,
+    policy: RetryPolicy,
+}
+
+/// Fault 1. partition: the leader's container leaves the network, then comes back: The leader's container leaves the network, then comes back.
+async fn partition_the_leader(ch: &Chaos<'_>) -> Vec<Window> {
+    let Chaos { env, views, sh, .. } = ch;
+    let mut windows = Vec::new();
+    let leader = views.leader(Duration::from_secs(20)).await;
+    let name = env.node(leader).name.clone();
+    println!("\n[1] disconnecting leader node {leader} ({name}) from {}", env.network);
+    let t0 = Instant::now();
+    docker_must(&["network", "disconnect", &env.network, &name]).await;
+    // The fault is certainly in effect once the command returns.
+    let (at, at_ms) = fault_clock();
+    println!("    (docker network disconnect took {:.2?})", at - t0);
+    let (elected, election) = views.leader_change(leader, at, Duration::from_secs(30)).await;
+    let to_first = first_ack_after(sh, at, at_ms, Duration::from_secs(60), "partition").await;
+    println!(
+        "    node {elected} elected by the majority side {election:.2?} after the disconnect; first publish \
+         acknowledged {to_first:.2?} after it"
+    );
+    // Stay cut off long enough for the old leader to notice nothing and the rest to move on.
+    let hold = Duration::from_secs(5).saturating_sub(at.elapsed());
+    tokio::time::sleep(hold).await;
+    let new_leader = views.leader(Duration::from_secs(20)).await;
+    assert_ne!(new_leader, leader, "the majority side should have elected another leader");
+    println!("    node {new_leader} leads the majority side; reconnecting node {leader}");
+    docker_must(&["network", "connect", &env.network, &name]).await;
+    let (re_at, re_ms) = fault_clock();
+    let re_first = first_ack_after(sh, re_at, re_ms, Duration::from_secs(60), "partition heal").await;
+    let recovered = views.wait_recovered("partition heal", Duration::from_secs(60)).await;
+    println!("    after the reconnect: first publish acknowledged in {re_first:.2?}; all 3 ready in {recovered:.1?}");
+    let end = Instant::now();
+    windows.push(Window {
+        fault: format!("1. leader (node {leader}) disconnected from the network"),
+        to_first_ack: to_first,
+        longest_stall: longest_stall(sh, at, re_at),
+        election: Some(election),
+        load: load_stats(sh, at, re_at),
+    });
+    windows.push(Window {
+        fault: format!("1b. node {leader} reconnected"),
+        to_first_ack: re_first,
+        longest_stall: longest_stall(sh, re_at, end),
+        election: None,
+        load: load_stats(sh, re_at, end),
+    });
+    verify(env, sh, "partition of the leader").await;
+    windows
+}
+
+/// Fault 2. docker kill the leader, start it again: `docker kill` the leader, then start it again.
+async fn kill_the_leader(ch: &Chaos<'_>) -> Vec<Window> {
+    let Chaos { env, views, sh, .. } = ch;
+    let mut windows = Vec::new();
+    let leader = views.leader(Duration::from_secs(20)).await;
+    let name = env.node(leader).name.clone();
+    println!("\n[2] docker kill leader node {leader} ({name})");
+    docker_must(&["kill", &name]).await;
+    let (at, at_ms) = fault_clock();
+    let (elected, election) = views.leader_change(leader, at, Duration::from_secs(30)).await;
+    let to_first = first_ack_after(sh, at, at_ms, Duration::from_secs(60), "kill").await;
+    println!(
+        "    node {elected} elected {election:.2?} after the kill; first publish acknowledged {to_first:.2?} after it"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    docker_must(&["start", &name]).await;
+    let recovered = views.wait_recovered("restart after kill", Duration::from_secs(60)).await;
+    println!("    node {leader} started again; all 3 ready in {recovered:.1?}");
+    windows.push(Window {
+        fault: format!("2. leader (node {leader}) killed (SIGKILL)"),
+        to_first_ack: to_first,
+        longest_stall: longest_stall(sh, at, Instant::now()),
+        election: Some(election),
+        load: load_stats(sh, at, Instant::now()),
+    });
+    verify(env, sh, "kill of the leader").await;
+    windows
+}
+
+/// Fault 3. rolling restart, one node at a time: Every node in turn: `docker stop` (SIGTERM), then `docker start`.
+async fn rolling_restart(ch: &Chaos<'_>) -> (Vec<Window>, Vec<(u64, Duration)>) {
+    let Chaos { env, views, sh, .. } = ch;
+    let mut windows = Vec::new();
+    let mut restart_stops = Vec::new();
+    println!("\n[3] restarting all three nodes one at a time (docker stop: SIGTERM, then docker start)");
+    for id in 1..=3u64 {
+        let leader = views.leader(Duration::from_secs(20)).await;
+        let name = env.node(id).name.clone();
+        let role = if id == leader { "leader" } else { "follower" };
+        // SIGTERM is sent when the command starts: the fault begins then.
+        let at = Instant::now();
+        docker_must(&["stop", "-t", "10", &name]).await;
+        let stopped = at.elapsed();
+        // A node stopping on SIGTERM drains first (it may still commit for a few hundred ms):
+        // the window is measured from the moment it is gone.
+        let (gone, gone_ms) = fault_clock();
+        let election =
+            if id == leader { Some(views.leader_change(leader, at, Duration::from_secs(30)).await.1) } else { None };
+        let to_first = first_ack_after(sh, gone, gone_ms, Duration::from_secs(60), "rolling restart").await;
+        docker_must(&["start", &name]).await;
+        views.wait_recovered("rolling restart", Duration::from_secs(60)).await;
+        let how = if stopped >= Duration::from_secs(10) {
+            "SIGTERM did not stop it: docker sent SIGKILL after 10 s".to_string()
+        } else {
+            "exited by itself on SIGTERM".to_string()
+        };
+        println!(
+            "    node {id} ({role}): docker stop took {stopped:.1?} ({how}); first publish acknowledged \
+             {to_first:.2?} after it was gone{}; started again, all 3 ready {:.1?} after SIGTERM",
+            election.map(|e| format!(" (new leader elected {e:.2?} after SIGTERM)")).unwrap_or_default(),
+            at.elapsed()
+        );
+        restart_stops.push((id, stopped));
+        windows.push(Window {
+            fault: format!("3. rolling restart: node {id} ({role}) stopped by SIGTERM"),
+            to_first_ack: to_first,
+            longest_stall: longest_stall(sh, at, Instant::now()),
+            election,
+            load: load_stats(sh, at, Instant::now()),
+        });
+    }
+    verify(env, sh, "rolling restart").await;
+    (windows, restart_stops)
+}
+
+/// Fault 4. pause a follower until the leader has purged the log past it: `docker pause` a follower until the leader has purged its log past it, then unpause: it catches up by snapshot.
+async fn pause_a_follower(ch: &Chaos<'_>) -> Vec<Window> {
+    let Chaos { env, views, sh, policy } = ch;
+    let policy = *policy;
+    let mut windows = Vec::new();
+    let leader = views.leader(Duration::from_secs(20)).await;
+    let follower = (1..=3u64).find(|i| *i != leader).unwrap();
+    let mut fill_seq = 0u64;
+    let mut fill_index = 0u64;
+    let name = env.node(follower).name.clone();
+    let fv = views.view(follower).await.expect("follower view");
+    let f_applied = fv.applied_index;
+    let installed_before = match http_get(env.node(follower).port, "/metrics").await {
+        Ok((200, body)) => prom_value(&body, "runnev_snapshots_installed_total").unwrap_or(0.0),
+        other => panic!("GET /metrics on node {follower}: {other:?}"),
+    };
+    println!(
+        "\n[4] docker pause follower node {follower} ({name}) at applied_index {f_applied} \
+         (leader {leader}; snapshots installed so far: {installed_before})"
+    );
+    docker_must(&["pause", &name]).await;
+    let (at, at_ms) = fault_clock();
+    let to_first = first_ack_after(sh, at, at_ms, Duration::from_secs(60), "pause").await;
+    // The main load keeps going through all three nodes (a third of its requests hit the
+    // paused node and time out); a second publisher writes to another stream through the two
+    // live nodes, so the leader's log moves past the follower quickly. Wait until the leader's
+    // log no longer has what the follower needs next.
+    let live: Vec<String> = (1..=3u64).filter(|i| *i != follower).map(|i| env.node(i).url()).collect();
+    let fill = Client::with_dialer(&live, Arc::new(runnev::net::TcpDialer), policy).unwrap();
+    fill.put_stream(FILL_STREAM, None).await.expect("creating the fill stream");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let purged = loop {
+        let v = views.view(leader).await;
+        if let Some(p) = v.as_ref().ok().and_then(|v| v.purged_index) {
+            if p > f_applied + 1 {
+                break p;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pause: the leader did not purge past the paused follower's applied index {f_applied} in 90 s: {v:?}"
+        );
+        for _ in 0..50 {
+            fill_seq += 1;
+            let ack = fill.publish(FILL_STREAM, Some(fill_seq), payload(fill_seq)).await.expect("fill publish");
+            fill_index = fill_index.max(ack.index);
+        }
+    };
+    let leader_commit = views.view(leader).await.map_or(0, |v| v.commit_index);
+    println!(
+        "    leader purged its log through index {purged} after {:.1?} (commit_index {leader_commit}); unpausing",
+        at.elapsed()
+    );
+    let un_at = Instant::now();
+    docker_must(&["unpause", &name]).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let fv = loop {
+        if let Ok(v) = views.view(follower).await {
+            if v.applied_index >= leader_commit {
+                break v;
+            }
+        }
+        assert!(Instant::now() < deadline, "pause: node {follower} did not catch up to {leader_commit} in 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let installed_after = match http_get(env.node(follower).port, "/metrics").await {
+        Ok((200, body)) => prom_value(&body, "runnev_snapshots_installed_total").unwrap_or(0.0),
+        other => panic!("GET /metrics on node {follower}: {other:?}"),
+    };
+    println!(
+        "    node {follower} caught up to {leader_commit} {:.1?} after the unpause: snapshot_index {}, \
+         snapshots installed {installed_before} -> {installed_after}",
+        un_at.elapsed(),
+        fv.snapshot_index.map_or_else(|| "null".to_string(), |i| i.to_string())
+    );
+    assert!(
+        installed_after > installed_before,
+        "node {follower} fell behind the leader's purged log ({f_applied} < {purged}) but installed no snapshot"
+    );
+    views.wait_recovered("unpause", Duration::from_secs(60)).await;
+    windows.push(Window {
+        fault: format!("4. follower (node {follower}) paused until the leader purged past it"),
+        to_first_ack: to_first,
+        longest_stall: longest_stall(sh, at, Instant::now()),
+        election: None,
+        load: load_stats(sh, at, Instant::now()),
+    });
+    verify(env, sh, "pause of a follower").await;
+    for n in &env.nodes {
+        let got = read_node(&n.url(), FILL_STREAM, fill_seq, fill_index)
+            .await
+            .unwrap_or_else(|e| panic!("pause: reading {FILL_STREAM} on node {}: {e}", n.id));
+        assert_eq!(got.len() as u64, fill_seq, "pause: node {} serves {} of {fill_seq} fill batches", n.id, got.len());
+        for (i, (seq, _, data)) in got.iter().enumerate() {
+            assert_eq!(*seq, i as u64 + 1, "pause: node {} fill batch #{i}", n.id);
+            assert!(data[..] == payload(*seq)[..], "pause: node {} fill seq {seq}: payload differs", n.id);
+        }
+    }
+    println!("  verified the {fill_seq} batches of {FILL_STREAM} on all 3 nodes");
+    windows
 }

@@ -286,13 +286,12 @@ async fn curl_consumes_and_resumes_with_last_event_id() {
 /// announcing a false gap; once it catches up it serves the batches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_node_waits_for_the_cursor() {
-    let c = Cluster::start(3, &[]).await;
+    let mut c = Cluster::start(3, &[]).await;
     let leader = c.leader().await;
     let lagging = c.followers().await[0];
     create_stream(&c.http, &c.url(leader), "lag").await;
     assert_eq!(publish(&c, leader, "lag", None, b"1").await.status, 201);
-    let pid = c.node(lagging).pid().expect("running") as libc::pid_t;
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    c.pause(lagging);
     for i in 2..=10 {
         assert_eq!(publish(&c, leader, "lag", None, format!("{i}").as_bytes()).await.status, 201);
     }
@@ -302,7 +301,7 @@ async fn a_lagging_node_waits_for_the_cursor() {
     let read =
         tokio::spawn(async move { http.request(hyper::Method::GET, &url, None, &[], Duration::from_secs(20)).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    unsafe { libc::kill(pid, libc::SIGCONT) };
+    c.resume(lagging);
     let r = read.await.expect("task").expect("answer");
     assert_eq!(r.status, 200, "a node behind the stream's creation waits too: {}", r.describe());
     let v = r.json();
@@ -368,11 +367,10 @@ async fn age_and_byte_retention_evict_deterministically() {
 /// behind the creation now waits like a node behind the cursor, for reads and subscriptions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_behind_a_streams_creation_waits_instead_of_404() {
-    let c = Cluster::start(3, &[]).await;
+    let mut c = Cluster::start(3, &[]).await;
     let leader = c.leader().await;
     let lagging = c.followers().await[0];
-    let pid = c.node(lagging).pid().expect("running") as libc::pid_t;
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    c.pause(lagging);
     create_stream(&c.http, &c.url(leader), "late").await;
     assert_eq!(publish(&c, leader, "late", None, b"first").await.status, 201);
     let read_url = format!("{}/v1/streams/late/batches?after=0&wait_ms=10000", c.url(lagging));
@@ -386,7 +384,7 @@ async fn a_node_behind_a_streams_creation_waits_instead_of_404() {
         std::process::Command::new("curl").args(["-sN", "--max-time", "4", &sub_url]).output().expect("curl")
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    unsafe { libc::kill(pid, libc::SIGCONT) };
+    c.resume(lagging);
     let r = read.await.expect("task").expect("answer");
     assert_eq!(r.status, 200, "{}", r.describe());
     assert_eq!(r.json()["batches"][0]["seq"], 1, "{}", r.describe());
@@ -433,7 +431,7 @@ async fn an_unknown_outcome_is_not_retried_without_seq() {
         c.restart(id).await;
     }
     let leader = c.leader().await;
-    let index = c.cluster_info(leader).await.expect("view")["commit_index"].as_u64().unwrap_or(0);
+    let index = c.cluster_info(leader).await.expect("view").commit_index;
     let all = read_all(&c.http, &c.url(leader), "once", index, Duration::from_secs(20)).await.expect("read");
     let copies = all.iter().filter(|b| b.data == b"exactly one").count();
     assert!(copies <= 1, "a publish without seq was stored {copies} times");

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::*;
+use rand::Rng as _;
 
 const STREAM: &str = "failover";
 const PUBLISHERS: u64 = 4;
@@ -43,17 +44,18 @@ async fn acknowledged_batches_survive_leader_kill() {
     let stop = Arc::new(AtomicBool::new(false));
     let load = Arc::new(Mutex::new(Load::default()));
     let urls: Vec<(u64, String)> = c.ids().into_iter().map(|id| (id, c.url(id))).collect();
+    let seed = test_seed("leader failover publishers");
     let mut tasks = Vec::new();
     for p in 0..PUBLISHERS {
         let (http, stop, load, urls) = (http.clone(), stop.clone(), load.clone(), urls.clone());
         tasks.push(tokio::spawn(async move {
-            let mut rng = Rng::new(Rng::from_time().next_u64() ^ (p + 1));
+            let mut rng = rng(seed, p);
             let mut i = 0u64;
             let hard_deadline = Instant::now() + Duration::from_secs(45);
             while !stop.load(Ordering::Relaxed) && Instant::now() < hard_deadline {
                 i += 1;
                 let body = payload(&format!("pub{p}"), i);
-                let (node, url) = &urls[rng.below(urls.len() as u64) as usize];
+                let (node, url) = &urls[rng.random_range(0..urls.len())];
                 let sent = Instant::now();
                 let r = http.post(&format!("{url}/v1/streams/{STREAM}/batches"), Bytes::from(body.clone())).await;
                 let answered = Instant::now();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use runnev::client::Client;
-use serde_json::{json, Value};
+use serde_json::json;
 
 async fn add(c: &Cluster, via: u64, id: u64, addr: &str, voter: bool) -> Resp {
     let body = json!({"id": id, "addr": addr, "voter": voter}).to_string();
@@ -20,18 +20,6 @@ async fn add(c: &Cluster, via: u64, id: u64, addr: &str, voter: bool) -> Resp {
 async fn remove(c: &Cluster, via: u64, id: u64) -> Resp {
     let url = format!("{}/v1/cluster/members/{id}", c.url(via));
     c.http.request(hyper::Method::DELETE, &url, None, &[], Duration::from_secs(40)).await.expect("DELETE")
-}
-
-fn voters(view: &Value) -> Vec<u64> {
-    let mut v: Vec<u64> = view["members"]
-        .as_array()
-        .expect("members")
-        .iter()
-        .filter(|m| m["voter"] == true)
-        .filter_map(|m| m["id"].as_u64())
-        .collect();
-    v.sort();
-    v
 }
 
 /// Acknowledged (seq, payload) pairs.
@@ -76,7 +64,7 @@ impl Load {
 
 async fn assert_holds(c: &Cluster, node: u64, stream: &str, acked: &[(u64, Vec<u8>)]) {
     let leader = c.leader().await;
-    let index = c.cluster_info(leader).await.expect("leader view")["commit_index"].as_u64().unwrap_or(0);
+    let index = c.cluster_info(leader).await.expect("leader view").commit_index;
     let got = read_all(&c.http, &c.url(node), stream, index, Duration::from_secs(30)).await.expect("read");
     let got: Vec<(u64, Vec<u8>)> = got.into_iter().map(|b| (b.seq, b.data)).collect();
     for a in acked {
@@ -100,7 +88,7 @@ async fn grow_to_five_and_shrink_to_three_under_load() {
         assert_eq!(r.status, 200, "add {id}: {}", r.describe());
     }
     let view = c.cluster_info(c.leader().await).await.expect("view");
-    assert_eq!(voters(&view), vec![1, 2, 3, 4, 5], "{view}");
+    assert_eq!(view.voters(), vec![1, 2, 3, 4, 5], "{view}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     for id in [4, 5] {
         let r = remove(&c, 1, id).await;
@@ -109,7 +97,7 @@ async fn grow_to_five_and_shrink_to_three_under_load() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (acked, longest) = load.finish().await;
     let view = c.cluster_info(c.leader().await).await.expect("view");
-    assert_eq!(voters(&view), vec![1, 2, 3], "{view}");
+    assert_eq!(view.voters(), vec![1, 2, 3], "{view}");
     assert!(acked.len() > 20, "the publisher made progress: {} acks", acked.len());
     eprintln!("membership changes: {} publishes acknowledged, longest pause {longest:?}", acked.len());
     assert!(longest < Duration::from_secs(5), "publisher paused {longest:?}");
@@ -139,10 +127,10 @@ async fn a_dead_node_is_replaced_by_a_fresh_one() {
     let view = c.cluster_info(4).await.expect("view");
     let mut expected: Vec<u64> = [1, 2, 3, 4].into_iter().filter(|i| *i != victim).collect();
     expected.sort();
-    assert_eq!(voters(&view), expected, "{view}");
+    assert_eq!(view.voters(), expected, "{view}");
     assert_holds(&c, 4, "r", &acked).await;
     let leader = c.leader().await;
-    let index = c.cluster_info(leader).await.expect("view")["commit_index"].as_u64().unwrap_or(0);
+    let index = c.cluster_info(leader).await.expect("view").commit_index;
     let on_leader = read_all(&c.http, &c.url(leader), "r", index, Duration::from_secs(20)).await.expect("leader");
     let on_new = read_all(&c.http, &c.url(4), "r", index, Duration::from_secs(20)).await.expect("new node");
     assert_eq!(on_new, on_leader, "the new node holds exactly the leader's batches");
@@ -160,9 +148,7 @@ async fn unsafe_changes_are_refused_and_the_leader_can_leave() {
     assert_eq!((r.status, r.error_code().as_deref()), (404, Some("not_found")), "{}", r.describe());
 
     // A node that never answers: it stays a learner, the answer says so, writes keep working.
-    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let silent_addr = format!("127.0.0.1:{}", silent.local_addr().expect("addr").port());
-    drop(silent);
+    let silent_addr = format!("127.0.0.1:{}", runnev::launcher::free_ports(1).expect("a free port")[0]);
     let published = Arc::new(Mutex::new(0u32));
     let p = published.clone();
     let urls = c.urls();
@@ -180,7 +166,7 @@ async fn unsafe_changes_are_refused_and_the_leader_can_leave() {
     writer.await.expect("writer");
     assert!(*published.lock().expect("lock") >= 25, "writes kept working while node 9 was unreachable");
     let view = c.cluster_info(c.leader().await).await.expect("view");
-    assert_eq!(voters(&view), vec![1, 2, 3], "node 9 was not promoted: {view}");
+    assert_eq!(view.voters(), vec![1, 2, 3], "node 9 was not promoted: {view}");
     let r = remove(&c, 3, 9).await;
     assert_eq!(r.status, 200, "removing the learner: {}", r.describe());
 
@@ -202,7 +188,7 @@ async fn unsafe_changes_are_refused_and_the_leader_can_leave() {
             let c = &c;
             async move {
                 let v = c.cluster_info(via).await?;
-                match v["leader_id"].as_u64() {
+                match v.leader_id {
                     Some(l) if l != leader => Ok(l),
                     other => Err(format!("leader {other:?}")),
                 }
@@ -212,8 +198,8 @@ async fn unsafe_changes_are_refused_and_the_leader_can_leave() {
     let r = c.http.post(&format!("{}/v1/streams/x/batches", c.url(new_leader)), b"after".to_vec()).await.expect("post");
     assert_eq!(r.status, 201, "{}", r.describe());
     let view = c.cluster_info(new_leader).await.expect("view");
-    assert_eq!(voters(&view).len(), 2, "{view}");
-    assert!(!voters(&view).contains(&leader), "{view}");
+    assert_eq!(view.voters().len(), 2, "{view}");
+    assert!(!view.voters().contains(&leader), "{view}");
 }
 
 /// Two membership changes sent at once are serialised: both complete, none is half-applied.
@@ -231,7 +217,7 @@ async fn concurrent_changes_are_serialised() {
             let c = &c;
             async move {
                 let v = c.cluster_info(id).await?;
-                if voters(&v) == vec![1, 2, 3, 4, 5] {
+                if v.voters() == vec![1, 2, 3, 4, 5] {
                     Ok(v)
                 } else {
                     Err(v.to_string())
@@ -239,7 +225,7 @@ async fn concurrent_changes_are_serialised() {
             }
         })
         .await;
-        assert_eq!(v["members"].as_array().map(|m| m.len()), Some(5), "{v}");
+        assert_eq!(v.members.len(), 5, "{v}");
     }
 }
 
@@ -255,7 +241,7 @@ async fn a_wiped_node_rejoins_and_catches_up_by_snapshot() {
         client.publish("w", Some(i + 1), format!("w{i}").into_bytes()).await.expect("publish");
     }
     let victim = c.followers().await[0];
-    let term_before = c.cluster_info(c.leader().await).await.expect("view")["term"].as_u64().expect("term");
+    let term_before = c.cluster_info(c.leader().await).await.expect("view").term;
     c.stop(victim).await;
     let data = c.node(victim).data_dir.clone();
     std::fs::remove_dir_all(&data).expect("wipe");
@@ -265,12 +251,9 @@ async fn a_wiped_node_rejoins_and_catches_up_by_snapshot() {
     }
     c.restart(victim).await;
     let view = c.cluster_info(victim).await.expect("view");
-    assert!(
-        view["term"].as_u64().unwrap_or(0) >= term_before,
-        "the wiped node holds its vote at term ≥ {term_before}: {view}"
-    );
+    assert!(view.term >= term_before, "the wiped node holds its vote at term ≥ {term_before}: {view}");
     let leader = c.leader().await;
-    let index = c.cluster_info(leader).await.expect("view")["commit_index"].as_u64().unwrap_or(0);
+    let index = c.cluster_info(leader).await.expect("view").commit_index;
     let on_leader = read_all(&c.http, &c.url(leader), "w", index, Duration::from_secs(20)).await.expect("leader");
     let on_victim = read_all(&c.http, &c.url(victim), "w", index, Duration::from_secs(20)).await.expect("wiped");
     assert_eq!(on_leader.len(), 300);

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use outbox_common::*;
+use rand::Rng as _;
 
 const WRITERS: u64 = 6;
 const TXS_PER_WRITER: u64 = 250;
@@ -59,21 +60,22 @@ async fn outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once() {
 
     // The application: WRITERS connections, each running transactions that insert an order and
     // its outbox row; about one in six rolls back, one in ten writes two orders.
+    let seed = test_seed("outbox writers");
     let mut writers = Vec::new();
     for w in 0..WRITERS {
         let (url, outbox, orders) = (url.clone(), outbox.clone(), orders.clone());
         writers.push(tokio::spawn(async move {
             let mut pg = connect(&url).await;
-            let mut rng = Rng::new(Rng::from_time().next_u64() ^ (w + 1));
+            let mut rng = rng(seed, w);
             let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
             for t in 0..TXS_PER_WRITER {
                 let tx = pg.transaction().await.unwrap();
-                let n = if rng.below(10) == 0 { 2 } else { 1 };
+                let n = if rng.random_range(0..10) == 0 { 2 } else { 1 };
                 let ids: Vec<String> = (0..n).map(|k| format!("w{w}-t{t}-{k}")).collect();
                 for id in &ids {
                     tx.execute(
                         &format!("INSERT INTO {orders} (id, amount) VALUES ($1, $2)"),
-                        &[id, &(rng.below(1000) as i64)],
+                        &[id, &(rng.random_range(0..1000) as i64)],
                     )
                     .await
                     .unwrap();
@@ -82,7 +84,7 @@ async fn outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once() {
                         .await
                         .unwrap();
                 }
-                if rng.below(6) == 0 {
+                if rng.random_range(0..6) == 0 {
                     tx.rollback().await.unwrap();
                     rolled_back.extend(ids);
                 } else {
@@ -90,7 +92,7 @@ async fn outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once() {
                     committed.extend(ids);
                 }
                 // Paced, so that transactions are still running when the leader is killed.
-                tokio::time::sleep(Duration::from_millis(rng.below(30))).await;
+                tokio::time::sleep(Duration::from_millis(rng.random_range(0..30))).await;
             }
             (committed, rolled_back)
         }));

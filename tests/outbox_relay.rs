@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use outbox_common::*;
+use rand::Rng as _;
 
 /// Inserts `n` rows into `table` (one transaction), payloads `"{tag}-{i}"` spread over
 /// `streams` round robin. Returns the payloads per stream in id order.
@@ -148,10 +149,10 @@ async fn outbox_relay_killed_repeatedly_keeps_every_row_once() {
     let mut want = insert_rows(&pg, &table, &streams, "first", 4000).await;
     let args = relay_args(&url, &c.urls(), &table, &["--batch-size", "200", "--poll-ms", "200"]);
     let mut relay = Proc::start("relay", &args, &[]);
-    let mut rng = Rng::from_time();
+    let mut rng = rng(test_seed("relay kills"), 0);
     let started = Instant::now();
     for round in 0..12 {
-        tokio::time::sleep(Duration::from_millis(300 + rng.below(1200))).await;
+        tokio::time::sleep(Duration::from_millis(300 + rng.random_range(0..1200))).await;
         relay.kill_9();
         let more = insert_rows(&pg, &table, &streams, &format!("round{round}"), 150).await;
         for (s, p) in more {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use outbox_common::*;
+use rand::Rng as _;
 use runnev::client::{Batch as CBatch, Client, Delivery, Gap};
 use runnev::outbox::sink::{apply_deliveries, init_schema, SqlApply};
 
@@ -154,10 +155,10 @@ async fn outbox_sink_killed_repeatedly_applies_each_batch_once() {
     let applied = effects(&pg, &table).await;
     assert_eq!(applied.len() as u64, before, "effects and cursor committed together");
     sink.set_env("RUNNEV_OUTBOX_FAILPOINT", None);
-    let mut rng = Rng::from_time();
+    let mut rng = rng(test_seed("sink restarts"), 0);
     for _ in 0..10 {
         sink.spawn();
-        tokio::time::sleep(Duration::from_millis(200 + rng.below(600))).await;
+        tokio::time::sleep(Duration::from_millis(200 + rng.random_range(0..600))).await;
         sink.kill_9();
         let (cur, e) = cursor_and_effects(&mut pg, &table, &consumer, stream).await;
         assert_eq!(e.len() as u64, cur, "effects and cursor out of step after a kill");

@@ -34,8 +34,7 @@ async fn publish_many(http: &Http, urls: &[String], tag: &str, from: u64, count:
 }
 
 async fn applied(c: &Cluster, id: u64) -> Result<u64, String> {
-    let v = c.cluster_info(id).await?;
-    v["applied_index"].as_u64().ok_or_else(|| format!("node {id}: no u64 applied_index in {v}"))
+    Ok(c.cluster_info(id).await?.applied_index)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,11 +85,11 @@ async fn lagging_follower_catches_up_by_snapshot() {
             move || async move {
                 let l = cr.leader().await;
                 let v = cr.cluster_info(l).await?;
-                match v["purged_index"].as_u64() {
+                match v.purged_index {
                     Some(p) if p > lag_applied => Ok((l, p)),
                     _ => Err(format!(
-                        "node {l}: snapshot_index {} purged_index {} applied_index {}",
-                        v["snapshot_index"], v["purged_index"], v["applied_index"]
+                        "node {l}: snapshot_index {:?} purged_index {:?} applied_index {}",
+                        v.snapshot_index, v.purged_index, v.applied_index
                     )),
                 }
             },
@@ -99,8 +98,8 @@ async fn lagging_follower_catches_up_by_snapshot() {
     };
     let leader_view = c.cluster_info(leader_now).await.unwrap();
     println!(
-        "leader {leader_now}: snapshot_index {} purged_index {purged} applied_index {}",
-        leader_view["snapshot_index"], leader_view["applied_index"]
+        "leader {leader_now}: snapshot_index {:?} purged_index {purged} applied_index {}",
+        leader_view.snapshot_index, leader_view.applied_index
     );
     let target = {
         let cr = &c;
@@ -130,13 +129,12 @@ async fn lagging_follower_catches_up_by_snapshot() {
             Duration::from_millis(200),
             move || async move {
                 let v = cr.cluster_info(lagger).await?;
-                let a = v["applied_index"].as_u64().unwrap_or(0);
-                if a >= target {
+                if v.applied_index >= target {
                     Ok(v)
                 } else {
                     Err(format!(
-                        "applied_index {} snapshot_index {} purged_index {}",
-                        v["applied_index"], v["snapshot_index"], v["purged_index"]
+                        "applied_index {} snapshot_index {:?} purged_index {:?}",
+                        v.applied_index, v.snapshot_index, v.purged_index
                     ))
                 }
             },
@@ -160,9 +158,9 @@ async fn lagging_follower_catches_up_by_snapshot() {
          {lag_applied}) but reports runnev_snapshots_installed_total = {installed}"
     );
     assert!(
-        caught_up["snapshot_index"].as_u64().is_some(),
-        "node {lagger} installed a snapshot but reports snapshot_index = {}",
-        caught_up["snapshot_index"]
+        caught_up.snapshot_index.is_some(),
+        "node {lagger} installed a snapshot but reports snapshot_index = {:?}",
+        caught_up.snapshot_index
     );
 
     // It serves exactly the leader's stream.

@@ -1,4 +1,4 @@
-//! Deterministic simulation of a three-node Runnev cluster (issue 4).
+//! Deterministic simulation of a three-node Runnev cluster.
 //!
 //! The production node (`runnev::node::run`: the same axum router, Raft transport, state
 //! machine, Raft log segments and redb storage) runs on three turmoil hosts over turmoil's simulated TCP, with a

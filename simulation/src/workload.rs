@@ -229,12 +229,7 @@ struct RaftView {
 async fn raft_view(node: NodeId) -> Option<RaftView> {
     let policy = RetryPolicy { request_timeout: Duration::from_millis(500), ..workload_policy() };
     let v = client_for(&[node], policy).cluster_view(&node_url(node)).await.ok()?;
-    Some(RaftView {
-        leader: v.get("leader_id").and_then(|l| l.as_u64()),
-        term: v.get("term")?.as_u64()?,
-        commit: v.get("commit_index")?.as_u64()?,
-        applied: v.get("applied_index")?.as_u64()?,
-    })
+    Some(RaftView { leader: v.leader_id, term: v.term, commit: v.commit_index, applied: v.applied_index })
 }
 
 /// The control client: creates the streams, tracks the leader during the fault phase, then runs

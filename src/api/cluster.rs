@@ -3,39 +3,15 @@
 //! Owns: how this node describes its Raft state. Must never: block on Raft; everything comes from
 //! openraft's metrics channel and the store's counters.
 
+use super::{json, AppState};
+use crate::raft::NodeId;
+use crate::wire::{ClusterView, Member};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 
-use super::{json, AppState};
-use crate::raft::NodeId;
-
-#[derive(Serialize)]
-struct Member {
-    id: NodeId,
-    addr: String,
-    voter: bool,
-    matched_index: Option<u64>,
-}
-
-/// This node's view of the cluster. `snapshot_index` and `purged_index` go beyond SPEC §3: the
-/// log index covered by this node's latest snapshot and the last one purged from its log.
-#[derive(Serialize)]
-pub(super) struct ClusterJson {
-    node_id: NodeId,
-    leader_id: Option<NodeId>,
-    state: String,
-    term: u64,
-    commit_index: u64,
-    applied_index: u64,
-    last_log_index: Option<u64>,
-    snapshot_index: Option<u64>,
-    purged_index: Option<u64>,
-    members: Vec<Member>,
-}
-
-pub(super) fn view_of(s: &AppState) -> ClusterJson {
+/// This node's view of the cluster, from openraft's metrics and the store's counters.
+pub(super) fn view_of(s: &AppState) -> ClusterView {
     let m = s.raft.metrics().borrow().clone();
     let membership = m.membership_config.membership();
     let matched = |id: &NodeId| -> Option<u64> {
@@ -58,7 +34,7 @@ pub(super) fn view_of(s: &AppState) -> ClusterJson {
         })
         .collect();
     let applied = s.store.applied_index();
-    ClusterJson {
+    ClusterView {
         node_id: s.node_id,
         leader_id: m.current_leader,
         state: format!("{:?}", m.state),

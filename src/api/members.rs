@@ -15,27 +15,12 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use http_body_util::BodyExt;
 use openraft::{BasicNode, ChangeMembers};
-use serde::Deserialize;
 
 use super::write::{on_leader, op_error, Forwardable, Led, OpError};
 use super::{cluster, json, read_body, AppState};
 use crate::error::ApiError;
-use crate::limits::{ADMIN_BODY_BYTES_MAX, MEMBER_CATCHUP_MS};
+use crate::limits::{ADMIN_BODY_BYTES_MAX, MEMBER_CATCHUP_MS, PEER_PROBE_BYTES_MAX, PEER_PROBE_MS};
 use crate::raft::NodeId;
-
-/// Body of `POST /v1/cluster/members`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AddBody {
-    id: NodeId,
-    addr: String,
-    #[serde(default = "yes")]
-    voter: bool,
-}
-
-fn yes() -> bool {
-    true
-}
 
 fn answer(s: &AppState, led: Led<()>) -> Response {
     match led {
@@ -77,7 +62,7 @@ pub(super) async fn add(
     body: Body,
 ) -> Result<Response, ApiError> {
     let bytes = read_body(body, ADMIN_BODY_BYTES_MAX).await?;
-    let b: AddBody = serde_json::from_slice(&bytes).map_err(|e| {
+    let b: crate::wire::AddMember = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::InvalidBody(format!("expected {{\"id\": N, \"addr\": \"HOST:PORT\", \"voter\": bool}}: {e}"))
     })?;
     if b.addr.trim().is_empty() || !b.addr.contains(':') {
@@ -119,8 +104,8 @@ pub(super) async fn add(
     Ok(answer(&s, led))
 }
 
-/// Counts the voters in `voters` that answer `/healthz` within a second (this node counts
-/// without asking).
+/// Counts the voters in `voters` that answer `/healthz` within [`PEER_PROBE_MS`] (this node
+/// counts without asking).
 async fn live_voters(s: &AppState, voters: &BTreeSet<NodeId>, addrs: &HashMap<NodeId, String>) -> usize {
     let mut live = 0;
     for id in voters {
@@ -129,7 +114,8 @@ async fn live_voters(s: &AppState, voters: &BTreeSet<NodeId>, addrs: &HashMap<No
             continue;
         }
         let Some(addr) = addrs.get(id) else { continue };
-        let answer = crate::net::get(&s.http, &format!("http://{addr}/healthz"), Duration::from_secs(1), 1024).await;
+        let url = format!("http://{addr}/healthz");
+        let answer = crate::net::get(&s.http, &url, Duration::from_millis(PEER_PROBE_MS), PEER_PROBE_BYTES_MAX).await;
         if answer.is_ok_and(|(status, _)| status.is_success()) {
             live += 1;
         }

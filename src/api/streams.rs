@@ -13,7 +13,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::write::{write, Forwardable, Led};
@@ -25,31 +24,8 @@ use crate::limits::{
 };
 use crate::raft::{Command, Outcome};
 use crate::storage::{blocking, BatchesView};
-use crate::stream::{self, Retention, StreamMeta};
-
-/// Stream info as SPEC §3 shows it.
-#[derive(Serialize)]
-struct InfoJson<'a> {
-    name: &'a str,
-    first_seq: u64,
-    last_seq: u64,
-    evicted_through: u64,
-    batches: u64,
-    bytes: u64,
-    retention: &'a Retention,
-}
-
-fn info_json<'a>(name: &'a str, m: &'a StreamMeta) -> InfoJson<'a> {
-    InfoJson {
-        name,
-        first_seq: m.first_seq,
-        last_seq: m.last_seq,
-        evicted_through: m.evicted_through,
-        batches: m.batches,
-        bytes: m.bytes,
-        retention: &m.retention,
-    }
-}
+use crate::stream;
+use crate::wire;
 
 pub(super) fn stream_name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     let Path(name) = path.map_err(|_| stream::NameError::Undecodable)?;
@@ -92,12 +68,12 @@ fn answer(name: &str, outcome: Outcome, index: u64) -> Result<Response, ApiError
     match outcome {
         Outcome::Stream { created, info } => {
             let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-            Ok(json(status, &info_json(&info.name, &info.meta)))
+            Ok(json(status, &wire::StreamInfo::new(&info.name, &info.meta)))
         }
         Outcome::Deleted => Ok(StatusCode::NO_CONTENT.into_response()),
         Outcome::Published { seq, ts, duplicate, index } => {
             let status = if duplicate { StatusCode::OK } else { StatusCode::CREATED };
-            Ok(json(status, &serde_json::json!({"seq": seq, "ts": ts, "duplicate": duplicate, "index": index})))
+            Ok(json(status, &wire::PublishAck { duplicate, index, seq, ts }))
         }
         Outcome::StreamNotFound => Err(ApiError::StreamNotFound(name.to_string())),
         Outcome::Rejected(r) => Err(r.into()),
@@ -119,14 +95,6 @@ async fn decide(
     }
 }
 
-/// Body of `PUT /v1/streams/{name}`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PutBody {
-    #[serde(default)]
-    retention: Retention,
-}
-
 /// `PUT /v1/streams/{name}`: create, or replace the retention.
 pub(super) async fn put(
     State(s): State<AppState>,
@@ -146,7 +114,7 @@ pub(super) async fn put(
         if !value.is_object() {
             return Err(expected("the body is not a JSON object".into()));
         }
-        let b: PutBody = serde_json::from_value(value).map_err(|e| expected(e.to_string()))?;
+        let b: wire::PutStream = serde_json::from_value(value).map_err(|e| expected(e.to_string()))?;
         b.retention.validate().map_err(|field| {
             ApiError::InvalidBody(format!("retention.{field} must be at least 1 (omit it for no limit)"))
         })?;
@@ -178,7 +146,7 @@ pub(super) async fn info(
     let store = s.store.clone();
     let n = name.clone();
     match blocking(move || store.stream(&n)).await? {
-        Some(meta) => Ok(json(StatusCode::OK, &info_json(&name, &meta))),
+        Some(meta) => Ok(json(StatusCode::OK, &wire::StreamInfo::new(&name, &meta))),
         None => Err(ApiError::StreamNotFound(name)),
     }
 }
@@ -187,8 +155,8 @@ pub(super) async fn info(
 pub(super) async fn list(State(s): State<AppState>) -> Result<Response, ApiError> {
     let store = s.store.clone();
     let all = blocking(move || store.streams()).await?;
-    let items: Vec<_> = all.iter().map(|i| info_json(&i.name, &i.meta)).collect();
-    Ok(json(StatusCode::OK, &serde_json::json!({ "streams": items })))
+    let streams = all.iter().map(|i| wire::StreamInfo::new(&i.name, &i.meta)).collect();
+    Ok(json(StatusCode::OK, &wire::StreamList { streams }))
 }
 
 /// `POST /v1/streams/{name}/batches[?seq=N]`: publish one batch.
@@ -230,31 +198,12 @@ pub(super) async fn publish(
     .await
 }
 
-#[derive(Serialize)]
-pub(super) struct BatchJson {
-    pub seq: u64,
-    pub ts: u64,
-    pub data: String,
-}
-
-impl BatchJson {
-    pub(super) fn of(b: crate::storage::StoredBatch) -> Self {
-        BatchJson { seq: b.seq, ts: b.ts, data: base64::engine::general_purpose::STANDARD.encode(&b.data) }
-    }
-}
-
-#[derive(Serialize)]
-pub(super) struct GapJson {
-    pub from: u64,
-    pub to: u64,
-}
-
-/// The body of a read answer (SPEC §3): `{"batches": [{"seq", "ts", "data"}], "gap",
-/// "last_seq", "next_after"}`, `data` standard base64.
+/// The body of a read answer ([`wire::ReadAnswer`], SPEC §3): `{"batches": [{"seq", "ts",
+/// "data"}], "gap", "last_seq", "next_after"}`, `data` standard base64.
 ///
 /// Written by hand rather than through serde: base64 never needs JSON escaping, and serde_json's
 /// escape scan of every payload byte was a third of a catch-up read's server time. The test
-/// below checks the output against serde_json's.
+/// below checks the output byte for byte against serde_json's of [`wire::ReadAnswer`].
 fn read_answer_body(view: BatchesView, after: u64) -> String {
     use std::fmt::Write;
     let gap = stream::gap_for(&view.meta, after);
@@ -357,23 +306,19 @@ pub(super) async fn read(
 mod read_answer_tests {
     use super::*;
     use crate::storage::StoredBatch;
+    use crate::stream::StreamMeta;
 
-    /// The same answer through serde_json, as the hand-written body must read.
-    fn through_serde(view: &BatchesView, after: u64) -> serde_json::Value {
+    /// The same answer through serde_json and the wire type, as the hand-written body must read.
+    fn through_serde(view: &BatchesView, after: u64) -> String {
         let gap = stream::gap_for(&view.meta, after);
         let next_after = view.batches.last().map(|b| b.seq).or(gap.map(|g| g.1)).unwrap_or(after);
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let batches: Vec<_> = view
-            .batches
-            .iter()
-            .map(|b| serde_json::json!({"seq": b.seq, "ts": b.ts, "data": b64.encode(&b.data)}))
-            .collect();
-        serde_json::json!({
-            "batches": batches,
-            "gap": gap.map(|(from, to)| serde_json::json!({"from": from, "to": to})),
-            "last_seq": view.meta.last_seq,
-            "next_after": next_after,
-        })
+        let answer = wire::ReadAnswer {
+            batches: view.batches.iter().map(|b| wire::BatchBody::encode(b.seq, b.ts, &b.data)).collect(),
+            gap: gap.map(|(from, to)| wire::Gap { from, to }),
+            last_seq: view.meta.last_seq,
+            next_after,
+        };
+        serde_json::to_string(&answer).unwrap()
     }
 
     #[test]
@@ -390,8 +335,7 @@ mod read_answer_tests {
             (BatchesView { meta, batches: Vec::new() }, 1),
             (BatchesView { meta, batches: Vec::new() }, 9),
         ] {
-            let hand: serde_json::Value = serde_json::from_str(&read_answer_body(view.clone(), after)).unwrap();
-            assert_eq!(hand, through_serde(&view, after), "after={after}");
+            assert_eq!(read_answer_body(view.clone(), after), through_serde(&view, after), "after={after}");
         }
     }
 }

@@ -16,12 +16,13 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::watch;
 
-use super::streams::{param_u64, query, stream_name, BatchJson, GapJson};
+use super::streams::{param_u64, query, stream_name};
 use super::AppState;
 use crate::error::ApiError;
 use crate::limits::{READ_ANSWER_BYTES_MAX, SUBSCRIBE_KEEPALIVE_MS, SUBSCRIBE_READ_BATCHES, SUBSCRIBE_STREAM_WAIT_MS};
 use crate::storage::blocking;
 use crate::stream;
+use crate::wire;
 
 /// Where a subscription stands.
 struct Cursor {
@@ -67,13 +68,19 @@ async fn refill(c: &mut Cursor) -> bool {
                 }
             };
         if let Some((from, to)) = stream::gap_for(&view.meta, c.after) {
-            c.pending.push_back(Event::default().event("gap").json_data(GapJson { from, to }).unwrap_or_default());
+            c.pending.push_back(Event::default().event("gap").json_data(wire::Gap { from, to }).unwrap_or_default());
             c.after = to;
         }
         for b in view.batches {
             c.after = b.seq;
             let id = b.seq.to_string();
-            c.pending.push_back(Event::default().event("batch").id(id).json_data(BatchJson::of(b)).unwrap_or_default());
+            c.pending.push_back(
+                Event::default()
+                    .event("batch")
+                    .id(id)
+                    .json_data(wire::BatchBody::encode(b.seq, b.ts, &b.data))
+                    .unwrap_or_default(),
+            );
         }
         if !c.pending.is_empty() {
             return true;

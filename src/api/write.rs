@@ -19,13 +19,13 @@ use tokio::time::Instant;
 
 use super::AppState;
 use crate::error::ApiError;
-use crate::limits::{FORWARD_HOPS_MAX, FORWARD_TIMEOUT_MS, LEADER_WAIT_MS};
+use crate::limits::{
+    FORWARDED_ANSWER_BYTES_MAX, FORWARD_HOPS_MAX, FORWARD_TIMEOUT_MS, LEADER_RECHECK_MS, LEADER_WAIT_MS,
+};
 use crate::raft::{Command, NodeId, Outcome};
 
 /// Header counting how many times a request has been forwarded.
 const HOPS_HEADER: &str = "runnev-forward-hops";
-/// Largest forwarded answer read back, in bytes (answers to writes are small JSON documents).
-const FORWARDED_ANSWER_BYTES_MAX: usize = 1024 * 1024;
 
 /// The client request as received, kept so it can be forwarded to the leader verbatim.
 pub(crate) struct Forwardable {
@@ -141,8 +141,8 @@ where
                 "no leader could take the request within {LEADER_WAIT_MS} ms ({last_problem}); retry later"
             )));
         }
-        // Wake on any Raft state change, and re-check at least every 100 ms.
-        let pause = (deadline - now).min(Duration::from_millis(100));
+        // Wake on any Raft state change, and re-check at least every LEADER_RECHECK_MS.
+        let pause = (deadline - now).min(Duration::from_millis(LEADER_RECHECK_MS));
         if let Ok(Err(_)) = tokio::time::timeout(pause, metrics.changed()).await {
             // The Raft core has stopped (a storage failure): its metrics will never change again,
             // and waiting on them would spin. Found by the simulation (seed 4).

@@ -19,26 +19,28 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, StatusCode};
-use serde::{Deserialize, Serialize};
 
 pub use cursor::{CursorStore, FileCursor};
 pub use subscription::{Delivery, Subscription};
 
 use crate::net::{http_client, Dialer, HttpClient, TcpDialer};
 use crate::stream::Retention;
+use crate::wire::{self, BatchBody, ClusterView};
+pub use crate::wire::{Gap, PublishAck, StreamInfo};
 
 /// Default node list (SPEC §5), used when neither `--nodes` nor `RUNNEV_NODES` is given.
 pub const DEFAULT_NODES: &str = "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003";
 
-/// Largest answer body the client reads, in bytes: a read of 10 000 batches base64-encoded.
-const ANSWER_BYTES_MAX: usize = 64 * 1024 * 1024;
+use crate::limits::{
+    CLIENT_ANSWER_BYTES_MAX as ANSWER_BYTES_MAX, CLIENT_BACKOFF_MAX_MS, CLIENT_BACKOFF_MIN_MS, CLIENT_GIVE_UP_MS,
+    CLIENT_MEMBER_CHANGE_EXTRA_MS, CLIENT_REQUEST_TIMEOUT_MS,
+};
 
 /// Extra time a membership change may take beyond the request timeout (catch-up and two commits).
-const MEMBER_CHANGE_EXTRA: Duration = Duration::from_secs(30);
+const MEMBER_CHANGE_EXTRA: Duration = Duration::from_millis(CLIENT_MEMBER_CHANGE_EXTRA_MS);
 
 /// How the client retries.
 #[derive(Debug, Clone, Copy)]
@@ -56,11 +58,41 @@ pub struct RetryPolicy {
 impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy {
-            request_timeout: Duration::from_secs(10),
-            backoff_min: Duration::from_millis(50),
-            backoff_max: Duration::from_secs(2),
-            give_up_after: Duration::from_secs(30),
+            request_timeout: Duration::from_millis(CLIENT_REQUEST_TIMEOUT_MS),
+            backoff_min: Duration::from_millis(CLIENT_BACKOFF_MIN_MS),
+            backoff_max: Duration::from_millis(CLIENT_BACKOFF_MAX_MS),
+            give_up_after: Duration::from_millis(CLIENT_GIVE_UP_MS),
         }
+    }
+}
+
+/// Exponential backoff between retries: `min`, doubling, capped at `max`, without end and
+/// without jitter; [`Backoff::reset`] after a success. The one the client, its subscriptions and
+/// the outbox relay and sink wait with. (backon's exponential backoff multiplies in `f32`, so its
+/// delays drift off whole milliseconds; these stay exact.)
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// A backoff from `min` doubling up to `max`.
+    pub fn new(min: Duration, max: Duration) -> Backoff {
+        Backoff { min, max, next: min }
+    }
+
+    /// The delay to wait now; the next one doubles (saturating, capped at `max`).
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = self.next.saturating_mul(2).min(self.max);
+        d
+    }
+
+    /// Back to `min` after a success.
+    pub fn reset(&mut self) {
+        self.next = self.min;
     }
 }
 
@@ -114,19 +146,6 @@ impl ClientError {
     }
 }
 
-/// The answer to a publish (SPEC §3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PublishAck {
-    /// The batch's seq.
-    pub seq: u64,
-    /// Leader-assigned time, ms since the Unix epoch.
-    pub ts: u64,
-    /// True when the batch was already stored (a retry).
-    pub duplicate: bool,
-    /// Raft log index of the batch; pass as `min_index` to read your write on any node.
-    pub index: u64,
-}
-
 /// One batch as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Batch {
@@ -136,15 +155,6 @@ pub struct Batch {
     pub ts: u64,
     /// The payload, byte for byte.
     pub data: Bytes,
-}
-
-/// A range of seqs that retention evicted before the consumer read them (SPEC §2.5), inclusive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Gap {
-    /// First evicted seq asked for.
-    pub from: u64,
-    /// Last evicted seq (the stream's `evicted_through`).
-    pub to: u64,
 }
 
 /// The answer to a read (SPEC §3).
@@ -160,58 +170,9 @@ pub struct ReadAnswer {
     pub next_after: u64,
 }
 
-/// Stream info (SPEC §3).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StreamInfo {
-    /// Name.
-    pub name: String,
-    /// Oldest retained seq (`last_seq + 1` when empty).
-    pub first_seq: u64,
-    /// Highest accepted seq.
-    pub last_seq: u64,
-    /// Highest evicted seq.
-    pub evicted_through: u64,
-    /// Retained batches.
-    pub batches: u64,
-    /// Retained payload bytes.
-    pub bytes: u64,
-    /// Retention limits.
-    pub retention: Retention,
-}
-
-/// A batch as the wire carries it; `data` borrows from the answer (base64 never holds a JSON
-/// escape), so a catch-up read copies each payload once, when decoding it.
-#[derive(Deserialize)]
-pub(crate) struct WireBatch<'a> {
-    seq: u64,
-    ts: u64,
-    #[serde(borrow)]
-    data: std::borrow::Cow<'a, str>,
-}
-
-#[derive(Deserialize)]
-struct WireRead<'a> {
-    #[serde(borrow)]
-    batches: Vec<WireBatch<'a>>,
-    gap: Option<Gap>,
-    last_seq: u64,
-    next_after: u64,
-}
-
-#[derive(Deserialize)]
-struct WireError {
-    error: WireErrorBody,
-}
-
-#[derive(Deserialize)]
-struct WireErrorBody {
-    code: String,
-    message: String,
-}
-
-pub(crate) fn decode_batch(node: &str, b: WireBatch<'_>) -> Result<Batch, ClientError> {
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(b.data.as_bytes())
+pub(crate) fn decode_batch(node: &str, b: BatchBody<'_>) -> Result<Batch, ClientError> {
+    let data = b
+        .payload()
         .map_err(|e| ClientError::Protocol { node: node.to_string(), what: format!("batch {} data: {e}", b.seq) })?;
     Ok(Batch { seq: b.seq, ts: b.ts, data: data.into() })
 }
@@ -375,7 +336,7 @@ impl Client {
     ) -> Result<(String, StatusCode, Bytes), ClientError> {
         let policy = self.inner.policy;
         let started = tokio::time::Instant::now();
-        let mut backoff = policy.backoff_min;
+        let mut backoff = Backoff::new(policy.backoff_min, policy.backoff_max);
         let write = method != Method::GET;
         loop {
             let node = self.inner.nodes[if write { self.pick_for_write() } else { self.pick() }].clone();
@@ -397,13 +358,17 @@ impl Client {
             // The leader we knew failed us: rotate until a response names the new one.
             self.inner.leader.store(usize::MAX, Ordering::Relaxed);
             let elapsed = started.elapsed();
-            if elapsed + backoff > policy.give_up_after {
+            let delay = backoff.next_delay();
+            if elapsed + delay > policy.give_up_after {
                 return Err(ClientError::Unavailable { after: elapsed, last });
             }
-            tracing::debug!(problem = %last, ?backoff, "retrying on another node");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(policy.backoff_max);
+            tracing::debug!(problem = %last, backoff = ?delay, "retrying on another node");
+            tokio::time::sleep(delay).await;
         }
+    }
+
+    fn body<T: serde::Serialize>(value: &T) -> Result<String, ClientError> {
+        serde_json::to_string(value).map_err(|e| ClientError::Config(format!("encoding a request body: {e}")))
     }
 
     fn json<T: serde::de::DeserializeOwned>(node: &str, bytes: &[u8]) -> Result<T, ClientError> {
@@ -452,7 +417,7 @@ impl Client {
             path.push_str(&format!("&min_index={i}"));
         }
         let (node, _, bytes) = self.call(Method::GET, &path, Bytes::new(), Duration::from_millis(wait_ms)).await?;
-        let wire: WireRead<'_> = serde_json::from_slice(&bytes)
+        let wire: wire::ReadAnswer<'_> = serde_json::from_slice(&bytes)
             .map_err(|e| ClientError::Protocol { node: node.to_string(), what: e.to_string() })?;
         let batches = wire.batches.into_iter().map(|b| decode_batch(&node, b)).collect::<Result<_, _>>()?;
         Ok(ReadAnswer { batches, gap: wire.gap, last_seq: wire.last_seq, next_after: wire.next_after })
@@ -468,7 +433,7 @@ impl Client {
         retention: Option<Retention>,
     ) -> Result<(StreamInfo, bool), ClientError> {
         let body = match retention {
-            Some(r) => Bytes::from(serde_json::json!({ "retention": r }).to_string()),
+            Some(retention) => Bytes::from(Self::body(&wire::PutStream { retention })?),
             None => Bytes::new(),
         };
         let (node, status, bytes) =
@@ -489,12 +454,8 @@ impl Client {
     ///
     /// Errors: as [`Client::publish`].
     pub async fn streams(&self) -> Result<Vec<StreamInfo>, ClientError> {
-        #[derive(Deserialize)]
-        struct List {
-            streams: Vec<StreamInfo>,
-        }
         let (node, _, bytes) = self.call(Method::GET, "/v1/streams", Bytes::new(), Duration::ZERO).await?;
-        Ok(Self::json::<List>(&node, &bytes)?.streams)
+        Ok(Self::json::<wire::StreamList>(&node, &bytes)?.streams)
     }
 
     /// Deletes a stream and its batches.
@@ -505,10 +466,11 @@ impl Client {
     }
 
     /// `GET /v1/cluster` from one given node (no failover: the caller asks each node it cares
-    /// about). Returns the JSON document.
+    /// about).
     ///
-    /// Errors: [`ClientError::Unavailable`] if that node does not answer within the request timeout.
-    pub async fn cluster_view(&self, node: &str) -> Result<serde_json::Value, ClientError> {
+    /// Errors: [`ClientError::Unavailable`] if that node does not answer within the request
+    /// timeout; [`ClientError::Protocol`] if its answer is not a cluster view.
+    pub async fn cluster_view(&self, node: &str) -> Result<ClusterView, ClientError> {
         let timeout = self.inner.policy.request_timeout;
         match self.exchange(node, &Method::GET, "/v1/cluster", &Bytes::new(), timeout).await {
             Ok((s, bytes, _)) if s.is_success() => Self::json(node, &bytes),
@@ -526,8 +488,8 @@ impl Client {
     /// Errors: [`ClientError::Api`] with `not_ready` if the node did not catch up (it stays a
     /// learner) or another change is in progress; `invalid_parameter` if it is already a voter
     /// with another address.
-    pub async fn add_member(&self, id: u64, addr: &str, voter: bool) -> Result<serde_json::Value, ClientError> {
-        let body = Bytes::from(serde_json::json!({"id": id, "addr": addr, "voter": voter}).to_string());
+    pub async fn add_member(&self, id: u64, addr: &str, voter: bool) -> Result<ClusterView, ClientError> {
+        let body = Bytes::from(Self::body(&wire::AddMember { id, addr: addr.to_string(), voter })?);
         let (node, _, bytes) = self.call(Method::POST, "/v1/cluster/members", body, MEMBER_CHANGE_EXTRA).await?;
         Self::json(&node, &bytes)
     }
@@ -536,7 +498,7 @@ impl Client {
     ///
     /// Errors: [`ClientError::Api`] with `not_found` for an unknown id, `not_ready` when the
     /// voters left could not form a live quorum.
-    pub async fn remove_member(&self, id: u64) -> Result<serde_json::Value, ClientError> {
+    pub async fn remove_member(&self, id: u64) -> Result<ClusterView, ClientError> {
         let path = format!("/v1/cluster/members/{id}");
         let (node, _, bytes) = self.call(Method::DELETE, &path, Bytes::new(), MEMBER_CHANGE_EXTRA).await?;
         Self::json(&node, &bytes)
@@ -550,7 +512,7 @@ impl Client {
 }
 
 pub(crate) fn api_error(node: &str, status: StatusCode, bytes: &[u8]) -> ClientError {
-    match serde_json::from_slice::<WireError>(bytes) {
+    match serde_json::from_slice::<wire::ErrorBody>(bytes) {
         Ok(e) => ClientError::Api { status: status.as_u16(), code: e.error.code, message: e.error.message },
         Err(_) => ClientError::Protocol {
             node: node.to_string(),

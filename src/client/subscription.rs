@@ -15,11 +15,10 @@ use http_body_util::{BodyExt, Full};
 use hyper::StatusCode;
 use tokio::time::Instant;
 
-use super::{api_error, decode_batch, Batch, Client, ClientError, Gap, WireBatch};
+use super::{api_error, decode_batch, Backoff, Batch, Client, ClientError, Gap};
+use crate::wire::BatchBody;
 
-/// A connection silent (not even a keep-alive) for this long is presumed dead, in ms: three
-/// server keep-alive intervals.
-const IDLE_MS: u64 = 30_000;
+use crate::limits::{SUBSCRIPTION_IDLE_CHECK_MS, SUBSCRIPTION_IDLE_MS as IDLE_MS};
 
 /// What a subscription yields.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +39,7 @@ struct State {
     events: Option<Events>,
     last_bytes: Arc<Mutex<Instant>>,
     failing_since: Option<Instant>,
-    backoff: Duration,
+    backoff: Backoff,
     done: bool,
 }
 
@@ -61,7 +60,7 @@ pub struct Subscription {
 
 impl Subscription {
     pub(super) fn new(client: Client, stream: String, cursor: u64) -> Subscription {
-        let backoff = client.policy().backoff_min;
+        let backoff = Backoff::new(client.policy().backoff_min, client.policy().backoff_max);
         let state = State {
             client,
             stream,
@@ -133,7 +132,7 @@ async fn next(st: &mut State) -> Option<Result<Delivery, ClientError>> {
                 Ok(ev) => {
                     st.events = Some(ev);
                     st.failing_since = None;
-                    st.backoff = policy.backoff_min;
+                    st.backoff.reset();
                 }
                 Err(Connect::Fail(e)) => {
                     st.done = true;
@@ -141,8 +140,7 @@ async fn next(st: &mut State) -> Option<Result<Delivery, ClientError>> {
                 }
                 Err(Connect::Retry(why)) => {
                     let since = *st.failing_since.get_or_insert_with(Instant::now);
-                    tokio::time::sleep(st.backoff).await;
-                    st.backoff = (st.backoff * 2).min(policy.backoff_max);
+                    tokio::time::sleep(st.backoff.next_delay()).await;
                     if since.elapsed() >= policy.give_up_after {
                         st.failing_since = None;
                         return Some(Err(ClientError::Unavailable { after: since.elapsed(), last: why }));
@@ -151,7 +149,7 @@ async fn next(st: &mut State) -> Option<Result<Delivery, ClientError>> {
             }
             continue;
         };
-        let ev = match tokio::time::timeout(Duration::from_secs(5), events.next()).await {
+        let ev = match tokio::time::timeout(Duration::from_millis(SUBSCRIPTION_IDLE_CHECK_MS), events.next()).await {
             Err(_) => {
                 let silent = st.last_bytes.lock().unwrap_or_else(|p| p.into_inner()).elapsed();
                 if silent >= Duration::from_millis(IDLE_MS) {
@@ -173,7 +171,7 @@ async fn next(st: &mut State) -> Option<Result<Delivery, ClientError>> {
         };
         match ev.event.as_str() {
             "batch" => {
-                let wire: WireBatch<'_> = match serde_json::from_str(&ev.data) {
+                let wire: BatchBody<'_> = match serde_json::from_str(&ev.data) {
                     Ok(w) => w,
                     Err(e) => return Some(Err(protocol(&format!("batch event: {e}")))),
                 };

@@ -252,33 +252,7 @@ impl PgTarget {
     }
 }
 
-/// Exponential backoff between retries: `min`, doubling, capped at `max`; [`Backoff::reset`]
-/// after a success.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    /// A backoff from `min` doubling up to `max`.
-    pub fn new(min: Duration, max: Duration) -> Backoff {
-        Backoff { min, max, next: min }
-    }
-
-    /// The delay to wait now; the next one doubles.
-    pub fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-
-    /// Back to `min` after a success.
-    pub fn reset(&mut self) {
-        self.next = self.min;
-    }
-}
+pub use crate::client::Backoff;
 
 /// Where a test makes the relay or sink process abort (as `kill -9` would), to prove a crash at
 /// that point loses and repeats nothing. Set with `RUNNEV_OUTBOX_FAILPOINT=NAME[:N]` (abort on

@@ -15,8 +15,9 @@ use openraft::error::{InitializeError, RaftError};
 use openraft::BasicNode;
 
 use super::{NodeId, Raft};
-use crate::limits::FORMATION_PROBE_MS;
+use crate::limits::{FORMATION_PROBE_MS, PEER_PROBE_BYTES_MAX, PEER_PROBE_MS};
 use crate::net::HttpClient;
+use crate::wire::ClusterView;
 
 /// What a probe learned about one peer.
 enum Peer {
@@ -27,14 +28,12 @@ enum Peer {
 }
 
 async fn probe(http: &HttpClient, addr: &str) -> Peer {
-    let answer = crate::net::get(http, &format!("http://{addr}/v1/cluster"), Duration::from_secs(1), 1 << 20).await;
-    match answer.ok().and_then(|(_, body)| serde_json::from_slice::<serde_json::Value>(&body).ok()) {
-        Some(v) => match v.get("members").and_then(|m| m.as_array()) {
-            Some(m) if !m.is_empty() => Peer::InCluster(v.get("term").and_then(|t| t.as_u64()).unwrap_or(0)),
-            Some(_) => Peer::Fresh,
-            None => Peer::Down,
-        },
-        _ => Peer::Down,
+    let url = format!("http://{addr}/v1/cluster");
+    let answer = crate::net::get(http, &url, Duration::from_millis(PEER_PROBE_MS), PEER_PROBE_BYTES_MAX).await;
+    match answer.ok().and_then(|(_, body)| serde_json::from_slice::<ClusterView>(&body).ok()) {
+        Some(v) if v.members.is_empty() => Peer::Fresh,
+        Some(v) => Peer::InCluster(v.term),
+        None => Peer::Down,
     }
 }
 

@@ -47,7 +47,10 @@ pub(crate) const TOMBSTONES: TableDefinition<&str, &[u8]> = TableDefinition::new
 pub(crate) const BATCHES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("batches");
 
 /// A storage failure. Never caused by client input: callers validate before reaching storage.
+/// [`StoreError::is_storage_full`] tells a full disk (the one failure a client is told about as
+/// such, `507`; `crate::error` maps every variant to HTTP).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// redb failed (I/O, corruption, transaction).
     #[error("database: {0}")]
@@ -58,9 +61,35 @@ pub enum StoreError {
     /// File I/O on the log, the snapshot or the data directory failed.
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
-    /// A stored structure broke an invariant.
+    /// A stored structure of the Raft log or the state machine broke an invariant.
     #[error("corrupt data: {0}")]
     Corrupt(String),
+    /// A snapshot file, built here or received from the leader, is not a complete snapshot (no
+    /// magic, no header, a record over the limit, counts or metadata that do not match).
+    #[error("snapshot: {0}")]
+    Snapshot(String),
+    /// A snapshot record is larger than its u32 length can frame (4 GiB).
+    #[error("a snapshot record of {0} bytes is over the 4 GiB its length can frame")]
+    RecordTooLarge(usize),
+    /// redb refused the durability asked of a transaction: a fault of this build, not damage.
+    #[error("setting a transaction's durability: {0}")]
+    Durability(#[from] redb::SetDurabilityError),
+    /// The data directory keeps its Raft log in redb, an older Runnev layout this build does not
+    /// read.
+    #[error("this data directory keeps its Raft log in redb (an older Runnev layout); start from an empty directory")]
+    LegacyLayout,
+}
+
+impl StoreError {
+    /// Whether the failure is a full disk (`ENOSPC`, [`std::io::ErrorKind::StorageFull`]), from
+    /// file I/O or wrapped by redb.
+    pub fn is_storage_full(&self) -> bool {
+        let io = match self {
+            StoreError::Io(e) | StoreError::Db(redb::Error::Io(e)) => e,
+            _ => return false,
+        };
+        io.kind() == std::io::ErrorKind::StorageFull
+    }
 }
 
 macro_rules! from_redb {
@@ -171,11 +200,7 @@ impl Store {
         {
             let txn = db.begin_read()?;
             match txn.open_table(LEGACY_LOG) {
-                Ok(t) if t.first()?.is_some() => {
-                    return Err(StoreError::Corrupt(
-                        "this data directory keeps its Raft log in redb (an older Runnev layout); start from an empty directory".into(),
-                    ))
-                }
+                Ok(t) if t.first()?.is_some() => return Err(StoreError::LegacyLayout),
                 Ok(_) | Err(redb::TableError::TableDoesNotExist(_)) => {}
                 Err(e) => return Err(e.into()),
             }

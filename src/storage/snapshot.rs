@@ -18,13 +18,11 @@ use redb::{ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
 use super::{decode, encode, Store, StoreError, BATCHES, RAFT_META, SM_META, STREAMS, TOMBSTONES};
+use crate::limits::SNAPSHOT_RECORD_BYTES_MAX;
 use crate::raft::{LogId, NodeId};
 use crate::stream::StreamMeta;
 
 const MAGIC: &[u8; 8] = b"RUNNEVS1";
-/// Largest record accepted when reading a snapshot, in bytes: a batch of the largest allowed size
-/// plus its key, with room to spare. Guards against a corrupt length.
-const RECORD_BYTES_MAX: u32 = 64 * 1024 * 1024;
 
 /// openraft's snapshot metadata in Runnev's configuration.
 pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, openraft::BasicNode>;
@@ -71,7 +69,7 @@ fn building_path(dir: &Path) -> PathBuf {
 
 fn write_record(w: &mut impl Write, r: &Record<'_>) -> Result<(), StoreError> {
     let bytes = encode(r)?;
-    let len = u32::try_from(bytes.len()).map_err(|_| StoreError::Corrupt("snapshot record over 4 GiB".into()))?;
+    let len = u32::try_from(bytes.len()).map_err(|_| StoreError::RecordTooLarge(bytes.len()))?;
     w.write_all(&len.to_le_bytes())?;
     w.write_all(&bytes)?;
     Ok(())
@@ -81,8 +79,8 @@ fn read_record(r: &mut impl Read, buf: &mut Vec<u8>) -> Result<(), StoreError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len);
-    if len > RECORD_BYTES_MAX {
-        return Err(StoreError::Corrupt(format!("snapshot record of {len} bytes")));
+    if len > SNAPSHOT_RECORD_BYTES_MAX {
+        return Err(StoreError::Snapshot(format!("a record of {len} bytes, over {SNAPSHOT_RECORD_BYTES_MAX}")));
     }
     buf.resize(len as usize, 0);
     r.read_exact(buf)?;
@@ -170,7 +168,7 @@ pub(crate) fn open_current(store: &Store) -> Result<Option<(SnapshotMeta, File)>
         Err(e) => return Err(e.into()),
     };
     let meta = read_header(&mut BufReader::new(&mut file))
-        .map_err(|e| StoreError::Corrupt(format!("{}: {e}", path.display())))?;
+        .map_err(|e| StoreError::Snapshot(format!("{}: {e}", path.display())))?;
     file.seek(SeekFrom::Start(0))?;
     Ok(Some((meta, file)))
 }
@@ -180,13 +178,13 @@ fn read_header(r: &mut impl Read) -> Result<SnapshotMeta, StoreError> {
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic)?;
     if &magic != MAGIC {
-        return Err(StoreError::Corrupt("not a Runnev snapshot (no magic)".into()));
+        return Err(StoreError::Snapshot("not a Runnev snapshot (no magic)".into()));
     }
     let mut buf = Vec::new();
     read_record(r, &mut buf)?;
     match postcard::from_bytes::<Record<'_>>(&buf)? {
         Record::Header { meta } => Ok(meta),
-        _ => Err(StoreError::Corrupt("snapshot does not start with a header".into())),
+        _ => Err(StoreError::Snapshot("it does not start with a header".into())),
     }
 }
 
@@ -201,7 +199,7 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
     let copy_path = store.dir().join("snapshot.install.tmp");
     let mut r = Tee { from: BufReader::new(file), to: BufWriter::new(File::create(&copy_path)?) };
     if read_header(&mut r)?.last_log_id != meta.last_log_id {
-        return Err(StoreError::Corrupt("received snapshot's header does not match its metadata".into()));
+        return Err(StoreError::Snapshot("the received header does not match its metadata".into()));
     }
     let mut buf = Vec::new();
     let txn = store.begin_durable_write()?;
@@ -217,7 +215,7 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
         loop {
             read_record(&mut r, &mut buf)?;
             match postcard::from_bytes::<Record<'_>>(&buf)? {
-                Record::Header { .. } => return Err(StoreError::Corrupt("second snapshot header".into())),
+                Record::Header { .. } => return Err(StoreError::Snapshot("a second header".into())),
                 Record::Stream { name, meta } => {
                     streams.insert(name, encode(&meta)?.as_slice())?;
                     n_streams += 1;
@@ -231,8 +229,8 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
                 }
                 Record::End { streams, batches } => {
                     if (streams, batches) != (n_streams, n_batches) {
-                        return Err(StoreError::Corrupt(format!(
-                            "snapshot end says {streams} streams and {batches} batches; read {n_streams} and {n_batches}"
+                        return Err(StoreError::Snapshot(format!(
+                            "its end says {streams} streams and {batches} batches; read {n_streams} and {n_batches}"
                         )));
                     }
                     counts = (streams, batches);

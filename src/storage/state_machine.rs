@@ -57,6 +57,7 @@ impl Tables<'_> {
     }
 
     fn put_meta(&mut self, name: &str, meta: &StreamMeta) -> Result<(), StoreError> {
+        debug_assert!(meta.is_consistent(), "stream {name}: {meta:?}");
         self.streams.insert(name, encode(meta)?.as_slice())?;
         Ok(())
     }
@@ -198,8 +199,7 @@ fn apply_entries(
 ) -> Result<(Vec<Outcome>, Option<LogId>), StoreError> {
     let mut txn = if durable { store.begin_durable_write()? } else { store.db().begin_write()? };
     if !durable {
-        txn.set_durability(redb::Durability::None)
-            .map_err(|e| StoreError::Corrupt(format!("setting durability: {e}")))?;
+        txn.set_durability(redb::Durability::None)?;
     }
     let mut outcomes = Vec::with_capacity(entries.len());
     let mut last = None;

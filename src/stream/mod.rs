@@ -64,6 +64,20 @@ impl StreamMeta {
     pub fn new(retention: Retention) -> Self {
         StreamMeta { retention, first_seq: 1, ..Default::default() }
     }
+
+    /// Whether the invariants hold: `evicted_through < first_seq <= last_seq + 1`; `batches == 0`
+    /// iff `first_seq == last_seq + 1`; at most one batch per seq in `first_seq..=last_seq`, and
+    /// no bytes without a batch. Computed in u128, so no seq overflows. The state machine asserts
+    /// it (`debug_assert!`) after every change, so the simulation checks it on every step.
+    pub fn is_consistent(&self) -> bool {
+        let (first, last, evicted) =
+            (u128::from(self.first_seq), u128::from(self.last_seq), u128::from(self.evicted_through));
+        evicted < first
+            && first <= last + 1
+            && (self.batches == 0) == (first == last + 1)
+            && u128::from(self.batches) <= last + 1 - first
+            && (self.batches > 0 || self.bytes == 0)
+    }
 }
 
 /// A stream created under the name of a deleted one: it continues after the deleted stream's
@@ -206,6 +220,7 @@ pub fn record_append(meta: &mut StreamMeta, seq: u64, len: u64) {
     meta.last_seq = seq;
     meta.batches += 1;
     meta.bytes += len;
+    debug_assert!(meta.is_consistent(), "after appending seq {seq}: {meta:?}");
 }
 
 /// The oldest retained batch, as retention sees it.
@@ -245,6 +260,7 @@ pub fn record_eviction(meta: &mut StreamMeta, oldest: &Oldest, next_first_seq: O
     meta.bytes -= oldest.len;
     meta.evicted_through = meta.evicted_through.max(oldest.seq);
     meta.first_seq = next_first_seq.unwrap_or(meta.last_seq + 1);
+    debug_assert!(meta.is_consistent(), "after evicting seq {}: {meta:?}", oldest.seq);
 }
 
 /// The gap a consumer at `after` must be told about (SPEC §2.5), as an inclusive seq range.
@@ -258,6 +274,21 @@ mod tests {
 
     fn meta(last_seq: u64, evicted_through: u64) -> StreamMeta {
         StreamMeta { last_seq, evicted_through, first_seq: evicted_through + 1, ..Default::default() }
+    }
+
+    #[test]
+    fn stream_invariants_are_checked() {
+        assert!(StreamMeta::new(Retention::default()).is_consistent());
+        let mut m = StreamMeta::new(Retention::default());
+        record_append(&mut m, 3, 10);
+        record_append(&mut m, 9, 1);
+        assert!(m.is_consistent());
+        assert!(!StreamMeta { batches: 8, ..m }.is_consistent(), "more batches than seqs 3..=9");
+        assert!(!StreamMeta { first_seq: 2, evicted_through: 2, ..m }.is_consistent(), "evicted a retained seq");
+        assert!(!StreamMeta { batches: 0, ..m }.is_consistent(), "no batches in a non-empty range");
+        assert!(!StreamMeta { bytes: 5, ..StreamMeta::new(Retention::default()) }.is_consistent());
+        let full = StreamMeta { first_seq: u64::MAX, last_seq: u64::MAX, batches: 1, bytes: 1, ..Default::default() };
+        assert!(full.is_consistent(), "the last seq does not overflow the check");
     }
 
     #[test]

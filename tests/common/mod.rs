@@ -1,5 +1,6 @@
-//! Black-box test harness for Runnev: spawns `runnev serve` processes on loopback ports,
-//! talks to them over HTTP, and cleans up (no orphans) even when a test panics.
+//! Black-box test helpers for Runnev: a cluster of `runnev serve` processes on loopback ports
+//! (started by `runnev::launcher`), an HTTP helper, and helpers for reads, payloads and metrics.
+//! Cleans up (no orphans) even when a test panics.
 //!
 //! Every wait in here is bounded and fails with a message that says what it was waiting for.
 //! When a test fails (the `Cluster` is dropped while panicking), the node data directories are
@@ -7,15 +8,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
 use std::future::Future;
-use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::net::TcpListener;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -25,6 +18,10 @@ use hyper::{HeaderMap, Method, Request};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use runnev::launcher::{log_tail, ClusterSpec, LocalCluster, Node, Signal};
+use runnev::wire::ClusterView;
 use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_runnev");
@@ -228,315 +225,92 @@ where
 }
 
 // ---------------------------------------------------------------------------------------------
-// Process spawning (children die with the test process)
+// Cluster: runnev::launcher's local cluster, with waits that panic with what they waited for
 // ---------------------------------------------------------------------------------------------
 
-type SpawnReq = (Command, mpsc::Sender<io::Result<Child>>);
+/// How long a test cluster may take to form: every node healthy, then a leader agreed.
+const FORM_TIMEOUT: Duration = Duration::from_secs(50);
+/// How long a node may take to answer `/healthz` after a start.
+const HEALTHY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a node may take to exit after SIGTERM before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// All children are spawned from one thread that lives as long as the test process, so that
-/// `PR_SET_PDEATHSIG` (which fires when the *spawning thread* exits) kills them only when the
-/// whole test process goes away (e.g. the test binary is killed by a timeout).
-fn spawn_child(cmd: Command) -> io::Result<Child> {
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnReq>>> = OnceLock::new();
-    let tx = SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<SpawnReq>();
-        std::thread::Builder::new()
-            .name("runnev-spawner".into())
-            .spawn(move || {
-                for (mut cmd, reply) in rx {
-                    let _ = reply.send(cmd.spawn());
-                }
-            })
-            .expect("spawn the spawner thread");
-        Mutex::new(tx)
-    });
-    let (rtx, rrx) = mpsc::channel();
-    tx.lock().unwrap_or_else(|p| p.into_inner()).send((cmd, rtx)).expect("spawner thread alive");
-    rrx.recv().expect("spawner thread answered")
-}
-
-fn free_ports(n: usize) -> Vec<u16> {
-    // Hold all listeners at once so the n ports are distinct.
-    let listeners: Vec<TcpListener> =
-        (0..n).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0")).collect();
-    listeners.iter().map(|l| l.local_addr().unwrap().port()).collect()
-}
-
-fn tail_file(path: &Path, lines: usize) -> String {
-    let mut f = match File::open(path) {
-        Ok(f) => f,
-        Err(e) => return format!("(cannot open {}: {e})", path.display()),
-    };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let start = len.saturating_sub(64 * 1024);
-    let _ = f.seek(SeekFrom::Start(start));
-    let mut buf = Vec::new();
-    let _ = f.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf);
-    let all: Vec<&str> = text.lines().collect();
-    let from = all.len().saturating_sub(lines);
-    all[from..].join("\n")
-}
-
-// ---------------------------------------------------------------------------------------------
-// Cluster
-// ---------------------------------------------------------------------------------------------
-
-pub struct Node {
-    pub id: u64,
-    pub port: u16,
-    dir: Option<tempfile::TempDir>,
-    pub root: PathBuf,
-    pub data_dir: PathBuf,
-    pub log_path: PathBuf,
-    child: Option<Child>,
-    starts: u32,
-}
-
-impl Node {
-    pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-    pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-    pub fn is_running(&self) -> bool {
-        self.child.is_some()
-    }
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
-    }
-}
-
+/// A cluster of `runnev serve` processes for one test ([`LocalCluster`], which it derefs to, for
+/// URLs, ids, nodes and signals). Its directory is removed when the test passes; when it fails
+/// (or `RUNNEV_TEST_KEEP` is set), it is kept and every node's log tail is printed.
 pub struct Cluster {
-    pub nodes: Vec<Node>,
-    pub peers: String,
-    pub extra_args: Vec<String>,
+    inner: LocalCluster,
     pub http: Http,
+}
+
+impl std::ops::Deref for Cluster {
+    type Target = LocalCluster;
+    fn deref(&self) -> &LocalCluster {
+        &self.inner
+    }
+}
+
+impl std::ops::DerefMut for Cluster {
+    fn deref_mut(&mut self) -> &mut LocalCluster {
+        &mut self.inner
+    }
 }
 
 impl Cluster {
     /// Starts `n` nodes (ids 1..=n) with `extra_args` appended to each `runnev serve` command line,
-    /// and waits (bounded) until every node reports the same non-null `leader_id`.
+    /// and waits (bounded) until every node is healthy and all report the same leader and term.
     pub async fn start(n: usize, extra_args: &[&str]) -> Cluster {
-        let ports = free_ports(n);
-        let peers =
-            ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{}", i + 1, p)).collect::<Vec<_>>().join(",");
-        let mut nodes = Vec::new();
-        for (i, port) in ports.iter().enumerate() {
-            let id = (i + 1) as u64;
-            let dir =
-                tempfile::Builder::new().prefix(&format!("runnev-test-n{id}-")).tempdir().expect("create tempdir");
-            let root = dir.path().to_path_buf();
-            let data_dir = root.join("data");
-            std::fs::create_dir_all(&data_dir).expect("create data dir");
-            let log_path = root.join(format!("node-{id}.log"));
-            nodes.push(Node { id, port: *port, dir: Some(dir), root, data_dir, log_path, child: None, starts: 0 });
+        let root = tempfile::Builder::new().prefix("runnev-test-").tempdir().expect("create tempdir").keep();
+        let mut spec = ClusterSpec::new(BIN, root, n as u64, "test harness");
+        spec.serve_args = extra_args.iter().map(|s| s.to_string()).collect();
+        if let Ok(level) = std::env::var("RUNNEV_TEST_LOG") {
+            spec.env.push(("RUST_LOG".into(), level));
         }
-        let mut c =
-            Cluster { nodes, peers, extra_args: extra_args.iter().map(|s| s.to_string()).collect(), http: Http::new() };
-        for id in 1..=n as u64 {
-            c.spawn(id);
+        let inner = LocalCluster::spawn(spec).unwrap_or_else(|e| panic!("starting {n} nodes: {e}"));
+        let mut c = Cluster { inner, http: Http::new() };
+        if let Err(e) = c.inner.wait_formed(false, FORM_TIMEOUT).await {
+            panic!("the cluster did not form: {e}");
         }
-        for id in 1..=n as u64 {
-            c.wait_healthy(id, Duration::from_secs(20)).await;
-        }
-        c.wait_leader_agreed(Duration::from_secs(30)).await;
         c
+    }
+
+    /// Node `id`; panics if there is none.
+    pub fn node(&self, id: u64) -> &Node {
+        self.inner.node(id).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Starts a new, empty node `id` on a fresh port with the cluster's `--peers` (which do not
     /// list it, so it waits to be added with `POST /v1/cluster/members`); waits for /healthz.
     pub async fn add_node(&mut self, id: u64) {
-        assert!(self.nodes.iter().all(|n| n.id != id), "node {id} exists");
-        let port = free_ports(1)[0];
-        let dir = tempfile::Builder::new().prefix(&format!("runnev-test-n{id}-")).tempdir().expect("create tempdir");
-        let root = dir.path().to_path_buf();
-        let data_dir = root.join("data");
-        std::fs::create_dir_all(&data_dir).expect("create data dir");
-        let log_path = root.join(format!("node-{id}.log"));
-        self.nodes.push(Node { id, port, dir: Some(dir), root, data_dir, log_path, child: None, starts: 0 });
-        self.spawn(id);
-        self.wait_healthy(id, Duration::from_secs(20)).await;
+        self.inner.add_node(id).unwrap_or_else(|e| panic!("adding node {id}: {e}"));
+        self.wait_healthy(id, HEALTHY_TIMEOUT).await;
     }
 
-    pub fn node(&self, id: u64) -> &Node {
-        self.nodes.iter().find(|n| n.id == id).unwrap_or_else(|| panic!("no node {id}"))
-    }
-
-    fn node_mut(&mut self, id: u64) -> &mut Node {
-        self.nodes.iter_mut().find(|n| n.id == id).unwrap_or_else(|| panic!("no node {id}"))
-    }
-
-    pub fn ids(&self) -> Vec<u64> {
-        self.nodes.iter().map(|n| n.id).collect()
-    }
-
-    pub fn running_ids(&self) -> Vec<u64> {
-        self.nodes.iter().filter(|n| n.is_running()).map(|n| n.id).collect()
-    }
-
-    pub fn url(&self, id: u64) -> String {
-        self.node(id).url()
-    }
-
-    pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| n.url()).collect()
-    }
-
-    fn spawn(&mut self, id: u64) {
-        let peers = self.peers.clone();
-        let extra = self.extra_args.clone();
-        let node = self.node_mut(id);
-        assert!(node.child.is_none(), "node {id} is already running");
-        node.starts += 1;
-        let mut log = OpenOptions::new().create(true).append(true).open(&node.log_path).expect("open node log");
-        let mut args: Vec<String> = vec![
-            "serve".into(),
-            "--id".into(),
-            id.to_string(),
-            "--data-dir".into(),
-            node.data_dir.display().to_string(),
-            "--listen".into(),
-            node.addr(),
-            "--peers".into(),
-            peers,
-        ];
-        args.extend(extra);
-        let _ =
-            writeln!(log, "===== test harness: start #{} of node {id}: {BIN} {} =====", node.starts, args.join(" "));
-        let err_log = log.try_clone().expect("clone log handle");
-        let mut cmd = Command::new(BIN);
-        cmd.args(&args).stdin(Stdio::null()).stdout(Stdio::from(log)).stderr(Stdio::from(err_log));
-        if let Ok(level) = std::env::var("RUNNEV_TEST_LOG") {
-            cmd.env("RUST_LOG", level);
-        }
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-                Ok(())
-            });
-        }
-        let child = spawn_child(cmd).unwrap_or_else(|e| panic!("spawning {BIN}: {e}"));
-        node.child = Some(child);
-    }
-
-    /// Panics (with the log tail) if the node's process has exited on its own.
-    pub fn check_alive(&mut self, id: u64) -> Result<(), String> {
-        let node = self.node_mut(id);
-        if let Some(child) = node.child.as_mut() {
-            if let Ok(Some(status)) = child.try_wait() {
-                node.child = None;
-                return Err(format!(
-                    "node {id} exited on its own with {status}; log {}:\n{}",
-                    node.log_path.display(),
-                    tail_file(&node.log_path, 40)
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Waits until `GET /healthz` on the node answers 200.
+    /// Waits until `GET /healthz` on the node answers 200; panics (with the log tail) if it
+    /// exited or did not in time.
     pub async fn wait_healthy(&mut self, id: u64, timeout: Duration) {
-        let url = format!("{}/healthz", self.url(id));
-        let deadline = Instant::now() + timeout;
-        let mut last;
-        loop {
-            if let Err(e) = self.check_alive(id) {
-                panic!("{e}");
-            }
-            match self.http.request(Method::GET, &url, None, &[], Duration::from_secs(2)).await {
-                Ok(r) if r.status == 200 => return,
-                Ok(r) => last = r.describe(),
-                Err(e) => last = e,
-            }
-            if Instant::now() >= deadline {
-                panic!("node {id}: /healthz not 200 within {timeout:?}; last: {last}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Err(e) = self.inner.wait_healthy(id, timeout).await {
+            panic!("{e}");
         }
     }
 
-    /// `GET /v1/cluster` on one node, as JSON.
-    pub async fn cluster_info(&self, id: u64) -> Result<Value, String> {
-        let r = self
-            .http
-            .request(Method::GET, &format!("{}/v1/cluster", self.url(id)), None, &[], Duration::from_secs(3))
-            .await?;
-        if r.status != 200 {
-            return Err(format!("node {id} /v1/cluster: {}", r.describe()));
-        }
-        r.try_json().ok_or_else(|| format!("node {id} /v1/cluster: not JSON: {}", r.describe()))
+    /// `GET /v1/cluster` on one node.
+    pub async fn cluster_info(&self, id: u64) -> Result<ClusterView, String> {
+        self.inner.view(id).await
     }
 
-    /// Waits until every running node reports the same non-null leader_id (a running node) and
-    /// the same term; returns (leader_id, term).
+    /// Waits until every running node reports the same leader (a running node) and the same
+    /// term; returns (leader_id, term).
     pub async fn wait_leader_agreed(&mut self, timeout: Duration) -> (u64, u64) {
-        let deadline = Instant::now() + timeout;
-        let mut last;
-        loop {
-            for id in self.running_ids() {
-                if let Err(e) = self.check_alive(id) {
-                    panic!("{e}");
-                }
-            }
-            match self.leader_agreement().await {
-                Ok(v) => return v,
-                Err(e) => last = e,
-            }
-            if Instant::now() >= deadline {
-                panic!("no agreed leader within {timeout:?}; last: {last}");
-            }
-            tokio::time::sleep(Duration::from_millis(150)).await;
-        }
-    }
-
-    async fn leader_agreement(&self) -> Result<(u64, u64), String> {
-        let running = self.running_ids();
-        let mut seen = BTreeMap::new();
-        for id in &running {
-            let v = self.cluster_info(*id).await?;
-            let leader = v["leader_id"].as_u64();
-            let term = v["term"].as_u64();
-            seen.insert(*id, (leader, term));
-        }
-        let first = seen.values().next().copied().ok_or("no running node")?;
-        match first {
-            (Some(l), Some(t)) if running.contains(&l) && seen.values().all(|v| *v == (Some(l), Some(t))) => Ok((l, t)),
-            _ => Err(format!("(leader_id, term) per node: {seen:?}")),
-        }
+        self.inner.wait_leader(&[], false, timeout).await.unwrap_or_else(|e| panic!("no agreed leader: {e}"))
     }
 
     /// The current leader's id, as agreed by the leader itself (bounded wait).
     pub async fn leader(&self) -> u64 {
-        let this = self;
-        wait_for(
-            "a node that reports itself as leader",
-            Duration::from_secs(20),
-            Duration::from_millis(100),
-            move || async move {
-                let mut last = String::new();
-                for id in this.running_ids() {
-                    match this.cluster_info(id).await {
-                        Ok(v) => {
-                            if let Some(l) = v["leader_id"].as_u64() {
-                                if this.running_ids().contains(&l) {
-                                    if let Ok(lv) = this.cluster_info(l).await {
-                                        if lv["leader_id"].as_u64() == Some(l) {
-                                            return Ok(l);
-                                        }
-                                    }
-                                }
-                            }
-                            last = format!("node {id} says leader_id={}", v["leader_id"]);
-                        }
-                        Err(e) => last = e,
-                    }
-                }
-                Err(last)
-            },
-        )
+        let c = &self.inner;
+        wait_for("a node that reports itself as leader", Duration::from_secs(20), Duration::from_millis(100), || {
+            c.reported_leader()
+        })
         .await
     }
 
@@ -548,34 +322,23 @@ impl Cluster {
 
     /// SIGKILL the node's process and reap it.
     pub fn kill_9(&mut self, id: u64) {
-        let node = self.node_mut(id);
-        if let Some(mut child) = node.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.inner.kill(id);
+    }
+
+    /// SIGSTOP the node's process: it stalls, holding its sockets, until [`Cluster::resume`].
+    pub fn pause(&mut self, id: u64) {
+        self.inner.signal(id, Signal::Stop).unwrap_or_else(|e| panic!("pausing node {id}: {e}"));
+    }
+
+    /// SIGCONT a paused node.
+    pub fn resume(&mut self, id: u64) {
+        self.inner.signal(id, Signal::Cont).unwrap_or_else(|e| panic!("resuming node {id}: {e}"));
     }
 
     /// SIGTERM the node and wait (up to 10 s, then SIGKILL) for it to exit.
     pub async fn stop(&mut self, id: u64) {
-        let node = self.node_mut(id);
-        let Some(mut child) = node.child.take() else {
-            return;
-        };
-        unsafe {
-            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            if Instant::now() >= deadline {
-                eprintln!("node {id} did not exit within 10 s of SIGTERM; sending SIGKILL");
-                let _ = child.kill();
-                let _ = child.wait();
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        if let Err(e) = self.inner.stop(id, STOP_TIMEOUT).await {
+            eprintln!("{e}");
         }
     }
 
@@ -587,30 +350,30 @@ impl Cluster {
         // The port may be briefly unavailable right after the old process died (the server
         // should bind with SO_REUSEADDR); retry only when the node exited complaining about it.
         for attempt in 1..=5 {
-            self.spawn(id);
+            self.inner.start_node(id).unwrap_or_else(|e| panic!("starting node {id}: {e}"));
             tokio::time::sleep(Duration::from_millis(300)).await;
-            match self.check_alive(id) {
+            match self.inner.check_alive(id) {
                 Ok(()) => break,
-                Err(e) if attempt < 5 && e.to_lowercase().contains("in use") => {
+                Err(e) if attempt < 5 && e.to_string().to_lowercase().contains("in use") => {
                     eprintln!("node {id} restart attempt {attempt}: port busy, retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
                 Err(e) => panic!("{e}"),
             }
         }
-        self.wait_healthy(id, Duration::from_secs(20)).await;
+        self.wait_healthy(id, HEALTHY_TIMEOUT).await;
     }
 
     /// Prints log paths and the last `lines` lines of every node's log to stderr.
     pub fn dump_logs(&self, lines: usize) {
-        for n in &self.nodes {
+        for n in self.nodes() {
             eprintln!(
                 "----- node {} (port {}, running: {}) log {} (last {lines} lines) -----\n{}",
                 n.id,
                 n.port,
                 n.is_running(),
                 n.log_path.display(),
-                tail_file(&n.log_path, lines)
+                log_tail(&n.log_path, lines)
             );
         }
     }
@@ -618,21 +381,14 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for n in &mut self.nodes {
-            if let Some(mut child) = n.child.take() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+        for id in self.ids() {
+            self.inner.kill(id);
         }
         if std::thread::panicking() || std::env::var_os("RUNNEV_TEST_KEEP").is_some() {
             eprintln!("===== test failed (or RUNNEV_TEST_KEEP set): node dirs kept =====");
             self.dump_logs(40);
-            for n in &mut self.nodes {
-                if let Some(d) = n.dir.take() {
-                    let p = d.keep();
-                    eprintln!("kept node {} dir: {}", n.id, p.display());
-                }
-            }
+            self.inner.keep();
+            eprintln!("kept the cluster's dir: {}", self.root().display());
         }
     }
 }
@@ -720,57 +476,44 @@ pub async fn read_all(
     }
 }
 
-/// Sum of the samples of a Prometheus metric (any labels) in `/metrics` text.
+/// Sum of the samples of a Prometheus metric (any labels) in `/metrics` text, parsed by
+/// prometheus-parse; `None` when the text has no sample of it (histograms and summaries count
+/// as none).
 pub fn prom_value(text: &str, name: &str) -> Option<f64> {
-    let mut found = None;
-    for line in text.lines() {
-        if line.starts_with('#') {
-            continue;
-        }
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        if !(rest.starts_with(' ') || rest.starts_with('{')) {
-            continue;
-        }
-        let value_part = if rest.starts_with('{') {
-            match rest.find('}') {
-                Some(i) => &rest[i + 1..],
-                None => continue,
-            }
-        } else {
-            rest
-        };
-        if let Some(v) = value_part.split_whitespace().next().and_then(|s| s.parse::<f64>().ok()) {
-            *found.get_or_insert(0.0) += v;
-        }
-    }
-    found
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).ok()?;
+    let values: Vec<f64> = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter_map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
 }
 
-/// A tiny deterministic PRNG (xorshift64*), so tests need no extra crates.
-#[derive(Clone)]
-pub struct Rng(u64);
+/// The variable that replays a test's random choices: set it to the seed a failed run printed.
+pub const SEED_ENV: &str = "RUNNEV_TEST_SEED";
 
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.max(1))
-    }
-    pub fn from_time() -> Self {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-        Rng::new(t ^ 0x9E37_79B9_7F4A_7C15)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
+/// A test's random seed: from [`SEED_ENV`] when set (to replay a failure), else from the clock.
+/// It is printed (the harness shows it when the test fails), with how to replay it. `tag` names
+/// the test. Derive one generator per task with [`rng`].
+pub fn test_seed(tag: &str) -> u64 {
+    let seed = match std::env::var(SEED_ENV) {
+        Ok(s) => s.trim().parse().unwrap_or_else(|e| panic!("{SEED_ENV}={s:?} is not a u64: {e}")),
+        Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
+    };
+    eprintln!("{tag}: random seed {seed} (replay with {SEED_ENV}={seed})");
+    seed
+}
+
+/// The generator of task `n` of a test seeded with `seed` ([`test_seed`]): distinct per task,
+/// the same on a replay.
+pub fn rng(seed: u64, n: u64) -> StdRng {
+    StdRng::seed_from_u64(seed ^ n.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
 /// A distinct, partly non-UTF-8 payload for (tag, i): the prefix makes it unique, the tail

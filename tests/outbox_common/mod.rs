@@ -4,14 +4,14 @@
 
 #![allow(dead_code)]
 
-use std::fs::OpenOptions;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::common::{prom_value, Http, BIN};
+use runnev::launcher::{free_ports, log_tail, open_log, spawn_child, Signal};
+
+use crate::common::{prom_value, wait_for, Http, BIN};
 
 /// The test database URL, or `None` after printing why the test is skipped.
 pub fn pg_url(test: &str) -> Option<String> {
@@ -62,7 +62,7 @@ pub async fn create_outbox(pg: &tokio_postgres::Client, table: &str) {
 
 /// A free loopback port.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    free_ports(1).expect("a free port")[0]
 }
 
 /// A `runnev` child process (relay or sink) logging to a file; killed on drop.
@@ -101,27 +101,20 @@ impl Proc {
         assert!(self.slot().is_none(), "{} is running", self.name);
         self.starts += 1;
         self.metrics_port = free_port();
-        let mut log = OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
-        use std::io::Write;
-        let _ = writeln!(log, "===== test: start #{} of {} =====", self.starts, self.name);
         let mut cmd = Command::new(BIN);
         cmd.args(&self.args)
             .arg("--metrics-listen")
             .arg(format!("127.0.0.1:{}", self.metrics_port))
             .env("RUST_LOG", std::env::var("RUNNEV_TEST_LOG").unwrap_or_else(|_| "info".into()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log));
+            .stdin(Stdio::null());
         for (k, v) in &self.envs {
             cmd.env(k, v);
         }
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-                Ok(())
-            });
-        }
-        *self.slot() = Some(cmd.spawn().unwrap_or_else(|e| panic!("spawning {BIN}: {e}")));
+        // Not the command line: it holds the database URL, password included.
+        let heading = format!("test: start #{} of {}", self.starts, self.name);
+        let log = open_log(&self.log, &heading).unwrap_or_else(|e| panic!("opening {}: {e}", self.log.display()));
+        cmd.stdout(log.try_clone().expect("clone log handle")).stderr(log);
+        *self.slot() = Some(spawn_child(cmd, Signal::Kill).unwrap_or_else(|e| panic!("spawning {BIN}: {e}")));
     }
 
     /// Sets (or with `None` removes) an environment variable for the next start.
@@ -173,9 +166,7 @@ impl Proc {
 
     /// The last `n` log lines.
     pub fn log_tail(&self, n: usize) -> String {
-        let t = self.log_text();
-        let lines: Vec<&str> = t.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        log_tail(&self.log, n)
     }
 
     /// Sum of a metric's samples from this process's `/metrics`, if it answers.
@@ -200,18 +191,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match f().await {
-            Ok(v) => return v,
-            Err(last) => {
-                if Instant::now() >= deadline {
-                    panic!("timed out after {timeout:?} waiting for {what}; last: {last}");
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for(what, timeout, Duration::from_millis(100), &mut f).await
 }
 
 /// `published_seq` and `assigned_seq` of `stream` in `<table>_progress` (0, 0 when absent).

@@ -1,5 +1,5 @@
 //! A bounded publish load generator, generic over the system under load, so that Runnev (through
-//! [`crate::client::Client`]) and a peer (NATS JetStream, in the `bench/` crate) are driven by the
+//! [`runnev::client::Client`]) and a peer (NATS JetStream, in the `bench/` crate) are driven by the
 //! same loop, the same payloads and the same clock.
 //!
 //! Owns: the load shape ([`LoadSpec`]), the worker loop, progress lines on stderr and the
@@ -29,7 +29,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::stats::Latencies;
-use crate::client::Client;
+use runnev::client::Client;
 
 /// The error a [`Target`] returns for one publish or one stream preparation.
 pub type TargetError = Box<dyn std::error::Error + Send + Sync>;

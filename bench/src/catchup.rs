@@ -19,7 +19,7 @@ use futures::StreamExt;
 
 use super::cluster::{BenchError, Ticker};
 use super::stats::Latencies;
-use crate::client::{Client, Delivery};
+use runnev::client::{Client, Delivery};
 
 /// How long the read node may take to apply the fill, in ms (a read's `min_index` wait is
 /// bounded by the server at 10 s; this retries past it).
@@ -29,7 +29,7 @@ const APPLY_MS_MAX: u64 = 300_000;
 #[derive(Debug, Clone, clap::Args)]
 pub struct CatchupArgs {
     /// Nodes to talk to, comma-separated base URLs.
-    #[arg(long = "nodes", env = "RUNNEV_NODES", default_value = crate::client::DEFAULT_NODES)]
+    #[arg(long = "nodes", env = "RUNNEV_NODES", default_value = runnev::client::DEFAULT_NODES)]
     pub nodes: String,
     /// Stream to read (created and filled up to --batches if it holds fewer).
     #[arg(long, default_value = "catchup")]
@@ -47,7 +47,7 @@ pub struct CatchupArgs {
     #[arg(long)]
     pub read_node: Option<String>,
     /// Batches per read request (1–10 000).
-    #[arg(long, default_value_t = crate::limits::READ_BATCHES_MAX)]
+    #[arg(long, default_value_t = runnev::limits::READ_BATCHES_MAX)]
     pub limit: usize,
     /// Measure only the polling read, not the SSE subscription.
     #[arg(long)]
@@ -215,14 +215,14 @@ async fn pick_node(client: &Client, args: &CatchupArgs) -> Result<(String, u64, 
     let mut views = Vec::new();
     for n in client.nodes() {
         if let Ok(v) = client.cluster_view(n).await {
-            views.push((n.clone(), v["node_id"].as_u64().unwrap_or(0), v["leader_id"].as_u64()));
+            views.push((n.clone(), v.node_id, v.leader_id));
         }
     }
     let leader = views.iter().find_map(|v| v.2);
     if let Some(url) = &args.read_node {
         let url = url.trim_end_matches('/').to_string();
         let v = client.cluster_view(&url).await?;
-        return Ok((url, v["node_id"].as_u64().unwrap_or(0), leader));
+        return Ok((url, v.node_id, leader));
     }
     match views.iter().find(|v| Some(v.1) != leader) {
         Some((url, id, _)) => Ok((url.clone(), *id, leader)),
@@ -238,8 +238,8 @@ async fn pick_node(client: &Client, args: &CatchupArgs) -> Result<(String, u64, 
 ///
 /// Errors: bad flags, the cluster refused the fill or a read, or a read saw seqs out of order.
 pub async fn run(args: CatchupArgs) -> Result<(), BenchError> {
-    if args.limit == 0 || args.limit > crate::limits::READ_BATCHES_MAX {
-        return Err(BenchError::Invalid(format!("--limit must be 1 to {}", crate::limits::READ_BATCHES_MAX)));
+    if args.limit == 0 || args.limit > runnev::limits::READ_BATCHES_MAX {
+        return Err(BenchError::Invalid(format!("--limit must be 1 to {}", runnev::limits::READ_BATCHES_MAX)));
     }
     let client = Client::new(&Client::parse_nodes(&args.nodes))?;
     let (info, _) = client.put_stream(&args.stream, None).await?;
@@ -284,7 +284,7 @@ pub async fn run(args: CatchupArgs) -> Result<(), BenchError> {
                 "node_id": node_id, "leader_id": leader, "follower": Some(node_id) != leader,
                 "batches": f.batches, "bytes": f.bytes, "seconds": f.seconds,
                 "mb_per_sec": f.mb_per_sec(), "batches_per_sec": f.batches_per_sec(),
-                "limit": if method == "poll" { args.limit } else { crate::limits::SUBSCRIBE_READ_BATCHES },
+                "limit": if method == "poll" { args.limit } else { runnev::limits::SUBSCRIBE_READ_BATCHES },
                 "request_p50_ms": (!f.requests.is_empty()).then(|| f.requests.ms(0.5)),
                 "request_max_ms": (!f.requests.is_empty()).then(|| f.requests.ms(1.0)),
             });

@@ -16,12 +16,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::cluster::{
-    dir_bytes, eager_retry_policy, parse_size, BenchError, ClusterOptions, LocalCluster, OwnCluster, StopSignal,
-    Ticker, PROBE_INTERVAL_MS,
-};
+use super::cluster::{self, dir_bytes, eager_retry_policy, parse_size, BenchError, OwnCluster, StopSignal, Ticker};
 use super::stats::Latencies;
-use crate::client::{Client, ClientError};
+use runnev::client::{Client, ClientError};
+use runnev::launcher::{LocalCluster, PROBE_INTERVAL_MS};
 
 /// How long the cluster may take to form or a restarted node to be ready, in ms.
 const READY_MS_MAX: u64 = 120_000;
@@ -166,9 +164,9 @@ async fn restart_once(
     commit: u64,
 ) -> Result<Restart, BenchError> {
     let data_dir_bytes = dir_bytes(&cluster.data_dir(node));
-    let signalled = cluster.signal(node, signal)?;
-    let exited = cluster.wait_exit(node).await?;
-    let spawned = cluster.spawn(node)?;
+    let signalled = cluster.signal(node, signal.into())?;
+    let exited = cluster.wait_exit(node, Duration::from_millis(cluster::STOP_TERM_MS_MAX)).await?;
+    let spawned = cluster.start_node(node)?;
     let deadline = spawned + Duration::from_millis(READY_MS_MAX);
     let mut answered = None;
     let ready = loop {
@@ -205,10 +203,10 @@ async fn restart_once(
 /// Errors: bad flags, the cluster could not be started or filled, or a restarted node was not
 /// ready within the bounds above.
 pub async fn run(args: RestartArgs) -> Result<(), BenchError> {
-    if args.payload_bytes == 0 || args.payload_bytes > crate::limits::BATCH_BYTES_DEFAULT as u64 {
+    if args.payload_bytes == 0 || args.payload_bytes > runnev::limits::BATCH_BYTES_DEFAULT as u64 {
         return Err(BenchError::Invalid(format!(
             "--payload-bytes must be 1 to {} bytes (the nodes' --max-batch-bytes)",
-            crate::limits::BATCH_BYTES_DEFAULT
+            runnev::limits::BATCH_BYTES_DEFAULT
         )));
     }
     if args.concurrency == 0 || args.rounds == 0 || args.signal.is_empty() {
@@ -217,27 +215,12 @@ pub async fn run(args: RestartArgs) -> Result<(), BenchError> {
     if args.cluster.nodes < 2 {
         return Err(BenchError::Invalid("--nodes must be at least 2 (a follower is restarted)".into()));
     }
-    let opts = ClusterOptions {
-        nodes: args.cluster.nodes,
-        parent_dir: args.cluster.dir.clone(),
-        label: "restart".into(),
-        serve_args: vec![],
-    };
-    eprintln!("starting a {}-node cluster…", args.cluster.nodes);
-    let mut cluster = LocalCluster::start(opts, Duration::from_millis(READY_MS_MAX)).await?;
-    if args.cluster.keep {
-        cluster.keep();
-    }
-    let result = fill_and_restart(&mut cluster, &args).await;
-    if result.is_err() {
-        cluster.keep();
-    }
-    cluster.shutdown().await;
-    result
+    let timeout = Duration::from_millis(READY_MS_MAX);
+    cluster::run_on_own(&args.cluster, "restart", timeout, async |c| fill_and_restart(c, &args).await).await
 }
 
 async fn fill_and_restart(cluster: &mut LocalCluster, args: &RestartArgs) -> Result<(), BenchError> {
-    let client = cluster.client(eager_retry_policy())?;
+    let client = cluster::client(cluster, eager_retry_policy())?;
     eprintln!(
         "filling {:.0} MB in {} KiB batches over {} streams…",
         args.fill_bytes as f64 / 1e6,
@@ -265,7 +248,7 @@ async fn fill_and_restart(cluster: &mut LocalCluster, args: &RestartArgs) -> Res
     let mut turn = 0usize;
     for round in 1..=args.rounds {
         for &signal in &args.signal {
-            let leader = cluster.leader_among(&lagging, Duration::from_millis(READY_MS_MAX)).await?;
+            let leader = cluster.wait_leader(&lagging, true, Duration::from_millis(READY_MS_MAX)).await?.0;
             let followers: Vec<u64> =
                 cluster.ids().into_iter().filter(|id| *id != leader && !lagging.contains(id)).collect();
             if followers.is_empty() {

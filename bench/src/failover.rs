@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::cluster::{eager_retry_policy, BenchError, ClusterOptions, LocalCluster, OwnCluster, StopSignal, Ticker};
+use super::cluster::{self, eager_retry_policy, BenchError, OwnCluster, StopSignal, Ticker};
 use super::stats::Latencies;
-use crate::client::{Client, ClientError};
+use runnev::client::{Client, ClientError};
+use runnev::launcher::LocalCluster;
 
 /// How long a trial waits for the first acknowledged publish after the kill, in ms.
 const WINDOW_MS_MAX: u64 = 60_000;
@@ -194,27 +195,12 @@ pub async fn run(args: FailoverArgs) -> Result<(), BenchError> {
     if args.cluster.nodes < 3 {
         return Err(BenchError::Invalid("--nodes must be at least 3 (a majority must survive a kill)".into()));
     }
-    let opts = ClusterOptions {
-        nodes: args.cluster.nodes,
-        parent_dir: args.cluster.dir.clone(),
-        label: "failover".into(),
-        serve_args: vec![],
-    };
-    eprintln!("starting a {}-node cluster…", args.cluster.nodes);
-    let mut cluster = LocalCluster::start(opts, Duration::from_millis(LEADER_WAIT_MS_MAX)).await?;
-    if args.cluster.keep {
-        cluster.keep();
-    }
-    let result = trials(&mut cluster, &args).await;
-    if result.is_err() {
-        cluster.keep();
-    }
-    cluster.shutdown().await;
-    result
+    let timeout = Duration::from_millis(LEADER_WAIT_MS_MAX);
+    cluster::run_on_own(&args.cluster, "failover", timeout, async |c| trials(c, &args).await).await
 }
 
 async fn trials(cluster: &mut LocalCluster, args: &FailoverArgs) -> Result<(), BenchError> {
-    let client = cluster.client(eager_retry_policy())?;
+    let client = cluster::client(cluster, eager_retry_policy())?;
     let streams: Vec<String> = (0..args.concurrency).map(|w| format!("failover-{w}")).collect();
     for s in &streams {
         client.put_stream(s, None).await?;
@@ -302,7 +288,7 @@ async fn run_trials(
         FailoverAction::Restart => StopSignal::Term,
     };
     for n in 1..=args.trials {
-        let leader = cluster.leader(Duration::from_millis(LEADER_WAIT_MS_MAX)).await?;
+        let leader = cluster.wait_leader(&[], true, Duration::from_millis(LEADER_WAIT_MS_MAX)).await?.0;
         // Publishing must be flowing before the kill, or the window would include a warm-up.
         let before = acks.load(Ordering::Relaxed);
         let jitter = u64::from(
@@ -320,12 +306,12 @@ async fn run_trials(
         }
         *watch.lock().unwrap_or_else(|p| p.into_inner()) = Watch::default();
 
-        let signalled = cluster.signal(leader, signal)?;
-        let dead = cluster.wait_exit(leader).await?;
+        let signalled = cluster.signal(leader, signal.into())?;
+        let dead = cluster.wait_exit(leader, Duration::from_millis(cluster::STOP_TERM_MS_MAX)).await?;
         watch.lock().unwrap_or_else(|p| p.into_inner()).dead_at = Some(dead);
         let mut spawned = None;
         if args.action == FailoverAction::Restart {
-            spawned = Some(cluster.spawn(leader)?);
+            spawned = Some(cluster.start_node(leader)?);
         }
         let window_deadline = signalled + Duration::from_millis(WINDOW_MS_MAX);
         let first_ack = loop {
@@ -339,10 +325,10 @@ async fn run_trials(
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         };
-        let new_leader = cluster.leader(Duration::from_millis(LEADER_WAIT_MS_MAX)).await?;
+        let new_leader = cluster.wait_leader(&[], true, Duration::from_millis(LEADER_WAIT_MS_MAX)).await?.0;
         let spawned = match spawned {
             Some(at) => at,
-            None => cluster.spawn(leader)?,
+            None => cluster.start_node(leader)?,
         };
         let ready = cluster.wait_ready(leader, Duration::from_millis(CATCH_UP_MS_MAX)).await?;
         // Caught up: it has applied what the leader had committed once it was ready.

@@ -1,0 +1,104 @@
+//! The command line of `runnev-bench`, which `runnev bench` runs: without a subcommand,
+//! `runnev bench [FLAGS]` is `bench publish`.
+//!
+//! Owns: parsing the flags and handing each mode its arguments; progress goes to stderr,
+//! summaries to stdout. Must never: take flags that differ from those `runnev bench` documents
+//! (README, BENCHMARKS.md).
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use runnev::client::Client;
+
+use crate::cluster::RUNNEV_EXE_ENV;
+use crate::publish::{run as run_load, stream_names, LoadArgs, RunnevTarget};
+
+#[derive(Parser)]
+#[command(
+    name = "runnev-bench",
+    about = "Load and fault benchmarks of Runnev; without a subcommand, `bench [FLAGS]` is `bench publish`",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    publish: PublishArgs,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Bounded publish load; prints msgs/s, MB/s and latency percentiles (the default).
+    Publish(PublishArgs),
+    /// Catch-up read of a whole stream from a follower by one consumer (poll and SSE); MB/s.
+    Catchup(crate::catchup::CatchupArgs),
+    /// Kill (or restart) the leader of a cluster it starts, repeatedly; unavailability window.
+    Failover(crate::failover::FailoverArgs),
+    /// Fill a cluster it starts, then restart a follower; time until it is ready.
+    Restart(crate::restart::RestartArgs),
+    /// Publish load against a NATS JetStream stream; each publish waits for its PubAck.
+    Nats(crate::nats::NatsArgs),
+}
+
+/// Flags of `runnev bench publish` (also accepted by plain `runnev bench`).
+#[derive(clap::Args)]
+struct PublishArgs {
+    /// Nodes to talk to, comma-separated base URLs; the client fails over between them.
+    #[arg(long = "nodes", env = "RUNNEV_NODES", default_value = runnev::client::DEFAULT_NODES)]
+    nodes: String,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+/// `runnev bench publish` (and plain `runnev bench`): a bounded publish load with the generator
+/// of [`crate::publish`]; progress on stderr, then a table or one JSON line on stdout.
+async fn publish(a: PublishArgs) -> Result<()> {
+    let client = Client::new(&Client::parse_nodes(&a.nodes))?;
+    let spec = a.load.spec();
+    let names = stream_names(&a.load.stream, spec.streams);
+    let target = Arc::new(RunnevTarget::new(client, names));
+    let summary = run_load(target, &spec, !a.load.quiet).await?;
+    if a.load.json {
+        println!("{}", summary.json_line());
+    } else {
+        print!("{}", summary.table());
+    }
+    Ok(())
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.cmd.unwrap_or(Cmd::Publish(cli.publish)) {
+        Cmd::Publish(a) => publish(a).await?,
+        Cmd::Catchup(a) => crate::catchup::run(a).await?,
+        Cmd::Failover(a) => crate::failover::run(a).await?,
+        Cmd::Restart(a) => crate::restart::run(a).await?,
+        Cmd::Nats(a) => crate::nats::run(a).await?,
+    }
+    Ok(())
+}
+
+/// Parses the command line, runs the mode, and prints an error on stderr; the exit code says
+/// whether it succeeded.
+pub fn main() -> std::process::ExitCode {
+    runnev::node::init_logging();
+    // Run through `runnev bench`, usage and errors name that command.
+    let via_runnev = std::env::var_os(RUNNEV_EXE_ENV).is_some();
+    let name = if via_runnev { "runnev bench" } else { "runnev-bench" };
+    let matches = Cli::command().bin_name(name).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    let outcome = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(run(cli)),
+        Err(e) => Err(anyhow::anyhow!("starting the runtime: {e}")),
+    };
+    match outcome {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

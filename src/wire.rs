@@ -1,0 +1,269 @@
+//! The JSON bodies of the HTTP API (SPEC §3, §4), as types: the server serialises them, and the
+//! client, cluster formation, the benchmark and the tests deserialise them. One schema, written
+//! once.
+//!
+//! Owns: the field names, their order and their types. Must never: hold logic beyond
+//! (de)serialising, or change a byte of what clients have always received. Field order is the
+//! order of the JSON on the wire: declaration order, or alphabetical for the publish answer,
+//! which the API has always written with sorted keys.
+//!
+//! Units: seqs are stream positions (SPEC §2); `index` fields are Raft log indexes; `ts` is ms
+//! since the Unix epoch, assigned by the leader.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+pub use crate::stream::Retention;
+use crate::stream::StreamMeta;
+
+/// The answer to a publish (SPEC §3): `201` for a new batch, `200` for a duplicate. Keys are in
+/// alphabetical order, as the API has always written them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishAck {
+    /// True when the batch was already stored (a retry); nothing was written.
+    pub duplicate: bool,
+    /// Raft log index of the entry that stored the batch (for a duplicate: of the original);
+    /// pass it as `min_index` to read your write on any node.
+    pub index: u64,
+    /// The batch's seq.
+    pub seq: u64,
+    /// Leader-assigned time, ms since the Unix epoch.
+    pub ts: u64,
+}
+
+/// A range of seqs that retention evicted before the consumer read them (SPEC §2.5),
+/// inclusive: the `gap` of a read answer and the data of an SSE `gap` event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gap {
+    /// First evicted seq asked for.
+    pub from: u64,
+    /// Last evicted seq (the stream's `evicted_through`).
+    pub to: u64,
+}
+
+/// One batch as the wire carries it: in a read answer and as the data of an SSE `batch` event.
+/// `data` is standard base64; deserialising borrows it from the answer (base64 never holds a
+/// JSON escape), so a catch-up read copies each payload once, when decoding it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchBody<'a> {
+    /// The batch's seq.
+    pub seq: u64,
+    /// Leader-assigned time, ms since the Unix epoch.
+    pub ts: u64,
+    /// The payload, standard base64 (RFC 4648 §4, with padding).
+    #[serde(borrow)]
+    pub data: Cow<'a, str>,
+}
+
+impl BatchBody<'_> {
+    /// The body of a batch with payload `data` (base64-encoded here).
+    pub fn encode(seq: u64, ts: u64, data: &[u8]) -> BatchBody<'static> {
+        BatchBody { seq, ts, data: Cow::Owned(base64::engine::general_purpose::STANDARD.encode(data)) }
+    }
+
+    /// The payload, decoded from base64.
+    ///
+    /// Errors: `data` is not standard base64.
+    pub fn payload(&self) -> Result<Vec<u8>, base64::DecodeError> {
+        base64::engine::general_purpose::STANDARD.decode(self.data.as_bytes())
+    }
+}
+
+/// The answer to `GET /v1/streams/{name}/batches` (SPEC §3). The server writes it by hand for
+/// speed (`api::streams`), and a test there checks its bytes against this type's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadAnswer<'a> {
+    /// Batches after the cursor, in seq order.
+    #[serde(borrow)]
+    pub batches: Vec<BatchBody<'a>>,
+    /// The gap before them, if retention evicted seqs the consumer asked for.
+    pub gap: Option<Gap>,
+    /// The stream's last seq on the node that answered.
+    pub last_seq: u64,
+    /// Pass back as `after` to continue without loss.
+    pub next_after: u64,
+}
+
+/// Stream info (SPEC §3): the answer to `PUT` and `GET /v1/streams/{name}`, and each item of
+/// [`StreamList`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamInfo {
+    /// Name.
+    pub name: String,
+    /// Oldest retained seq (`last_seq + 1` when empty).
+    pub first_seq: u64,
+    /// Highest accepted seq.
+    pub last_seq: u64,
+    /// Highest evicted seq.
+    pub evicted_through: u64,
+    /// Retained batches.
+    pub batches: u64,
+    /// Retained payload, in bytes.
+    pub bytes: u64,
+    /// Retention limits.
+    pub retention: Retention,
+}
+
+impl StreamInfo {
+    /// The info of stream `name` with metadata `meta`.
+    pub fn new(name: &str, meta: &StreamMeta) -> StreamInfo {
+        StreamInfo {
+            name: name.to_string(),
+            first_seq: meta.first_seq,
+            last_seq: meta.last_seq,
+            evicted_through: meta.evicted_through,
+            batches: meta.batches,
+            bytes: meta.bytes,
+            retention: meta.retention,
+        }
+    }
+}
+
+/// The answer to `GET /v1/streams`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamList {
+    /// Every stream, in name order.
+    pub streams: Vec<StreamInfo>,
+}
+
+/// The body of `PUT /v1/streams/{name}` (an empty body creates with no limits or leaves an
+/// existing stream unchanged).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutStream {
+    /// The new retention (every limit omitted: none).
+    #[serde(default)]
+    pub retention: Retention,
+}
+
+/// The body of `POST /v1/cluster/members`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddMember {
+    /// The new node's id.
+    pub id: u64,
+    /// Its address, `HOST:PORT`, as the other nodes reach it.
+    pub addr: String,
+    /// Promote it to voter once caught up (default); `false` keeps it a learner.
+    #[serde(default = "yes")]
+    pub voter: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One member in a [`ClusterView`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Its node id.
+    pub id: u64,
+    /// Its address, `HOST:PORT`.
+    pub addr: String,
+    /// True for a voter, false for a learner (Raft paper §6).
+    pub voter: bool,
+    /// On the leader: the last log index known replicated to it; `null` elsewhere.
+    pub matched_index: Option<u64>,
+}
+
+/// A node's view of the cluster: `GET /v1/cluster` and the answer to a membership change
+/// (SPEC §3). `snapshot_index` and `purged_index` go beyond SPEC §3: the log index covered by
+/// the node's latest snapshot and the last one purged from its log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// The answering node's id.
+    pub node_id: u64,
+    /// The leader it knows, if any.
+    pub leader_id: Option<u64>,
+    /// Its Raft role: `Leader`, `Follower`, `Candidate`, `Learner` or `Shutdown`.
+    pub state: String,
+    /// Its current term (Raft paper §5.1).
+    pub term: u64,
+    /// The highest log index it knows is committed.
+    pub commit_index: u64,
+    /// The highest log index its state machine has applied.
+    pub applied_index: u64,
+    /// The last log index it holds, if any.
+    pub last_log_index: Option<u64>,
+    /// The log index its latest snapshot covers, if any.
+    pub snapshot_index: Option<u64>,
+    /// The last log index purged from its log, if any.
+    pub purged_index: Option<u64>,
+    /// The members of the configuration it knows (empty before the cluster formed).
+    pub members: Vec<Member>,
+}
+
+impl ClusterView {
+    /// Ids of the voters, ascending.
+    pub fn voters(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+impl fmt::Display for ClusterView {
+    /// The view as the JSON the node sent.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&serde_json::to_string(self).map_err(|_| fmt::Error)?)
+    }
+}
+
+/// The body of every error answer (SPEC §3, "Errors").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// The `error` of an [`ErrorBody`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// The SPEC §3 code, e.g. `seq_conflict`.
+    pub code: String,
+    /// What was wrong and how to fix it.
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_publish_answer_keeps_its_sorted_keys() {
+        let a = PublishAck { duplicate: false, index: 3, seq: 1, ts: 1_795_982_672_385 };
+        let text = serde_json::to_string(&a).unwrap();
+        assert_eq!(text, r#"{"duplicate":false,"index":3,"seq":1,"ts":1795982672385}"#);
+        assert_eq!(serde_json::from_str::<PublishAck>(&text).unwrap(), a);
+    }
+
+    #[test]
+    fn bodies_have_their_field_order() {
+        let info = StreamInfo::new("s", &StreamMeta::new(Retention { max_batches: Some(2), ..Default::default() }));
+        assert_eq!(
+            serde_json::to_string(&info).unwrap(),
+            r#"{"name":"s","first_seq":1,"last_seq":0,"evicted_through":0,"batches":0,"bytes":0,"retention":{"max_batches":2,"max_bytes":null,"max_age_ms":null}}"#
+        );
+        let e = ErrorBody { error: ErrorDetail { code: "not_found".into(), message: "m".into() } };
+        assert_eq!(serde_json::to_string(&e).unwrap(), r#"{"error":{"code":"not_found","message":"m"}}"#);
+    }
+
+    #[test]
+    fn batch_bodies_borrow_and_decode() {
+        let text = serde_json::to_string(&BatchBody::encode(4, 5, &[0, 255, 10])).unwrap();
+        assert_eq!(text, r#"{"seq":4,"ts":5,"data":"AP8K"}"#);
+        let b: BatchBody<'_> = serde_json::from_str(&text).unwrap();
+        assert!(matches!(b.data, Cow::Borrowed(_)));
+        assert_eq!(b.payload().unwrap(), vec![0, 255, 10]);
+    }
+
+    #[test]
+    fn a_member_body_defaults_to_voter_and_refuses_unknown_fields() {
+        let m: AddMember = serde_json::from_str(r#"{"id":4,"addr":"h:1"}"#).unwrap();
+        assert!(m.voter);
+        assert!(serde_json::from_str::<AddMember>(r#"{"id":4,"addr":"h:1","x":1}"#).is_err());
+    }
+}
