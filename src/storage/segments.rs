@@ -672,10 +672,10 @@ impl SegmentLog {
     /// Forgets the entries up to and including log id `upto` (a snapshot covers them) and
     /// removes the segments that hold nothing else. Entries after it that do not follow it (an
     /// older leader's, module doc) are discarded durably too (Raft paper §7: the snapshot
-    /// replaces a log that conflicts with it). The
-    /// caller has made the new purge point durable first, so recovery skips whatever of them
-    /// remains in a kept segment, and discards a stale tail again if a crash came first.
-    /// A purge point below the current one changes nothing.
+    /// replaces a log that conflicts with it). The caller has made the new purge point durable
+    /// first, so recovery skips whatever of them remains in a kept segment, and discards a
+    /// stale tail again if a crash came first. A purge point at or below the current one
+    /// changes nothing.
     ///
     /// Errors: I/O.
     pub fn purge(&mut self, upto: LogId) -> Result<(), StoreError> {
