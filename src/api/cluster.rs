@@ -128,6 +128,8 @@ pub(super) async fn metrics(State(s): State<AppState>) -> Response {
     metrics::gauge!("runnev_raft_commit_index").set(v.commit_index as f64);
     metrics::gauge!("runnev_raft_applied_index").set(v.applied_index as f64);
     metrics::gauge!("runnev_raft_is_leader").set(if v.leader_id == Some(s.node_id) { 1.0 } else { 0.0 });
+    // 0 once the Raft core has stopped for good (then /healthz fails too): alert on it.
+    metrics::gauge!("runnev_raft_running").set(if v.raft_stopped.is_none() { 1.0 } else { 0.0 });
     let body = s.prometheus.as_ref().map(|p| p.render()).unwrap_or_default();
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
