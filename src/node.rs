@@ -163,8 +163,10 @@ where
     let formation = tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http));
     let ticker = tokio::spawn(retention_ticks(raft.clone(), store.clone(), cfg.id, clock));
     let joint = tokio::spawn(finish_joint_changes(raft.clone(), cfg.id, membership_lock));
+    let watch = tokio::spawn(report_raft_stop(raft.clone()));
     tracing::info!(id = cfg.id, data_dir = %cfg.data_dir.display(), "node serving");
     let served = axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown).await;
+    watch.abort();
     formation.abort();
     ticker.abort();
     joint.abort();
@@ -173,6 +175,14 @@ where
     }
     tracing::info!(id = cfg.id, "node stopped");
     served.map_err(NodeError::Serve)
+}
+
+/// Logs once, as an error, that the Raft core stopped for good while the node serves: from
+/// then on the node answers client requests `503` and `/healthz` fails, until the process is
+/// restarted (see `api`).
+async fn report_raft_stop(raft: Raft) {
+    let why = api::raft_stops(&raft).await;
+    tracing::error!(reason = %why, "the raft core has stopped: this node serves no reads or writes and /healthz answers 503 until the process is restarted");
 }
 
 /// While leader, proposes the leader's clock every [`RETENTION_TICK_MS`] if any stream has
@@ -219,5 +229,179 @@ async fn finish_joint_changes(raft: Raft, id: NodeId, lock: Arc<tokio::sync::Mut
         if let Err(e) = raft.change_membership(openraft::ChangeMembers::ReplaceAllVoters(target), false).await {
             tracing::warn!(error = %e, "finishing the joint config failed; will retry");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+
+    use super::*;
+    use crate::storage::segments::{FsSegments, SegmentDir, SegmentFile};
+
+    /// Segments whose writes fail once `broken` is set, as a failing disk's would.
+    struct Breakable {
+        inner: FsSegments,
+        broken: Arc<AtomicBool>,
+    }
+
+    struct BreakableFile {
+        inner: Arc<dyn SegmentFile>,
+        broken: Arc<AtomicBool>,
+    }
+
+    fn fail_if(broken: &AtomicBool) -> io::Result<()> {
+        match broken.load(Ordering::SeqCst) {
+            true => Err(io::Error::other("the disk failed (test)")),
+            false => Ok(()),
+        }
+    }
+
+    impl SegmentFile for BreakableFile {
+        fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+            self.inner.read_at(offset, out)
+        }
+        fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+            fail_if(&self.broken)?;
+            self.inner.write_at(offset, data)
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            fail_if(&self.broken)?;
+            self.inner.sync_data()
+        }
+        fn zero_from(&self, offset: u64) -> io::Result<()> {
+            fail_if(&self.broken)?;
+            self.inner.zero_from(offset)
+        }
+        fn capacity(&self) -> io::Result<u64> {
+            self.inner.capacity()
+        }
+    }
+
+    impl SegmentDir for Breakable {
+        fn list(&self) -> io::Result<Vec<u64>> {
+            self.inner.list()
+        }
+        fn open(&self, first: u64) -> io::Result<Arc<dyn SegmentFile>> {
+            Ok(Arc::new(BreakableFile { inner: self.inner.open(first)?, broken: self.broken.clone() }))
+        }
+        fn create(&self, first: u64, bytes: u64) -> io::Result<Arc<dyn SegmentFile>> {
+            fail_if(&self.broken)?;
+            Ok(Arc::new(BreakableFile { inner: self.inner.create(first, bytes)?, broken: self.broken.clone() }))
+        }
+        fn remove(&self, first: u64) -> io::Result<()> {
+            self.inner.remove(first)
+        }
+        fn save_commit_hint(&self, bytes: &[u8]) -> io::Result<()> {
+            self.inner.save_commit_hint(bytes)
+        }
+        fn load_commit_hint(&self) -> io::Result<Option<Vec<u8>>> {
+            self.inner.load_commit_hint()
+        }
+    }
+
+    /// One request; the deadline only catches a hang (the verdict is the answer).
+    async fn call(http: &net::HttpClient, method: &str, url: &str, body: &'static str) -> (u16, String) {
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(url)
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .expect("a request");
+        let exchange = async {
+            let resp = http.request(req).await.expect("the node answers");
+            let status = resp.status().as_u16();
+            let body = resp.into_body().collect().await.expect("a whole answer").to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        };
+        match tokio::time::timeout(Duration::from_secs(8), exchange).await {
+            Ok(answer) => answer,
+            Err(_) => panic!("{method} {url} hung"),
+        }
+    }
+
+    /// A node whose Raft core stops on a storage error (its log's disk fails under an append)
+    /// says so and holds nobody: `/healthz` and `/readyz` answer 503, writes and reads answer
+    /// `503 not_ready` naming the stop (a write on a stopped leader once answered `500`, a read
+    /// with `min_index` waited its 10 s, a long poll its `wait_ms`, a subscription forever), an
+    /// open subscription ends, and `/v1/cluster` reports why and no leader. Found with
+    /// simulation seed 200860 (a follower whose core quit answered reads only after the
+    /// client's deadline and looked ready).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_whose_raft_core_stopped_says_so_and_holds_no_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let broken = Arc::new(AtomicBool::new(false));
+        let segments = Breakable { inner: FsSegments::new(dir.path().join("log")).unwrap(), broken: broken.clone() };
+        let store =
+            Store::open_with_backend(dir.path(), redb::backends::InMemoryBackend::new(), Arc::new(segments)).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cfg = NodeConfig {
+            id: 1,
+            data_dir: dir.path().to_path_buf(),
+            peers: BTreeMap::from([(1, addr.clone())]),
+            max_batch_bytes: 1 << 20,
+            auto_create_streams: true,
+            snapshot_logs: 1000,
+            snapshot_keep_logs: 100,
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let node = tokio::spawn(run(cfg, store, listener, Environment::production(None), async {
+            let _ = stopped.await;
+        }));
+        let http = net::http_client(Arc::new(net::TcpDialer));
+        let url = |path: &str| format!("http://{addr}{path}");
+
+        // A one-node cluster forms by itself; a publish commits.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while call(&http, "GET", &url("/readyz"), "").await.0 != 200 {
+            assert!(tokio::time::Instant::now() < deadline, "the node never became ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (status, body) = call(&http, "POST", &url("/v1/streams/s/batches"), "one").await;
+        assert_eq!(status, 201, "{body}");
+        let (status, _) = call(&http, "GET", &url("/healthz"), "").await;
+        assert_eq!(status, 200);
+        let subscription = http
+            .request(hyper::Request::get(url("/v1/streams/s/subscribe")).body(Full::new(Bytes::new())).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(subscription.status().as_u16(), 200);
+
+        // The disk fails under the next append: the Raft core quits on the storage error.
+        broken.store(true, Ordering::SeqCst);
+        let (status, body) = call(&http, "POST", &url("/v1/streams/s/batches"), "two").await;
+        assert_eq!(status, 503, "the write's outcome is unknown, not a definitive error: {body}");
+
+        let (status, body) = call(&http, "GET", &url("/healthz"), "").await;
+        assert_eq!((status, body.starts_with("raft stopped: ")), (503, true), "{body}");
+        let (status, body) = call(&http, "GET", &url("/readyz"), "").await;
+        assert_eq!((status, body.starts_with("raft stopped: ")), (503, true), "{body}");
+        for (method, path) in [
+            ("POST", "/v1/streams/s/batches?seq=9"),
+            ("GET", "/v1/streams/s/batches?after=0&min_index=1000"),
+            ("GET", "/v1/streams/s/batches?after=1&wait_ms=60000"),
+            ("GET", "/v1/streams/s/subscribe?after=1"),
+            ("GET", "/v1/streams"),
+            ("PUT", "/v1/streams/t"),
+        ] {
+            let (status, body) = call(&http, method, &url(path), "x").await;
+            assert_eq!(status, 503, "{method} {path}: {body}");
+            assert!(body.contains("\"not_ready\"") && body.contains("raft has stopped"), "{method} {path}: {body}");
+        }
+        // The subscription opened before the stop ends (its client resumes on another node).
+        let ended = tokio::time::timeout(Duration::from_secs(8), subscription.into_body().collect()).await;
+        assert!(ended.is_ok_and(|b| b.is_ok()), "the open subscription still hangs");
+        let (status, body) = call(&http, "GET", &url("/v1/cluster"), "").await;
+        let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(status, 200);
+        assert!(view["raft_stopped"].as_str().is_some_and(|why| why.contains("the disk failed")), "{view}");
+        assert!(view["leader_id"].is_null(), "{view}");
+
+        let _ = stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(10), node).await;
     }
 }

@@ -192,6 +192,10 @@ pub struct ClusterView {
     pub snapshot_index: Option<u64>,
     /// The last log index purged from its log, if any.
     pub purged_index: Option<u64>,
+    /// Why this node's Raft core has stopped for good; `None` while it runs. A node in this
+    /// state answers every client request with `503` and its `/healthz` with `503`.
+    #[serde(default)]
+    pub raft_stopped: Option<String>,
     /// The members of the configuration it knows (empty before the cluster formed).
     pub members: Vec<Member>,
 }

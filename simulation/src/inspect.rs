@@ -13,6 +13,7 @@
 //! to the copy).
 
 use redb::{ReadableDatabase, TableDefinition};
+use runnev::raft::LogId;
 use runnev::storage::segments::SegmentLog;
 
 use crate::disk::SimDisk;
@@ -39,21 +40,26 @@ fn varint(bytes: &mut std::slice::Iter<'_, u8>) -> Result<u64, String> {
     Err("last_purged: varint too long".into())
 }
 
-/// The log index of a postcard-encoded `openraft::LogId<u64>`: `leader_id` (openraft 0.9's
-/// default `LeaderId { term: u64, node_id: u64 }`) then `index`, three varints. Decoded by
-/// hand so the simulation needs no serialization crate of its own; anything but exactly three
-/// varints is refused, so a change of layout shows up as an inspection error.
-fn log_index_of(bytes: &[u8]) -> Result<u64, String> {
+/// A postcard-encoded `openraft::LogId<u64>`: `leader_id` (openraft 0.9's default `LeaderId {
+/// term: u64, node_id: u64 }`) then `index`, three varints. Decoded by hand so the simulation
+/// needs no serialization crate of its own; anything but exactly three varints is refused, so
+/// a change of layout shows up as an inspection error.
+fn log_id_of(bytes: &[u8]) -> Result<LogId, String> {
     let mut it = bytes.iter();
-    let (_term, _node, index) = (varint(&mut it)?, varint(&mut it)?, varint(&mut it)?);
+    let (term, node, index) = (varint(&mut it)?, varint(&mut it)?, varint(&mut it)?);
     if it.next().is_some() {
         return Err(format!("last_purged: {} bytes is not a LogId", bytes.len()));
     }
-    Ok(index)
+    // Built field by field: the simulation names no openraft type.
+    let mut id = LogId::default();
+    id.leader_id.term = term;
+    id.leader_id.node_id = node;
+    id.index = index;
+    Ok(id)
 }
 
 /// The purge point recorded in the forked disk's redb, if any.
-fn last_purged(copy: &SimDisk) -> Result<Option<u64>, String> {
+fn last_purged(copy: &SimDisk) -> Result<Option<LogId>, String> {
     let db = redb::Database::builder().create_with_backend(copy.handle()).map_err(|e| e.to_string())?;
     let txn = db.begin_read().map_err(|e| e.to_string())?;
     let table = match txn.open_table(RAFT_META) {
@@ -62,7 +68,7 @@ fn last_purged(copy: &SimDisk) -> Result<Option<u64>, String> {
         Err(e) => return Err(e.to_string()),
     };
     let purged = table.get("last_purged").map_err(|e| e.to_string())?;
-    purged.map(|v| log_index_of(v.value())).transpose()
+    purged.map(|v| log_id_of(v.value())).transpose()
 }
 
 /// The stored log's shape (`None` when it is empty), or why the disk could not be read (redb or
@@ -82,7 +88,7 @@ pub fn log_holes(disk: &SimDisk) -> Result<Option<LogShape>, String> {
     };
     // The log starts right after the purge point, or at openraft's initial entry (index 0,
     // written by `Raft::initialize` and replicated from there) when nothing was ever purged.
-    let expected_first = purged.map_or(0, |p| p + 1).min(log.first_index());
+    let expected_first = purged.map_or(0, |p| p.index + 1).min(log.first_index());
     let mut holes: Vec<(u64, u64)> = Vec::new();
     if expected_first < first {
         holes.push((expected_first, first - 1));
@@ -99,11 +105,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_postcard_log_id_yields_its_index() {
+    fn a_postcard_log_id_decodes() {
         // term 3, node 1, index 300 (varint 0xac 0x02).
-        assert_eq!(log_index_of(&[3, 1, 0xac, 0x02]), Ok(300));
-        assert!(log_index_of(&[3, 1]).is_err());
-        assert!(log_index_of(&[3, 1, 5, 0]).is_err());
+        let id = log_id_of(&[3, 1, 0xac, 0x02]).unwrap();
+        assert_eq!((id.leader_id.term, id.leader_id.node_id, id.index), (3, 1, 300));
+        assert!(log_id_of(&[3, 1]).is_err());
+        assert!(log_id_of(&[3, 1, 5, 0]).is_err());
     }
 
     #[test]

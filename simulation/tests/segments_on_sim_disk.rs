@@ -5,6 +5,7 @@
 //! finds them: records written byte for byte in the log's documented layout (16-byte header,
 //! then a postcard-encoded blank `openraft::Entry`), read back through `SegmentLog`.
 
+use runnev::raft::LogId;
 use runnev::storage::segments::SegmentLog;
 use simulation::disk::{CrashKind, SimDisk, PAGE_BYTES};
 use simulation::rng::SimRng;
@@ -65,11 +66,26 @@ macro_rules! blank_entries {
         let scratch = SimDisk::new();
         let seg = scratch.segments().create($first, 1 << 20).unwrap();
         seg.write_at(0, &records($term, $first..=$last)).unwrap();
-        let log = SegmentLog::open(scratch.segments(), Some($first - 1)).unwrap();
+        let log = SegmentLog::open(scratch.segments(), purged($first - 1)).unwrap();
         let entries = log.read(0, u64::MAX).unwrap();
         assert_eq!(entries.len() as u64, $last - $first + 1, "the fabricated records decode");
         entries
     }};
+}
+
+/// A purge point at `index`, of term 1 (leader node 1): what `raft_meta` holds after a
+/// snapshot of the fabricated history. Built field by field: the simulation names no openraft
+/// type.
+fn purged(index: u64) -> Option<LogId> {
+    Some(log_id(1, index))
+}
+
+fn log_id(term: u64, index: u64) -> LogId {
+    let mut id = LogId::default();
+    id.leader_id.term = term;
+    id.leader_id.node_id = 1;
+    id.index = index;
+    id
 }
 
 fn last(log: &SegmentLog) -> Option<(u64, u64)> {
@@ -101,13 +117,13 @@ fn a_log_never_purged_keeps_index_0() {
 fn an_append_not_synced_vanishes_on_power_loss() {
     let disk = SimDisk::new();
     let mut rng = SimRng::new(1);
-    let mut log = SegmentLog::open(disk.segments(), Some(9)).unwrap();
+    let mut log = SegmentLog::open(disk.segments(), purged(9)).unwrap();
     log.append(blank_entries!(1, 10, 14)).unwrap().sync().unwrap();
     let pending = log.append(blank_entries!(1, 15, 16)).unwrap();
     drop(pending);
     drop(log);
     disk.crash(CrashKind::PowerLoss { keep_per_mille: 0 }, &mut rng);
-    let log = SegmentLog::open(disk.segments(), Some(9)).unwrap();
+    let log = SegmentLog::open(disk.segments(), purged(9)).unwrap();
     assert_eq!(indexes(&log), (10..=14).collect::<Vec<_>>(), "the unsynced append is gone");
 }
 
@@ -115,12 +131,12 @@ fn an_append_not_synced_vanishes_on_power_loss() {
 fn an_append_not_synced_survives_a_kill() {
     let disk = SimDisk::new();
     let mut rng = SimRng::new(1);
-    let mut log = SegmentLog::open(disk.segments(), Some(9)).unwrap();
+    let mut log = SegmentLog::open(disk.segments(), purged(9)).unwrap();
     log.append(blank_entries!(1, 10, 14)).unwrap().sync().unwrap();
     drop(log.append(blank_entries!(1, 15, 16)).unwrap());
     drop(log);
     disk.crash(CrashKind::Kill, &mut rng);
-    let log = SegmentLog::open(disk.segments(), Some(9)).unwrap();
+    let log = SegmentLog::open(disk.segments(), purged(9)).unwrap();
     assert_eq!(last(&log), Some((1, 16)), "a kill keeps the page cache");
 }
 
@@ -133,16 +149,16 @@ fn an_append_not_synced_survives_a_kill() {
 fn what_a_restarted_log_serves_is_durable() {
     let disk = SimDisk::new();
     let mut rng = SimRng::new(1);
-    let mut log = SegmentLog::open(disk.segments(), Some(9)).unwrap();
+    let mut log = SegmentLog::open(disk.segments(), purged(9)).unwrap();
     log.append(blank_entries!(1, 10, 14)).unwrap().sync().unwrap();
     drop(log.append(blank_entries!(1, 15, 16)).unwrap());
     drop(log);
     disk.crash(CrashKind::Kill, &mut rng);
-    let log = SegmentLog::open(disk.segments(), Some(9)).unwrap();
+    let log = SegmentLog::open(disk.segments(), purged(9)).unwrap();
     assert_eq!(last(&log), Some((1, 16)));
     drop(log);
     disk.crash(CrashKind::PowerLoss { keep_per_mille: 0 }, &mut rng);
-    let log = SegmentLog::open(disk.segments(), Some(9)).unwrap();
+    let log = SegmentLog::open(disk.segments(), purged(9)).unwrap();
     assert_eq!(last(&log), Some((1, 16)), "entries the restarted log served were lost");
 }
 
@@ -150,24 +166,24 @@ fn what_a_restarted_log_serves_is_durable() {
 fn a_cut_strikes_inside_a_log_append() {
     // Struck at the write: nothing of the append reaches the disk, whatever the victim saw.
     let disk = SimDisk::new();
-    let mut log = SegmentLog::open(disk.segments(), Some(9)).unwrap();
+    let mut log = SegmentLog::open(disk.segments(), purged(9)).unwrap();
     log.append(blank_entries!(1, 10, 12)).unwrap().sync().unwrap();
     disk.arm_cut(1, CrashKind::PowerLoss { keep_per_mille: 1000 }, SimRng::new(2));
     log.append(blank_entries!(1, 13, 14)).unwrap().sync().unwrap();
     assert_eq!(last(&log), Some((1, 14)), "the victim's ghost");
     assert!(disk.take_fired_cut());
     assert!(log.append(blank_entries!(1, 15, 15)).is_err(), "the victim's handles are dead");
-    let log = SegmentLog::open(disk.segments(), Some(9)).unwrap();
+    let log = SegmentLog::open(disk.segments(), purged(9)).unwrap();
     assert_eq!(last(&log), Some((1, 12)));
 
     // Struck at the fsync with every dirty page torn in: the write reached the platter anyway.
     let disk = SimDisk::new();
-    let mut log = SegmentLog::open(disk.segments(), Some(9)).unwrap();
+    let mut log = SegmentLog::open(disk.segments(), purged(9)).unwrap();
     log.append(blank_entries!(1, 10, 12)).unwrap().sync().unwrap();
     disk.arm_cut(2, CrashKind::PowerLoss { keep_per_mille: 1000 }, SimRng::new(3));
     log.append(blank_entries!(1, 13, 14)).unwrap().sync().unwrap();
     assert!(disk.take_fired_cut());
-    let log = SegmentLog::open(disk.segments(), Some(9)).unwrap();
+    let log = SegmentLog::open(disk.segments(), purged(9)).unwrap();
     assert_eq!(last(&log), Some((1, 14)));
 }
 
@@ -205,14 +221,14 @@ fn a_torn_power_loss_never_brings_stale_records_back() {
     drop(seg);
     disk.crash(CrashKind::PowerLoss { keep_per_mille: 0 }, &mut rng);
 
-    let mut log = SegmentLog::open(disk.segments(), Some(199)).unwrap();
+    let mut log = SegmentLog::open(disk.segments(), purged(199)).unwrap();
     assert_eq!(last(&log), Some((1, 199 + m)), "recovery ends at the lost record");
     // A new leader's entry at the same index, the same size.
     log.append(blank_entries!(2, 200 + m, 200 + m)).unwrap().sync().unwrap();
     assert_eq!(last(&log), Some((2, 200 + m)));
     drop(log);
     disk.crash(CrashKind::Kill, &mut rng);
-    let log = SegmentLog::open(disk.segments(), Some(199)).unwrap();
+    let log = SegmentLog::open(disk.segments(), purged(199)).unwrap();
     assert_eq!(last(&log), Some((2, 200 + m)), "entries of term 1 came back after the term-2 entry");
 }
 
@@ -232,14 +248,14 @@ fn a_torn_power_loss_across_a_segment_rollover_leaves_a_log_that_opens() {
     seg.write_at(0, &records(1, 200..=199 + m)).unwrap();
     seg.sync_data().unwrap();
     drop(seg);
-    let mut log = SegmentLog::open(disk.segments(), Some(199)).unwrap();
+    let mut log = SegmentLog::open(disk.segments(), purged(199)).unwrap();
     let pending = log.append(blank_entries!(1, 200 + m, 201 + m)).unwrap();
     // Torn: the new segment's page reached the platter, the old segment's did not.
     disk.segments().open(201 + m).unwrap().sync_data().unwrap();
     drop(pending);
     drop(log);
     disk.crash(CrashKind::PowerLoss { keep_per_mille: 0 }, &mut rng);
-    let log = match SegmentLog::open(disk.segments(), Some(199)) {
+    let log = match SegmentLog::open(disk.segments(), purged(199)) {
         Ok(log) => log,
         Err(e) => panic!("the node cannot restart: {e}"),
     };
@@ -257,19 +273,45 @@ fn a_torn_power_loss_across_a_segment_rollover_leaves_a_log_that_opens() {
 fn a_truncation_cut_short_then_a_power_loss_leaves_a_log_that_opens() {
     let disk = SimDisk::new();
     let mut rng = SimRng::new(7);
-    let mut log = SegmentLog::open(disk.segments(), Some(9)).unwrap();
+    let mut log = SegmentLog::open(disk.segments(), purged(9)).unwrap();
     log.append(blank_entries!(1, 10, 17)).unwrap().sync().unwrap();
     // Operation 1 (the shrink) happens; operation 2 (the grow back) is where the kill strikes.
     disk.arm_cut(2, CrashKind::Kill, SimRng::new(8));
     let _ = log.truncate(14);
     assert!(disk.take_fired_cut());
     drop(log);
-    let mut log = SegmentLog::open(disk.segments(), Some(9)).unwrap();
+    let mut log = SegmentLog::open(disk.segments(), purged(9)).unwrap();
     assert_eq!(last(&log), Some((1, 13)));
     log.append(blank_entries!(2, 14, 15)).unwrap().sync().unwrap();
     drop(log);
     disk.crash(CrashKind::PowerLoss { keep_per_mille: 0 }, &mut rng);
-    let log = SegmentLog::open(disk.segments(), Some(9)).expect("the log opens after the power loss");
+    let log = SegmentLog::open(disk.segments(), purged(9)).expect("the log opens after the power loss");
     assert_eq!(last(&log), Some((2, 15)));
     assert_eq!(indexes(&log), (10..=15).collect::<Vec<_>>());
+}
+
+/// Simulation seed 200860, on the disk: a follower's truncation of its uncommitted term-1
+/// entries 14..=17 is cut at its first step by a power loss, so they come back; meanwhile the
+/// new leader's entry 14 (term 2) committed, and the restart's purge point is there (the
+/// simulation keeps snapshot files off the simulated disk, so a snapshot the cut node built
+/// survives the cut and is restored into the state machine at start-up). The log must not
+/// report the stale 15..=17 after the purge point T2-14 (openraft takes a last log id below
+/// the purge point for a log that ends there, and its next append, of 15, was refused: the
+/// Raft core stopped for good); it discards them, durably, and takes the leader's 15.
+#[test]
+fn a_lost_truncation_behind_a_newer_purge_point_is_discarded_at_restart() {
+    let disk = SimDisk::new();
+    let mut log = SegmentLog::open(disk.segments(), purged(9)).unwrap();
+    log.append(blank_entries!(1, 10, 17)).unwrap().sync().unwrap();
+    disk.arm_cut(1, CrashKind::PowerLoss { keep_per_mille: 0 }, SimRng::new(9));
+    let _ = log.truncate(14);
+    assert!(disk.take_fired_cut());
+    drop(log);
+    let mut log = SegmentLog::open(disk.segments(), Some(log_id(2, 14))).unwrap();
+    assert_eq!((last(&log), log.first_index()), (None, 15), "the stale tail is gone");
+    log.append(blank_entries!(2, 15, 16)).unwrap().sync().unwrap();
+    drop(log);
+    let log = SegmentLog::open(disk.segments(), Some(log_id(2, 14))).unwrap();
+    assert_eq!(indexes(&log), vec![15, 16]);
+    assert_eq!(last(&log), Some((2, 16)));
 }

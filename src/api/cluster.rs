@@ -1,7 +1,7 @@
-//! Cluster endpoints: `GET /v1/cluster`, `/readyz` and `/metrics` (SPEC §3).
+//! Cluster endpoints: `GET /v1/cluster`, `/healthz`, `/readyz` and `/metrics` (SPEC §3).
 //!
-//! Owns: how this node describes its Raft state. Must never: block on Raft; everything comes from
-//! openraft's metrics channel and the store's counters.
+//! Owns: how this node describes its Raft state and health. Must never: block on Raft; everything
+//! comes from openraft's metrics channel and the store's counters.
 
 use super::{json, AppState};
 use crate::raft::NodeId;
@@ -34,9 +34,11 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
         })
         .collect();
     let applied = s.store.applied_index();
+    let raft_stopped = super::raft_stopped(&s.raft);
     ClusterView {
         node_id: s.node_id,
-        leader_id: m.current_leader,
+        // A stopped core's last view of the leader is history, possibly this very node.
+        leader_id: m.current_leader.filter(|_| raft_stopped.is_none()),
         state: format!("{:?}", m.state),
         term: m.current_term,
         commit_index: s.store.committed_index().max(applied),
@@ -44,6 +46,7 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
         last_log_index: m.last_log_index,
         snapshot_index: m.snapshot.map(|l| l.index),
         purged_index: m.purged.map(|l| l.index),
+        raft_stopped,
         members,
     }
 }
@@ -53,9 +56,25 @@ pub(super) async fn view(State(s): State<AppState>) -> Response {
     json(StatusCode::OK, &view_of(&s))
 }
 
-/// `GET /readyz`: 200 when this node knows a leader and has applied all it knows is committed.
+/// `GET /healthz`: `200 ok` while the process can do its work, `503` once its Raft core has
+/// stopped for good (a storage failure or a panic stops it and nothing in the process restarts
+/// it: only a restart of the process does, so a supervisor's liveness probe should see it).
+/// SPEC §3 says "process is up"; this is stricter on purpose: a process up without Raft
+/// serves nothing.
+pub(super) async fn health(State(s): State<AppState>) -> Response {
+    match super::raft_stopped(&s.raft) {
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("raft stopped: {why}\n")).into_response(),
+        None => (StatusCode::OK, "ok\n").into_response(),
+    }
+}
+
+/// `GET /readyz`: 200 when this node knows a leader and has applied all it knows is committed;
+/// 503 as soon as its Raft core has stopped.
 pub(super) async fn ready(State(s): State<AppState>) -> Response {
     let v = view_of(&s);
+    if let Some(why) = &v.raft_stopped {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("raft stopped: {why}\n")).into_response();
+    }
     let quorum_ack_ms = s.raft.metrics().borrow().millis_since_quorum_ack;
     if v.leader_id == Some(s.node_id) && quorum_ack_ms.is_none_or(|ms| ms > crate::limits::RAFT_ELECTION_TIMEOUT_MAX_MS)
     {
@@ -83,6 +102,8 @@ pub(super) async fn metrics(State(s): State<AppState>) -> Response {
     metrics::gauge!("runnev_raft_commit_index").set(v.commit_index as f64);
     metrics::gauge!("runnev_raft_applied_index").set(v.applied_index as f64);
     metrics::gauge!("runnev_raft_is_leader").set(if v.leader_id == Some(s.node_id) { 1.0 } else { 0.0 });
+    // 0 once the Raft core has stopped for good (then /healthz fails too): alert on it.
+    metrics::gauge!("runnev_raft_running").set(if v.raft_stopped.is_none() { 1.0 } else { 0.0 });
     let body = s.prometheus.as_ref().map(|p| p.render()).unwrap_or_default();
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }

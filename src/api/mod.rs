@@ -7,6 +7,12 @@
 //! A publish flows: `streams::publish` validates → `write::write` finds the leader (forwarding
 //! the HTTP request to it if that is another node) → `Raft::client_write` replicates the entry to
 //! a majority, each fsyncing it → the state machine applies it → the outcome is answered.
+//!
+//! A node whose Raft core has stopped for good ([`raft_stopped`]: a storage failure, a panic)
+//! can neither commit nor apply again until its process restarts. It then answers every client
+//! request on streams and members at once with `503 not_ready` (so clients go to another node),
+//! ends its subscriptions and waits, and fails `/healthz` and `/readyz` (so a supervisor
+//! restarts it); `/v1/cluster` and `/metrics` still describe it.
 
 mod cluster;
 mod members;
@@ -19,7 +25,7 @@ mod write;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -71,6 +77,54 @@ pub struct AppState {
     pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
+/// Why this node's Raft core has stopped for good, if it has. openraft reports the fatal error
+/// that ended it (a storage failure; `Stopped` at shutdown) in its last metrics, then drops their
+/// sender; a core that panicked drops the sender without a report. Never restarts in-process.
+pub(crate) fn raft_stopped(raft: &Raft) -> Option<String> {
+    stopped_in(&raft.metrics())
+}
+
+fn stopped_in(rx: &tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, openraft::BasicNode>>) -> Option<String> {
+    if let Err(e) = &rx.borrow().running_state {
+        return Some(e.to_string());
+    }
+    rx.has_changed().is_err().then(|| "the Raft core ended without reporting why".to_string())
+}
+
+/// Resolves, with the reason, once this node's Raft core has stopped for good: for waits on
+/// the applied index, which a stopped core never moves again.
+pub(crate) async fn raft_stops(raft: &Raft) -> String {
+    let mut rx = raft.metrics();
+    loop {
+        if let Some(why) = stopped_in(&rx) {
+            return why;
+        }
+        if rx.changed().await.is_err() {
+            return stopped_in(&rx).unwrap_or_else(|| "the Raft core ended".into());
+        }
+    }
+}
+
+/// The answer of a client request on a node whose Raft core has stopped: `503 not_ready`, so
+/// a client takes it to another node.
+pub(crate) fn raft_stopped_error(why: &str) -> ApiError {
+    ApiError::NotReady(format!(
+        "raft has stopped on this node ({why}); it serves no reads or writes until it is restarted: use another node"
+    ))
+}
+
+/// Answers `503` at once, before the handler, when the Raft core has stopped.
+async fn refuse_without_raft(
+    State(s): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match raft_stopped(&s.raft) {
+        Some(why) => raft_stopped_error(&why).into_response(),
+        None => next.run(req).await,
+    }
+}
+
 /// The router serving SPEC §3 and the Raft RPCs.
 pub fn router(state: AppState) -> Router {
     let node_header = HeaderValue::from(state.node_id);
@@ -80,10 +134,12 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/streams/{name}", put(streams::put).get(streams::info).delete(streams::delete))
         .route("/v1/streams/{name}/batches", post(streams::publish).get(streams::read))
         .route("/v1/streams/{name}/subscribe", get(subscribe::subscribe))
-        .route("/v1/cluster", get(cluster::view))
         .route("/v1/cluster/members", post(members::add))
         .route("/v1/cluster/members/{id}", axum::routing::delete(members::remove))
-        .route("/healthz", get(|| async { "ok\n" }))
+        // The routes above serve clients from Raft's state; the ones below describe the node.
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), refuse_without_raft))
+        .route("/v1/cluster", get(cluster::view))
+        .route("/healthz", get(cluster::health))
         .route("/readyz", get(cluster::ready))
         .route("/metrics", get(cluster::metrics))
         .route(crate::raft::network::APPEND_PATH, post(raft_rpc::append))
@@ -109,9 +165,13 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// The leader's address as this node knows it, sent as `Runnev-Leader` so clients can send
-/// writes straight to the leader instead of through a forwarding hop.
+/// writes straight to the leader instead of through a forwarding hop. None once the Raft core
+/// has stopped: its last view may name this very node.
 fn leader_addr(raft: &Raft) -> Option<String> {
     let m = raft.metrics();
+    if stopped_in(&m).is_some() {
+        return None;
+    }
     let m = m.borrow();
     let leader = m.current_leader?;
     m.membership_config.membership().get_node(&leader).map(|n| n.addr.clone())

@@ -235,15 +235,20 @@ fn read_answer_body(view: BatchesView, after: u64) -> String {
     out
 }
 
-/// Waits until this node has applied `index`, for at most [`MIN_INDEX_WAIT_MS`].
+/// Waits until this node has applied `index`, for at most [`MIN_INDEX_WAIT_MS`], or until its
+/// Raft core stops (it would never apply `index` then).
 async fn wait_applied(s: &AppState, index: u64) -> Result<(), ApiError> {
     let mut rx = s.store.watch_applied();
     let reached = tokio::time::timeout(Duration::from_millis(MIN_INDEX_WAIT_MS), async {
-        rx.wait_for(|applied| *applied >= index).await.is_ok()
+        tokio::select! {
+            reached = rx.wait_for(|applied| *applied >= index) => Ok(reached.is_ok()),
+            why = super::raft_stops(&s.raft) => Err(why),
+        }
     })
     .await;
     match reached {
-        Ok(true) => Ok(()),
+        Ok(Ok(true)) => Ok(()),
+        Ok(Err(why)) => Err(super::raft_stopped_error(&why)),
         _ => Err(ApiError::NotReady(format!(
             "this node has applied up to log index {}, not yet {index}, after {MIN_INDEX_WAIT_MS} ms; retry or ask another node",
             s.store.applied_index()
@@ -286,6 +291,7 @@ pub(super) async fn read(
                 _ = tokio::time::sleep(deadline - now) => {}
                 _ = applied.changed() => {}
                 _ = stopping.changed() => {}
+                why = super::raft_stops(&s.raft) => return Err(super::raft_stopped_error(&why)),
             }
             continue;
         };
@@ -293,11 +299,13 @@ pub(super) async fn read(
         if has_news || done {
             return Ok(([(header::CONTENT_TYPE, "application/json")], read_answer_body(view, after)).into_response());
         }
-        // Long poll: a node behind the cursor waits rather than answering a false "empty".
+        // Long poll: a node behind the cursor waits rather than answering a false "empty"; a
+        // node whose Raft core stopped will never catch up, and says so at once.
         tokio::select! {
             _ = tokio::time::sleep(deadline - now) => {}
             _ = applied.changed() => {}
             _ = stopping.changed() => {}
+            why = super::raft_stops(&s.raft) => return Err(super::raft_stopped_error(&why)),
         }
     }
 }

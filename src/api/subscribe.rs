@@ -50,7 +50,8 @@ fn start_cursor(headers: &HeaderMap, q: &HashMap<String, String>) -> Result<u64,
 }
 
 /// Fills `c.pending` with the next events, waiting for new applied entries when there are none.
-/// Returns false when the subscription must end (stream deleted, node stopping, storage error).
+/// Returns false when the subscription must end (stream deleted, node stopping, storage error,
+/// Raft core stopped: this node will never apply more, the subscriber resumes elsewhere).
 async fn refill(c: &mut Cursor) -> bool {
     loop {
         c.applied.borrow_and_update();
@@ -88,6 +89,10 @@ async fn refill(c: &mut Cursor) -> bool {
         tokio::select! {
             changed = c.applied.changed() => if changed.is_err() { return false },
             _ = c.stopping.changed() => return false,
+            why = super::raft_stops(&c.s.raft) => {
+                tracing::warn!(stream = %c.name, reason = %why, "ending a subscription: raft has stopped on this node");
+                return false;
+            }
         }
     }
 }
@@ -105,8 +110,11 @@ async fn wait_for_stream(s: &AppState, name: &str) -> Result<(), ApiError> {
         if blocking(move || store.stream(&n)).await?.is_some() {
             return Ok(());
         }
-        if tokio::time::timeout_at(deadline, applied.changed()).await.is_err() {
-            return Err(ApiError::StreamNotFound(name.to_string()));
+        tokio::select! {
+            waited = tokio::time::timeout_at(deadline, applied.changed()) => if waited.is_err() {
+                return Err(ApiError::StreamNotFound(name.to_string()));
+            },
+            why = super::raft_stops(&s.raft) => return Err(super::raft_stopped_error(&why)),
         }
     }
 }

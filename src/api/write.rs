@@ -65,14 +65,19 @@ pub(crate) enum OpError {
     Fail(ApiError),
 }
 
-/// Maps openraft's write errors: leadership lost means "look again"; the rest are answers.
+/// Maps openraft's write errors: leadership lost means "look again"; the rest are answers. A
+/// fatal error means the Raft core stopped while the write was with it: the entry may have
+/// been appended and replicated before, so its outcome is unknown (`503`, retried elsewhere
+/// with the same seq), not a definitive `500`.
 pub(crate) fn op_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> OpError {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => OpError::NotLeader,
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => OpError::Fail(ApiError::NotReady(format!(
             "the membership change cannot proceed now ({e}); retry once the previous change has finished"
         ))),
-        RaftError::Fatal(e) => OpError::Fail(ApiError::Internal(format!("raft stopped: {e}"))),
+        RaftError::Fatal(e) => OpError::Fail(ApiError::OutcomeUnknown(format!(
+            "raft stopped on this node while handling the write ({e}); its outcome is unknown: retry on another node, with the same seq"
+        ))),
     }
 }
 
@@ -101,7 +106,9 @@ pub(crate) async fn write(
 /// [`LEADER_WAIT_MS`] for one to be known and reachable.
 ///
 /// Errors: `503 no_leader` when no leader answered in time or the leader failed mid-request
-/// (outcome unknown: retry, with the same seq to stay idempotent); whatever `op` fails with.
+/// (outcome unknown: retry, with the same seq to stay idempotent); `503 not_ready` at once when
+/// this node's Raft core has stopped (it can no longer tell who leads, nor propose); whatever
+/// `op` fails with.
 pub(crate) async fn on_leader<T, F, Fut>(s: &AppState, req: &Forwardable, mut op: F) -> Result<Led<T>, ApiError>
 where
     F: FnMut() -> Fut,
@@ -111,6 +118,9 @@ where
     let mut metrics = s.raft.metrics();
     let mut last_problem = String::from("no leader is known");
     loop {
+        if let Some(why) = super::raft_stopped(&s.raft) {
+            return Err(super::raft_stopped_error(&why));
+        }
         let (leader, leader_addr) = {
             let m = metrics.borrow_and_update();
             let leader = m.current_leader;
@@ -141,13 +151,11 @@ where
                 "no leader could take the request within {LEADER_WAIT_MS} ms ({last_problem}); retry later"
             )));
         }
-        // Wake on any Raft state change, and re-check at least every LEADER_RECHECK_MS.
+        // Wake on any Raft state change, and re-check at least every LEADER_RECHECK_MS. A closed channel
+        // means the core has stopped: the check at the top answers then (waiting on a closed
+        // channel would spin; simulation seed 4).
         let pause = (deadline - now).min(Duration::from_millis(LEADER_RECHECK_MS));
-        if let Ok(Err(_)) = tokio::time::timeout(pause, metrics.changed()).await {
-            // The Raft core has stopped (a storage failure): its metrics will never change again,
-            // and waiting on them would spin. Found by the simulation (seed 4).
-            return Err(ApiError::Internal("raft has stopped on this node; use another node".into()));
-        }
+        let _ = tokio::time::timeout(pause, metrics.changed()).await;
     }
 }
 

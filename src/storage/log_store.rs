@@ -75,8 +75,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let store = self.store.clone();
         blocking(move || -> Result<LogState<TypeConfig>, StoreError> {
-            let last_purged: Option<LogId> = Self::read_meta(&store, "last_purged")?;
-            let last = store.log().last_log_id().or(last_purged);
+            // Both from the log, under one lock: its purge point is redb's as loaded at open
+            // and advanced by every purge after redb's, and the entries it holds follow it
+            // (`segments`), so the last log id is never below the purge point.
+            let log = store.log();
+            let last_purged = log.purged();
+            let last = log.last_log_id().or(last_purged);
+            debug_assert!(last >= last_purged, "last log id {last:?} below the purge point {last_purged:?}");
             Ok(LogState { last_purged_log_id: last_purged, last_log_id: last })
         })
         .await
@@ -154,7 +159,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             if current.is_none_or(|c| c.index < log_id.index) {
                 Self::write_meta(&store, "last_purged", &bytes)?;
             }
-            store.log().purge(log_id.index)
+            store.log().purge(log_id)
         })
         .await
         .map_err(|e| raft_err(e, true))
@@ -163,7 +168,82 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
 #[cfg(test)]
 mod tests {
-    use super::to_bounds;
+    use openraft::storage::{RaftLogStorage, RaftStateMachine, StorageHelper};
+    use openraft::{CommittedLeaderId, EntryPayload, RaftSnapshotBuilder};
+
+    use super::{to_bounds, LogStore};
+    use crate::raft::LogId;
+    use crate::storage::state_machine::StateMachine;
+    use crate::storage::{snapshot, Entry, Store};
+
+    fn id(term: u64, leader: u64, index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(term, leader), index)
+    }
+
+    fn blank(term: u64, leader: u64, index: u64) -> Entry {
+        Entry { log_id: id(term, leader, index), payload: EntryPayload::Blank }
+    }
+
+    /// The state simulation seed 200860 restarted a follower on, rebuilt on the real stores:
+    /// node 3 led term 1 and appended 1..=8 (6..=8 never committed); the state machine durably
+    /// holds 1..=5 and `snapshot.bin` covers term 17's entry 6 (its commit of 6 under another
+    /// leader; the log's truncation of 6..=8 was lost with a crash). At start-up the snapshot
+    /// is restored into the state machine, then openraft reads the log state
+    /// (`StorageHelper::get_initial_state`, which is what `Raft::new` runs). Before the fix, the
+    /// store kept the stale entries 7..=8 of term 1 behind the purge point T17-6 and reported
+    /// them as its last log id, below the purge point; openraft took the log for one that ends
+    /// at the snapshot, and the next append from the leader, at index 7, was refused ("append
+    /// of index 7 where Some(9) was next"): the Raft core stopped for good.
+    #[tokio::test]
+    async fn a_snapshot_restored_over_a_stale_log_tail_leaves_a_log_openraft_can_append_to() {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let a = Store::open(a_dir.path()).unwrap();
+        a.log().append((1..=8).map(|i| blank(1, 3, i)).collect()).unwrap().sync().unwrap();
+        let mut sm_a = StateMachine::new(a.clone());
+        sm_a.apply((1..=5).map(|i| blank(1, 3, i)).collect::<Vec<_>>()).await.unwrap();
+        // Another node's state machine at term 17's entry 6, and its snapshot, in a's directory.
+        let b = Store::open(b_dir.path()).unwrap();
+        let mut sm_b = StateMachine::new(b.clone());
+        let history: Vec<Entry> = (1..=5).map(|i| blank(1, 3, i)).chain([blank(17, 1, 6)]).collect();
+        sm_b.apply(history).await.unwrap();
+        let snap = sm_b.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        assert_eq!(snap.meta.last_log_id, Some(id(17, 1, 6)));
+        drop(snap);
+        std::fs::copy(snapshot::current_path(b_dir.path()), snapshot::current_path(a_dir.path())).unwrap();
+
+        assert_eq!(snapshot::restore_state_machine(&a).unwrap(), Some(6));
+        let mut log_store = LogStore::new(a.clone());
+        let state = StorageHelper::new(&mut log_store, &mut sm_a).get_initial_state().await.unwrap();
+        assert_eq!(state.committed, Some(id(17, 1, 6)));
+        let told = log_store.get_log_state().await.unwrap();
+        assert_eq!(told.last_purged_log_id, Some(id(17, 1, 6)));
+        assert_eq!(told.last_log_id, Some(id(17, 1, 6)), "the store agrees with openraft: the stale 7..=8 are gone");
+        // The leader's next entries follow the snapshot.
+        a.log().append(vec![blank(18, 2, 7), blank(18, 2, 8)]).unwrap().sync().unwrap();
+        let read: Vec<LogId> = a.log().read(0, u64::MAX).unwrap().iter().map(|e| e.log_id).collect();
+        assert_eq!(read, vec![id(18, 2, 7), id(18, 2, 8)]);
+    }
+
+    /// openraft's own start-up repair (`last_log_id < last_applied`: "snapshot installed but
+    /// logs not cleaned") purges to the applied log id, which may be of a newer term than the
+    /// log's stale tail after it; the store must then report the log as ending there, as
+    /// openraft assumes, and accept the entry after it.
+    #[tokio::test]
+    async fn a_purge_point_of_a_newer_term_drops_the_stale_entries_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.log().append((1..=8).map(|i| blank(1, 3, i)).collect()).unwrap().sync().unwrap();
+        let mut log_store = LogStore::new(store.clone());
+        log_store.purge(id(17, 1, 6)).await.unwrap();
+        let told = log_store.get_log_state().await.unwrap();
+        assert_eq!((told.last_purged_log_id, told.last_log_id), (Some(id(17, 1, 6)), Some(id(17, 1, 6))));
+        store.log().append(vec![blank(18, 2, 7)]).unwrap().sync().unwrap();
+        // And after a restart on that purge point.
+        drop((log_store, store));
+        let store = Store::open(dir.path()).unwrap();
+        let read: Vec<LogId> = store.log().read(0, u64::MAX).unwrap().iter().map(|e| e.log_id).collect();
+        assert_eq!(read, vec![id(18, 2, 7)]);
+    }
 
     #[test]
     fn range_bounds_are_inclusive_pairs() {

@@ -219,7 +219,7 @@ impl Store {
             let t = txn.open_table(RAFT_META)?;
             t.get("last_purged")?.map(|v| decode(v.value())).transpose()?
         };
-        let log = segments::SegmentLog::open(segments, purged.map(|p| p.index))?;
+        let log = segments::SegmentLog::open(segments, purged)?;
         let store = Store {
             db,
             log: std::sync::Mutex::new(log),

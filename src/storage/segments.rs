@@ -21,6 +21,17 @@
 //! a length past the segment or an index out of sequence ends the log, and only the newest
 //! segment may end that way (older segments were fsynced whole before a newer one was written);
 //! anything else is corruption and the node refuses to start.
+//!
+//! What openraft is told ([`SegmentLog::purged`], [`SegmentLog::last_log_id`]) must be a log it
+//! can continue: the entries held are contiguous, start right after the purge point and follow
+//! it. An entry right after the purge point follows it exactly when its log id is greater: the
+//! purge point is committed, so every leader of its term or a later one holds it (Raft paper
+//! §5.4.1, Leader Completeness) and appends after it, while an entry of an older term after it
+//! belongs to a history that lost (terms never decrease along a log, §5.3) and can never
+//! commit. Such a stale tail is discarded, durably, wherever a purge point is set: at
+//! [`SegmentLog::open`] and at [`SegmentLog::purge`] (§7: a snapshot the log does not lead to
+//! replaces the log). Every mutation checks these invariants with `debug_assert!`
+//! ([`SegmentLog::invariant_violation`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
@@ -215,8 +226,9 @@ pub struct SegmentLog {
     /// Log index of `locs[0]`.
     first: u64,
     locs: VecDeque<Loc>,
-    /// Entries up to this log index are covered by a snapshot and never written again.
-    purged: Option<u64>,
+    /// Entries up to this log id are covered by a snapshot and never written again; the
+    /// entries held follow it.
+    purged: Option<LogId>,
     /// The newest entries as appended, with their encoded sizes: replication and apply read
     /// what was just appended, and serving it from memory spares a read, a checksum and a
     /// decode per reader. Bounded by [`CACHE_BYTES`].
@@ -327,12 +339,14 @@ fn scan(file: &dyn SegmentFile, segment: u64, capacity: u64) -> Result<Scan, Sto
 
 impl SegmentLog {
     /// Opens the log in `dir`, recovering from a crash: the longest valid prefix of records
-    /// survives, damaged bytes after it are zeroed, segments wholly at or below `purged` (log
-    /// index) are removed, and entries at or below it are not served.
+    /// survives, damaged bytes after it are zeroed, segments wholly at or below `purged` (the
+    /// purge point's log id, as saved before any entry was dropped) are removed, and entries at
+    /// or below it are not served. Entries after `purged` that do not follow it (a stale tail,
+    /// module doc) are discarded durably, as [`SegmentLog::purge`] does.
     ///
     /// Errors: I/O; [`StoreError::Corrupt`] when damage is found anywhere but at the end of the
     /// newest segment, or the segments do not follow one another.
-    pub fn open(dir: Arc<dyn SegmentDir>, purged: Option<u64>) -> Result<SegmentLog, StoreError> {
+    pub fn open(dir: Arc<dyn SegmentDir>, purged: Option<LogId>) -> Result<SegmentLog, StoreError> {
         let mut names = dir.list()?;
         names.sort_unstable();
         let mut log = SegmentLog {
@@ -378,7 +392,8 @@ impl SegmentLog {
                 // after a power loss, stale entries and all).
                 file.zero_from(found.end)?;
             }
-            let live: Vec<Loc> = found.locs.into_iter().filter(|l| purged.is_none_or(|p| l.log_id.index > p)).collect();
+            let live: Vec<Loc> =
+                found.locs.into_iter().filter(|l| purged.is_none_or(|p| l.log_id.index > p.index)).collect();
             if live.is_empty() {
                 // Nothing to serve in it: wholly purged, or created and never written.
                 drop(file);
@@ -400,16 +415,49 @@ impl SegmentLog {
             log.segments.insert(name, Segment { file, capacity, end: found.end });
         }
         if log.locs.is_empty() {
-            log.first = purged.map_or(0, |p| p + 1);
-        } else if let Some(p) = purged.filter(|p| log.first != p + 1) {
-            return Err(corrupt(format!("the log starts at index {} but the snapshot ends at {p}", log.first)));
+            log.first = purged.map_or(0, |p| p.index + 1);
+        } else if let Some(p) = purged {
+            if log.first != p.index + 1 {
+                return Err(corrupt(format!(
+                    "the log starts at index {} but the snapshot ends at {}",
+                    log.first, p.index
+                )));
+            }
+            log.drop_stale_tail(p)?;
         }
+        debug_assert_eq!(log.invariant_violation(), None, "segment log after open");
         Ok(log)
+    }
+
+    /// Discards, durably, the entries after purge point `p` when they do not follow it: the
+    /// first of them has a log id below `p`'s (an older leader: module doc). Kept, they would
+    /// report a last log id below the purge point, which openraft takes for a log that ends at
+    /// the purge point ("snapshot installed but logs not cleaned"), and its next append would
+    /// not follow what the log holds (simulation seed 200860: "append of index 160 where
+    /// Some(162) was next", and the Raft core stopped for good).
+    fn drop_stale_tail(&mut self, p: LogId) -> Result<(), StoreError> {
+        let Some(next) = self.locs.front().map(|l| l.log_id) else { return Ok(()) };
+        if next > p {
+            return Ok(());
+        }
+        tracing::warn!(
+            purged = %p,
+            first_after = %next,
+            last = ?self.last_log_id(),
+            "raft log: discarding entries after the purge point that do not follow it (uncommitted entries of an older leader)"
+        );
+        self.truncate(p.index + 1)
     }
 
     /// Log index of the first entry held (or of the next to append, when empty).
     pub fn first_index(&self) -> u64 {
         self.first
+    }
+
+    /// The purge point: entries up to this log id are covered by a snapshot, and the entries
+    /// held follow it.
+    pub fn purged(&self) -> Option<LogId> {
+        self.purged
     }
 
     /// The last entry's log id, if any entry is held.
@@ -434,10 +482,16 @@ impl SegmentLog {
         let mut kept: Vec<Entry> = Vec::with_capacity(entries.len());
         for e in entries {
             let id = *e.get_log_id();
-            if purged.is_some_and(|p| id.index <= p) {
+            if purged.is_some_and(|p| id.index <= p.index) {
                 continue;
             }
-            let expected = pending.last().map(|(l, _)| l.index + 1).or(self.last_log_id().map(|l| l.index + 1));
+            // An empty log continues its purge point (without one, openraft starts anywhere:
+            // index 0 in a cluster, other indexes in its storage test suite).
+            let expected = pending
+                .last()
+                .map(|(l, _)| l.index + 1)
+                .or(self.last_log_id().map(|l| l.index + 1))
+                .or(purged.map(|_| self.first));
             if expected.is_some_and(|x| x != id.index) {
                 return Err(corrupt(format!("append of index {} where {expected:?} was next", id.index)));
             }
@@ -453,6 +507,11 @@ impl SegmentLog {
         }
         if pending.is_empty() {
             return Ok(PendingSync(Vec::new()));
+        }
+        if let (Some(p), Some((id, _))) = (purged, pending.first()) {
+            if id.index == p.index + 1 && id.leader_id < p.leader_id {
+                return Err(corrupt(format!("append of {id}, which does not follow the purge point {p}")));
+            }
         }
         if self.locs.is_empty() {
             self.first = pending[0].0.index;
@@ -499,6 +558,7 @@ impl SegmentLog {
                 self.cache_bytes -= size;
             }
         }
+        debug_assert_eq!(self.invariant_violation(), None, "segment log after append");
         Ok(PendingSync(touched.iter().filter_map(|n| self.segments.get(n)).map(|s| s.file.clone()).collect()))
     }
 
@@ -579,7 +639,10 @@ impl SegmentLog {
         if from > last {
             return Ok(());
         }
-        let keep = from.saturating_sub(self.first) as usize;
+        // Entries before `first` are purged (or were never held): truncating from below it
+        // removes every entry held, and the next one to append is still `first`.
+        let from = from.max(self.first);
+        let keep = (from - self.first) as usize;
         let cut = self.locs[keep];
         self.locs.truncate(keep);
         while self.cache.back().is_some_and(|(e, _)| e.log_id.index >= from) {
@@ -602,31 +665,42 @@ impl SegmentLog {
         if self.locs.is_empty() {
             self.first = from;
         }
+        debug_assert_eq!(self.invariant_violation(), None, "segment log after truncate");
         Ok(())
     }
 
-    /// Forgets the entries up to and including log index `upto` (a snapshot covers them) and
-    /// removes the segments that hold nothing else. The caller has made the new purge point
-    /// durable first, so recovery skips whatever of them remains in a kept segment.
+    /// Forgets the entries up to and including log id `upto` (a snapshot covers them) and
+    /// removes the segments that hold nothing else. Entries after it that do not follow it (an
+    /// older leader's, module doc) are discarded durably too (Raft paper §7: the snapshot
+    /// replaces a log that conflicts with it). The caller has made the new purge point durable
+    /// first, so recovery skips whatever of them remains in a kept segment, and discards a
+    /// stale tail again if a crash came first. A purge point at or below the current one
+    /// changes nothing.
     ///
     /// Errors: I/O.
-    pub fn purge(&mut self, upto: u64) -> Result<(), StoreError> {
-        self.purged = self.purged.max(Some(upto));
-        while self.locs.front().is_some_and(|l| l.log_id.index <= upto) {
+    pub fn purge(&mut self, upto: LogId) -> Result<(), StoreError> {
+        if self.purged.is_some_and(|p| p.index >= upto.index) {
+            return Ok(());
+        }
+        let upto_index = upto.index;
+        self.purged = Some(upto);
+        while self.locs.front().is_some_and(|l| l.log_id.index <= upto_index) {
             self.locs.pop_front();
         }
-        while self.cache.front().is_some_and(|(e, _)| e.log_id.index <= upto) {
+        while self.cache.front().is_some_and(|(e, _)| e.log_id.index <= upto_index) {
             if let Some((_, size)) = self.cache.pop_front() {
                 self.cache_bytes -= size;
             }
         }
-        self.first = self.first.max(upto + 1);
+        self.first = self.first.max(upto_index + 1);
+        self.drop_stale_tail(upto)?;
         let live: Option<u64> = self.locs.front().map(|l| l.segment);
         let dead: Vec<u64> = self.segments.keys().copied().filter(|k| live.is_none_or(|s| *k < s)).collect();
         for name in dead {
             self.segments.remove(&name);
             self.dir.remove(name)?;
         }
+        debug_assert_eq!(self.invariant_violation(), None, "segment log after purge");
         Ok(())
     }
 
@@ -663,6 +737,69 @@ impl SegmentLog {
     pub fn segment_count(&self) -> usize {
         self.segments.len()
     }
+
+    /// The first broken invariant of the in-memory log, if any (checked with `debug_assert!`
+    /// after every mutation, so the simulation checks it on every step): the entries held are
+    /// contiguous and start at `first`; `first` is past the purge point, right after it when
+    /// entries are held, and the first entry follows it (a greater log id); every record lies
+    /// in a segment held, within its written end, back to back with the one before it in the
+    /// same segment; the cache holds exactly the newest entries held, and its byte count is
+    /// their sum. Costs one pass over the entries held.
+    pub fn invariant_violation(&self) -> Option<String> {
+        if let Some(p) = self.purged {
+            if p.index >= self.first {
+                return Some(format!("first {} is not past the purge point {p}", self.first));
+            }
+        }
+        if let Some(head) = self.locs.front() {
+            if head.log_id.index != self.first {
+                return Some(format!("first {} but the first entry held is {}", self.first, head.log_id));
+            }
+            if let Some(p) = self.purged {
+                if self.first != p.index + 1 || head.log_id <= p {
+                    return Some(format!("the first entry held, {}, does not follow the purge point {p}", head.log_id));
+                }
+            }
+        }
+        let mut prev: Option<&Loc> = None;
+        for loc in &self.locs {
+            let Some(seg) = self.segments.get(&loc.segment) else {
+                return Some(format!("entry {} in segment {}, which is not held", loc.log_id, loc.segment));
+            };
+            if loc.offset + loc.len > seg.end || loc.segment > loc.log_id.index {
+                return Some(format!("entry {} lies outside segment {}", loc.log_id, loc.segment));
+            }
+            if let Some(prev) = prev {
+                if loc.log_id.index != prev.log_id.index + 1 {
+                    return Some(format!("entry {} follows entry {}: not contiguous", loc.log_id, prev.log_id));
+                }
+                if loc.segment == prev.segment && loc.offset != prev.offset + prev.len {
+                    return Some(format!(
+                        "entry {} is not right after entry {} in its segment",
+                        loc.log_id, prev.log_id
+                    ));
+                }
+                if loc.segment < prev.segment {
+                    return Some(format!("entry {} is in an older segment than entry {}", loc.log_id, prev.log_id));
+                }
+            }
+            prev = Some(loc);
+        }
+        if self.cache.len() > self.locs.len() {
+            return Some(format!("{} cached entries for {} held", self.cache.len(), self.locs.len()));
+        }
+        let tail = self.locs.range(self.locs.len() - self.cache.len()..);
+        for ((entry, size), loc) in self.cache.iter().zip(tail) {
+            if entry.log_id != loc.log_id || *size != loc.len {
+                return Some(format!("cached entry {} where entry {} is held", entry.log_id, loc.log_id));
+            }
+        }
+        let bytes: u64 = self.cache.iter().map(|(_, size)| size).sum();
+        if bytes != self.cache_bytes {
+            return Some(format!("cache counts {} bytes but holds {bytes}", self.cache_bytes));
+        }
+        None
+    }
 }
 
 #[cfg(test)]
@@ -684,7 +821,12 @@ mod tests {
         }
     }
 
-    fn open(dir: &tempfile::TempDir, purged: Option<u64>) -> SegmentLog {
+    /// The log id of `entry(term, index, _)`.
+    fn id(term: u64, index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(term, 1), index)
+    }
+
+    fn open(dir: &tempfile::TempDir, purged: Option<LogId>) -> SegmentLog {
         let fs = FsSegments::new(dir.path().join("log")).unwrap();
         SegmentLog::open(Arc::new(fs), purged).unwrap()
     }
@@ -713,7 +855,7 @@ mod tests {
         let log = open(&dir, None);
         assert_eq!(indexes(&log), vec![0, 1, 2]);
         assert_eq!(log.first_index(), 0);
-        let log = open(&dir, Some(0));
+        let log = open(&dir, Some(id(1, 0)));
         assert_eq!(indexes(&log), vec![1, 2]);
     }
 
@@ -776,7 +918,7 @@ mod tests {
         assert_eq!(log.read(5, 5).unwrap()[0].log_id.index, 5);
         log.truncate(5).unwrap();
         assert_eq!(log.read(1, 10).unwrap().len(), 4);
-        log.purge(2).unwrap();
+        log.purge(id(1, 2)).unwrap();
         assert_eq!(log.read(0, 10).unwrap().iter().map(|e| e.log_id.index).collect::<Vec<_>>(), vec![3, 4]);
     }
 
@@ -821,11 +963,11 @@ mod tests {
         let big = (SEGMENT_BYTES / 2 - 64) as usize;
         log.append((1..=5).map(|i| entry(1, i, big)).collect()).unwrap().sync().unwrap();
         assert_eq!(log.segment_count(), 3);
-        log.purge(3).unwrap();
+        log.purge(id(1, 3)).unwrap();
         assert_eq!(log.segment_count(), 2, "the segment holding 1 and 2 is gone");
         assert_eq!(indexes(&log), vec![4, 5]);
         drop(log);
-        let log = open(&dir, Some(3));
+        let log = open(&dir, Some(id(1, 3)));
         assert_eq!(indexes(&log), vec![4, 5]);
         assert_eq!(log.first_index(), 4);
     }
@@ -836,21 +978,99 @@ mod tests {
         let mut log = open(&dir, None);
         log.append((1..=3).map(|i| entry(1, i, 10)).collect()).unwrap().sync().unwrap();
         // A snapshot beyond the log (installed from the leader) purges past its end.
-        log.purge(10).unwrap();
+        log.purge(id(3, 10)).unwrap();
         assert!(log.is_empty());
         assert_eq!(log.first_index(), 11);
         log.append(vec![entry(3, 11, 10), entry(3, 12, 10)]).unwrap().sync().unwrap();
         drop(log);
-        let log = open(&dir, Some(10));
+        let log = open(&dir, Some(id(3, 10)));
         assert_eq!(indexes(&log), vec![11, 12]);
     }
 
     #[test]
     fn entries_at_or_below_the_purge_point_are_not_written() {
         let dir = tempfile::tempdir().unwrap();
-        let mut log = open(&dir, Some(5));
+        let mut log = open(&dir, Some(id(1, 5)));
         log.append((4..=7).map(|i| entry(1, i, 10)).collect()).unwrap().sync().unwrap();
         assert_eq!(indexes(&log), vec![6, 7]);
+    }
+
+    /// A purge point of a newer term than the entries after it (openraft's start-up repair
+    /// purging to the applied log id, or a snapshot restored or installed over a stale log):
+    /// the stale entries are discarded for good, the log reports nothing after the purge point,
+    /// and the leader's next entry is accepted (simulation seed 200860).
+    #[test]
+    fn a_purge_point_of_a_newer_term_discards_the_stale_entries_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(&dir, None);
+        log.append((1..=6).map(|i| entry(1, i, 50)).collect()).unwrap().sync().unwrap();
+        log.purge(id(3, 4)).unwrap();
+        assert_eq!((log.purged(), log.last_log_id(), log.first_index()), (Some(id(3, 4)), None, 5));
+        log.append(vec![entry(3, 5, 50)]).unwrap().sync().unwrap();
+        drop(log);
+        let log = open(&dir, Some(id(3, 4)));
+        assert_eq!(log.read(0, u64::MAX).unwrap().iter().map(|e| e.log_id).collect::<Vec<_>>(), vec![id(3, 5)]);
+    }
+
+    /// The same stale tail found at start-up (a crash after the new purge point was saved and
+    /// before the log was purged, or a snapshot ahead of the log): recovery discards it, durably.
+    #[test]
+    fn reopening_on_a_newer_purge_point_discards_the_stale_tail_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(&dir, None);
+        log.append((1..=6).map(|i| entry(1, i, 50)).collect()).unwrap().sync().unwrap();
+        drop(log);
+        let mut log = open(&dir, Some(id(3, 4)));
+        assert_eq!((log.last_log_id(), log.first_index()), (None, 5));
+        log.append(vec![entry(3, 5, 10), entry(4, 6, 10)]).unwrap().sync().unwrap();
+        drop(log);
+        let log = open(&dir, Some(id(3, 4)));
+        assert_eq!(
+            log.read(0, u64::MAX).unwrap().iter().map(|e| e.log_id).collect::<Vec<_>>(),
+            vec![id(3, 5), id(4, 6)]
+        );
+        // Entries that do follow the purge point are kept, as ever.
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(&dir, None);
+        log.append((1..=6).map(|i| entry(2, i, 50)).collect()).unwrap().sync().unwrap();
+        drop(log);
+        assert_eq!(indexes(&open(&dir, Some(id(2, 4)))), vec![5, 6]);
+    }
+
+    /// Truncating from below the first entry held (at or below the purge point) empties the
+    /// log but keeps its next index right after the purge point; an empty log with a purge
+    /// point accepts only the entry right after it.
+    #[test]
+    fn an_emptied_log_continues_right_after_its_purge_point() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(&dir, None);
+        log.append((1..=6).map(|i| entry(1, i, 10)).collect()).unwrap().sync().unwrap();
+        log.purge(id(1, 3)).unwrap();
+        log.truncate(2).unwrap();
+        assert_eq!((log.last_log_id(), log.first_index()), (None, 4));
+        assert!(log.append(vec![entry(2, 6, 10)]).is_err(), "a gap after the purge point is refused");
+        log.append(vec![entry(2, 4, 10)]).unwrap().sync().unwrap();
+        assert_eq!(indexes(&log), vec![4]);
+    }
+
+    /// The invariant check is not vacuous: it names a cache out of line with the entries held,
+    /// a hole, and a first entry that does not follow the purge point.
+    #[test]
+    fn the_invariant_check_finds_a_broken_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(&dir, None);
+        log.append((1..=4).map(|i| entry(1, i, 10)).collect()).unwrap().sync().unwrap();
+        assert_eq!(log.invariant_violation(), None);
+        let (e, size) = log.cache.pop_back().unwrap();
+        assert!(log.invariant_violation().unwrap().contains("cached entry"));
+        log.cache.push_back((e, size));
+        log.locs.remove(1);
+        assert!(log.invariant_violation().unwrap().contains("not contiguous"));
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(&dir, None);
+        log.append((1..=4).map(|i| entry(1, i, 10)).collect()).unwrap().sync().unwrap();
+        log.purged = Some(id(2, 0));
+        assert!(log.invariant_violation().unwrap().contains("does not follow the purge point"));
     }
 
     #[test]

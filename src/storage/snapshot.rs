@@ -259,7 +259,7 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
     drop(copy);
     txn.commit()?;
     if let Some(last) = meta.last_log_id {
-        store.log().purge(last.index)?;
+        store.log().purge(last)?;
     }
     publish(store, &copy_path)?;
     Ok(counts)
