@@ -21,7 +21,7 @@ pub enum ApiError {
     /// `400 invalid_stream_name`.
     #[error("{0}")]
     InvalidStreamName(#[from] NameError),
-    /// `400 invalid_seq`: `seq` is not an integer ≥ 1.
+    /// `400 invalid_seq`: `seq` is not an integer from 1 to [`crate::stream::SEQ_MAX`].
     #[error("{0}")]
     InvalidSeq(String),
     /// `400 invalid_parameter`: a query parameter out of range or not an integer.
@@ -90,6 +90,8 @@ impl ApiError {
                 (StatusCode::CONFLICT, "seq_not_increasing")
             }
             Rejected(PublishRejection::SeqEvicted { .. }) => (StatusCode::CONFLICT, "seq_evicted"),
+            Rejected(PublishRejection::SeqOutOfRange { .. }) => (StatusCode::BAD_REQUEST, "invalid_seq"),
+            Rejected(PublishRejection::Unrepresentable(_)) => (StatusCode::INSUFFICIENT_STORAGE, "storage_full"),
             PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             NoLeader(_) | OutcomeUnknown(_) => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
             NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
@@ -139,6 +141,10 @@ mod tests {
             code(PublishRejection::SeqEvicted { seq: 1, evicted_through: 2 }),
             (StatusCode::CONFLICT, "seq_evicted")
         );
+        assert_eq!(code(PublishRejection::SeqExhausted), (StatusCode::CONFLICT, "seq_not_increasing"));
+        assert_eq!(code(PublishRejection::SeqOutOfRange { seq: u64::MAX }), (StatusCode::BAD_REQUEST, "invalid_seq"));
+        let full = PublishRejection::Unrepresentable(crate::stream::MetaError::BytesOverflow);
+        assert_eq!(code(full), (StatusCode::INSUFFICIENT_STORAGE, "storage_full"));
     }
 
     /// A full disk is told by its error kind, from file I/O or through redb, whatever the
