@@ -92,6 +92,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(refuse_transfer_codings))
         .layer(axum::middleware::from_fn(record_request))
         .layer(axum::middleware::map_response(move |mut resp: Response| {
             let v = node_header.clone();
@@ -139,8 +140,44 @@ async fn not_found(uri: Uri) -> ApiError {
     ApiError::NotFound(format!("no such path: {}", uri.path()))
 }
 
+/// A path that does not serve the method: `405`. axum's method router adds the `Allow` header,
+/// listing the methods the path serves (RFC 9110 §15.5.6).
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
-    ApiError::NotFound(format!("{method} is not served on {}", uri.path()))
+    ApiError::MethodNotAllowed(format!("{method} is not served on {}; the Allow header lists what is", uri.path()))
+}
+
+/// Refuses a request whose `Transfer-Encoding` is anything but `chunked` alone with `501
+/// not_implemented` (RFC 9112 §6.1), before any handler reads its body. hyper removes the
+/// `chunked` framing and hands over what is inside, so a body sent as `gzip, chunked` would
+/// otherwise be stored still compressed, as if it were the payload. (A `Transfer-Encoding` whose
+/// last coding is not `chunked` never gets here: hyper answers it `400` itself, RFC 9112 §6.3.)
+async fn refuse_transfer_codings(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let mut codings = req
+        .headers()
+        .get_all(axum::http::header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(|c| c.trim_ascii())
+        .filter(|c| !c.is_empty());
+    let chunked_alone = match (codings.next(), codings.next()) {
+        (None, _) => true,
+        (Some(c), None) => c.eq_ignore_ascii_case(b"chunked"),
+        _ => false,
+    };
+    if chunked_alone {
+        return next.run(req).await;
+    }
+    let header = req
+        .headers()
+        .get_all(axum::http::header::TRANSFER_ENCODING)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect::<Vec<_>>()
+        .join(", ");
+    ApiError::NotImplemented(format!(
+        "Transfer-Encoding {header:?} is not implemented: only \"chunked\" alone is; send the payload as it is to be stored"
+    ))
+    .into_response()
 }
 
 /// Reads a whole request body of at most `limit_bytes`.
