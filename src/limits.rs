@@ -88,6 +88,16 @@ pub const FORMATION_PROBE_MS: u64 = 300;
 /// Interval of `: ping` keep-alive comments on a subscription, in ms (SPEC §4: at most 15 s).
 pub const SUBSCRIBE_KEEPALIVE_MS: u64 = 10_000;
 
+/// How long a node may go without hearing from a leader (a follower: an accepted append or
+/// snapshot RPC; a leader: a quorum's acknowledgement) before it counts as cut off, in ms: then
+/// its subscriptions end with an `unavailable` event and new ones get `503 not_ready`, so clients
+/// fail over (SPEC §4). Five election timeouts: a normal election (lease, timeout, one vote round)
+/// fits well within it, so a leader change does not end subscriptions.
+pub const LEADER_SILENCE_MAX_MS: u64 = 2_000;
+
+/// How often an open subscription checks that its node still hears from a leader, in ms.
+pub const SUBSCRIBE_CONTACT_CHECK_MS: u64 = 500;
+
 /// Batches read from storage per step of a subscription.
 pub const SUBSCRIBE_READ_BATCHES: usize = 1_000;
 
@@ -193,6 +203,10 @@ const _: () = assert!(PROPOSAL_BYTES_MAX as u64 <= RAFT_APPEND_BYTES_MAX);
 const _: () = assert!(SNAPSHOT_CHUNK_BYTES <= RAFT_RPC_BYTES_MAX as u64);
 // SPEC §4: a subscription hears something at least every 15 s.
 const _: () = assert!(SUBSCRIBE_KEEPALIVE_MS < 15_000);
+// A node counts as cut off only after several election timeouts without a leader (a normal
+// election takes one lease plus one timeout), and checks often enough to notice it promptly.
+const _: () = assert!(LEADER_SILENCE_MAX_MS >= 3 * RAFT_ELECTION_TIMEOUT_MAX_MS);
+const _: () = assert!(SUBSCRIBE_CONTACT_CHECK_MS < LEADER_SILENCE_MAX_MS);
 // A client presumes a subscription dead only after missing three keep-alives.
 const _: () = assert!(SUBSCRIPTION_IDLE_MS >= 3 * SUBSCRIBE_KEEPALIVE_MS);
 // Raft paper §5.2, §9: heartbeats come well within the election timeout, whose range is not

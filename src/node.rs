@@ -159,6 +159,7 @@ where
         membership_lock: membership_lock.clone(),
         proposer: api::proposer::Proposer::start(raft.clone()),
         stopping,
+        contact: Arc::default(),
     };
     let formation = tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http));
     let ticker = tokio::spawn(retention_ticks(raft.clone(), store.clone(), cfg.id, clock));

@@ -44,6 +44,14 @@ pub struct Gap {
     pub to: u64,
 }
 
+/// The data of an SSE `unavailable` event (SPEC §4): the node that sent it has not heard from a
+/// leader for too long and ends the subscription; resume on another node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unavailable {
+    /// Why, and what to do.
+    pub message: String,
+}
+
 /// One batch as the wire carries it: in a read answer and as the data of an SSE `batch` event.
 /// `data` is standard base64; deserialising borrows it from the answer (base64 never holds a
 /// JSON escape), so a catch-up read copies each payload once, when decoding it.

@@ -9,6 +9,7 @@
 //! a majority, each fsyncing it → the state machine applies it → the outcome is answered.
 
 mod cluster;
+pub mod contact;
 mod members;
 pub mod proposer;
 pub mod raft_rpc;
@@ -69,6 +70,8 @@ pub struct AppState {
     /// Turns true when the node begins to stop, so long polls and subscriptions end and
     /// graceful shutdown is not held up by them.
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// When this node last heard from a leader (subscriptions end when it is cut off).
+    pub contact: Arc<contact::LeaderContact>,
 }
 
 /// The router serving SPEC §3 and the Raft RPCs.
