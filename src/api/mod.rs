@@ -33,8 +33,9 @@ use crate::net::HttpClient;
 use crate::raft::{NodeId, Raft};
 use crate::storage::Store;
 
-/// The clock that stamps `ts` on proposed entries: ms since the Unix epoch. A seam so the
-/// simulation can supply simulated time; never read while applying.
+/// A wall clock: ms since the Unix epoch. The seam through which a node reads wall time (the
+/// simulation supplies simulated time); never read while applying. The `ts` a leader stamps is
+/// not its own clock but the median of the voters' ([`crate::clock`]).
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 /// The wall clock, in ms since the Unix epoch.
@@ -59,8 +60,9 @@ pub struct AppState {
     pub max_batch_bytes: usize,
     /// Whether a publish to a missing stream creates it.
     pub auto_create_streams: bool,
-    /// Stamps `ts` on proposals.
-    pub clock: Clock,
+    /// This node's clock measurements: the `ts` it stamps on proposals as leader, and whether its
+    /// own clock is fit to lead.
+    pub clock: Arc<crate::clock::ClusterClock>,
     /// Renders `/metrics`, when a Prometheus recorder is installed in this process.
     pub prometheus: Option<PrometheusHandle>,
     /// Serialises membership changes on this node.
@@ -92,6 +94,7 @@ pub fn router(state: AppState) -> Router {
         .route(crate::raft::network::APPEND_PATH, post(raft_rpc::append))
         .route(crate::raft::network::VOTE_PATH, post(raft_rpc::vote))
         .route(crate::raft::network::SNAPSHOT_PATH, post(raft_rpc::snapshot))
+        .route(crate::clock::CLOCK_PATH, get(raft_rpc::clock))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::disable())

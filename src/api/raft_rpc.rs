@@ -55,3 +55,9 @@ pub async fn snapshot(State(s): State<AppState>, body: Body) -> Result<Response,
     }
     Ok(encode_answer(&answer))
 }
+
+/// `GET /raft/clock`: this node's wall clock, ms since the Unix epoch, as decimal text, for the
+/// other nodes' measurements ([`crate::clock`]).
+pub async fn clock(State(s): State<AppState>) -> Response {
+    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], s.clock.wall_ms().to_string()).into_response()
+}
