@@ -309,8 +309,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: Send,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
-        self.undurable.0 += entries.len() as u64;
-        self.undurable.1 += entries.iter().map(crate::raft::entry_payload_bytes).sum::<u64>();
+        // Saturating: counters of local bookkeeping that must not panic on any log.
+        let bytes = entries.iter().map(crate::raft::entry_payload_bytes).fold(0u64, u64::saturating_add);
+        self.undurable.0 = self.undurable.0.saturating_add(entries.len() as u64);
+        self.undurable.1 = self.undurable.1.saturating_add(bytes);
         // A durable commit now and then bounds how much of the log a restart replays.
         let durable = self.undurable.0 >= SM_DURABLE_EVERY_ENTRIES || self.undurable.1 >= SM_DURABLE_EVERY_BYTES;
         if durable {
