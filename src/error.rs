@@ -21,7 +21,7 @@ pub enum ApiError {
     /// `400 invalid_stream_name`.
     #[error("{0}")]
     InvalidStreamName(#[from] NameError),
-    /// `400 invalid_seq`: `seq` is not an integer ≥ 1.
+    /// `400 invalid_seq`: `seq` is not an integer from 1 to [`crate::stream::SEQ_MAX`].
     #[error("{0}")]
     InvalidSeq(String),
     /// `400 invalid_parameter`: a query parameter out of range or not an integer.
@@ -36,6 +36,10 @@ pub enum ApiError {
     /// `404 not_found`: no such route or resource.
     #[error("{0}")]
     NotFound(String),
+    /// `405 method_not_allowed`: the path exists but does not serve this method; the router adds
+    /// the `Allow` header listing those it serves (RFC 9110 §15.5.6).
+    #[error("{0}")]
+    MethodNotAllowed(String),
     /// `409 seq_conflict`, `seq_not_increasing` or `seq_evicted` (SPEC §2.3).
     #[error("{0}")]
     Rejected(#[from] PublishRejection),
@@ -61,6 +65,10 @@ pub enum ApiError {
     /// `500 internal`: a fault of this node, never of the request.
     #[error("{0}")]
     Internal(String),
+    /// `501 not_implemented`: a transfer coding other than `chunked` (RFC 9112 §6.1); the body is
+    /// not read, so the connection closes after the answer.
+    #[error("{0}")]
+    NotImplemented(String),
 }
 
 impl From<StoreError> for ApiError {
@@ -85,16 +93,20 @@ impl ApiError {
             InvalidBody(_) => (StatusCode::BAD_REQUEST, "invalid_body"),
             StreamNotFound(_) => (StatusCode::NOT_FOUND, "stream_not_found"),
             NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             Rejected(PublishRejection::SeqConflict { .. }) => (StatusCode::CONFLICT, "seq_conflict"),
             Rejected(PublishRejection::SeqNotIncreasing { .. } | PublishRejection::SeqExhausted) => {
                 (StatusCode::CONFLICT, "seq_not_increasing")
             }
             Rejected(PublishRejection::SeqEvicted { .. }) => (StatusCode::CONFLICT, "seq_evicted"),
+            Rejected(PublishRejection::SeqOutOfRange { .. }) => (StatusCode::BAD_REQUEST, "invalid_seq"),
+            Rejected(PublishRejection::Unrepresentable(_)) => (StatusCode::INSUFFICIENT_STORAGE, "storage_full"),
             PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             NoLeader(_) | OutcomeUnknown(_) => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
             NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
             StorageFull(_) => (StatusCode::INSUFFICIENT_STORAGE, "storage_full"),
             Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            NotImplemented(_) => (StatusCode::NOT_IMPLEMENTED, "not_implemented"),
         }
     }
 }
@@ -114,7 +126,7 @@ impl IntoResponse for ApiError {
             }
             // The rest of the body is left unread, so the connection cannot carry another
             // request: say so, instead of letting the client find a closed socket.
-            ApiError::PayloadTooLarge { .. } => {
+            ApiError::PayloadTooLarge { .. } | ApiError::NotImplemented(_) => {
                 resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
             _ => {}
@@ -139,6 +151,10 @@ mod tests {
             code(PublishRejection::SeqEvicted { seq: 1, evicted_through: 2 }),
             (StatusCode::CONFLICT, "seq_evicted")
         );
+        assert_eq!(code(PublishRejection::SeqExhausted), (StatusCode::CONFLICT, "seq_not_increasing"));
+        assert_eq!(code(PublishRejection::SeqOutOfRange { seq: u64::MAX }), (StatusCode::BAD_REQUEST, "invalid_seq"));
+        let full = PublishRejection::Unrepresentable(crate::stream::MetaError::BytesOverflow);
+        assert_eq!(code(full), (StatusCode::INSUFFICIENT_STORAGE, "storage_full"));
     }
 
     /// A full disk is told by its error kind, from file I/O or through redb, whatever the

@@ -10,6 +10,7 @@
 //!
 //! Every wait is bounded and says, when it gives up, what it waited for and what it saw last.
 
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::process::CommandExt;
@@ -81,6 +82,9 @@ pub struct ClusterSpec {
     pub serve_args: Vec<String>,
     /// Extra environment variables of every node.
     pub env: Vec<(String, String)>,
+    /// Extra environment variables of one node, by id, after [`ClusterSpec::env`] (the tests run
+    /// one node under libfaketime this way).
+    pub node_env: BTreeMap<u64, Vec<(String, String)>>,
     /// Who starts them, heading each start in a node's log (`runnev local`, `runnev bench`…).
     pub label: String,
     /// The signal a node gets when this process dies (`PR_SET_PDEATHSIG`).
@@ -100,6 +104,7 @@ impl ClusterSpec {
             ports: Ports::Free,
             serve_args: Vec::new(),
             env: Vec::new(),
+            node_env: BTreeMap::new(),
             label: label.to_string(),
             death_signal: Signal::Kill,
             keep_dir: false,
@@ -417,8 +422,9 @@ impl LocalCluster {
     /// Errors: no such node, it is running, or the process could not be spawned.
     pub fn start_node(&mut self, id: u64) -> Result<Instant, LaunchError> {
         let (exe, peers) = (self.spec.exe.clone(), self.peers.clone());
-        let (label, death, args, env) =
-            (self.spec.label.clone(), self.spec.death_signal, self.spec.serve_args.clone(), self.spec.env.clone());
+        let (label, death, args) = (self.spec.label.clone(), self.spec.death_signal, self.spec.serve_args.clone());
+        let mut env = self.spec.env.clone();
+        env.extend(self.spec.node_env.get(&id).cloned().unwrap_or_default());
         let node = self.node_mut(id)?;
         if node.is_running() {
             return Err(LaunchError::AlreadyRunning(id));

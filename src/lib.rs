@@ -10,6 +10,9 @@
 //! 4. [`storage::state_machine`] applies it, deciding seq and dedup with [`stream`]'s pure rules,
 //!    and the outcome returns to the client.
 //!
+//! The `ts` the leader stamps is the median of the voters' wall clocks ([`clock`]), and the state
+//! machine never lets it go backwards.
+//!
 //! Reads and subscriptions are served by any node from its applied state in [`storage`].
 //! [`node`] wires one node together; [`launcher`] starts `runnev serve` processes on one machine,
 //! for [`local`] (a three-node cluster), the benchmark and the tests.
@@ -17,6 +20,7 @@
 
 pub mod api;
 pub mod client;
+pub mod clock;
 pub mod error;
 pub mod launcher;
 pub mod limits;

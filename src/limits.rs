@@ -82,11 +82,40 @@ pub const SNAPSHOT_CHUNK_BYTES: u64 = 1024 * 1024;
 /// (SPEC §2.7: idle streams age out too).
 pub const RETENTION_TICK_MS: u64 = 1_000;
 
+/// Default bound on how far a node's wall clock may be from the median of the voters' clocks, in
+/// ms (`--max-clock-offset-ms`); past it the node does not lead ([`crate::clock`]).
+pub const MAX_CLOCK_OFFSET_MS_DEFAULT: u64 = 500;
+/// Smallest `--max-clock-offset-ms` accepted, in ms: twice the largest measurement error
+/// (half of [`CLOCK_PROBE_RTT_MAX_MS`]), so measurement noise alone never puts a clock out.
+pub const MAX_CLOCK_OFFSET_MS_MIN: u64 = CLOCK_PROBE_RTT_MAX_MS;
+/// Interval at which every node measures the other members' wall clocks, in ms.
+pub const CLOCK_PROBE_MS: u64 = 1_000;
+/// Largest round trip of a clock measurement kept, in ms (its error is at most half of it); also
+/// the deadline of one measurement.
+pub const CLOCK_PROBE_RTT_MAX_MS: u64 = 200;
+/// Age past which a clock measurement counts as unknown, in ms.
+pub const CLOCK_SAMPLE_FRESH_MS: u64 = 5_000;
+/// How long a leader that has not yet measured a majority's clocks waits to, before answering a
+/// write `503 not_ready`, in ms.
+pub const CLOCK_VERIFY_WAIT_MS: u64 = 3_000;
+/// Least interval between two warnings that this node's clock is out of bounds, in ms.
+pub const CLOCK_WARN_EVERY_MS: u64 = 10_000;
+
 /// Interval between probes of the peers while a fresh node waits to form the cluster, in ms.
 pub const FORMATION_PROBE_MS: u64 = 300;
 
 /// Interval of `: ping` keep-alive comments on a subscription, in ms (SPEC §4: at most 15 s).
 pub const SUBSCRIBE_KEEPALIVE_MS: u64 = 10_000;
+
+/// How long a node may go without hearing from a leader (a follower: an accepted append or
+/// snapshot RPC; a leader: a quorum's acknowledgement) before it counts as cut off, in ms: then
+/// its subscriptions end with an `unavailable` event and new ones get `503 not_ready`, so clients
+/// fail over (SPEC §4). Five election timeouts: a normal election (lease, timeout, one vote round)
+/// fits well within it, so a leader change does not end subscriptions.
+pub const LEADER_SILENCE_MAX_MS: u64 = 2_000;
+
+/// How often an open subscription checks that its node still hears from a leader, in ms.
+pub const SUBSCRIBE_CONTACT_CHECK_MS: u64 = 500;
 
 /// Batches read from storage per step of a subscription.
 pub const SUBSCRIBE_READ_BATCHES: usize = 1_000;
@@ -193,6 +222,10 @@ const _: () = assert!(PROPOSAL_BYTES_MAX as u64 <= RAFT_APPEND_BYTES_MAX);
 const _: () = assert!(SNAPSHOT_CHUNK_BYTES <= RAFT_RPC_BYTES_MAX as u64);
 // SPEC §4: a subscription hears something at least every 15 s.
 const _: () = assert!(SUBSCRIBE_KEEPALIVE_MS < 15_000);
+// A node counts as cut off only after several election timeouts without a leader (a normal
+// election takes one lease plus one timeout), and checks often enough to notice it promptly.
+const _: () = assert!(LEADER_SILENCE_MAX_MS >= 3 * RAFT_ELECTION_TIMEOUT_MAX_MS);
+const _: () = assert!(SUBSCRIBE_CONTACT_CHECK_MS < LEADER_SILENCE_MAX_MS);
 // A client presumes a subscription dead only after missing three keep-alives.
 const _: () = assert!(SUBSCRIPTION_IDLE_MS >= 3 * SUBSCRIBE_KEEPALIVE_MS);
 // Raft paper §5.2, §9: heartbeats come well within the election timeout, whose range is not
@@ -207,7 +240,12 @@ const _: () = {
     let payload = if READ_ANSWER_BYTES_MAX > BATCH_BYTES_MAX { READ_ANSWER_BYTES_MAX } else { BATCH_BYTES_MAX };
     assert!((payload / 3 + 1) * 4 + READ_BATCHES_MAX * 64 <= CLIENT_ANSWER_BYTES_MAX);
 };
+// A measurement stays fresh over several probe rounds, so a lost probe does not make a node
+// unverified; a write waits for at least two rounds before it gives up on verifying.
+const _: () = assert!(CLOCK_SAMPLE_FRESH_MS >= 4 * CLOCK_PROBE_MS);
+const _: () = assert!(CLOCK_VERIFY_WAIT_MS >= 2 * CLOCK_PROBE_MS);
+const _: () = assert!(MAX_CLOCK_OFFSET_MS_MIN <= MAX_CLOCK_OFFSET_MS_DEFAULT);
 // The leader gives up on a commit before the node that forwarded the write gives up on it.
-const _: () = assert!(LEADER_WAIT_MS + COMMIT_WAIT_MS < FORWARD_TIMEOUT_MS);
+const _: () = assert!(LEADER_WAIT_MS + CLOCK_VERIFY_WAIT_MS + COMMIT_WAIT_MS < FORWARD_TIMEOUT_MS);
 // A stream name fits a forwarded answer many times over (answers name the stream).
 const _: () = assert!(ADMIN_BODY_BYTES_MAX <= FORWARDED_ANSWER_BYTES_MAX);

@@ -43,6 +43,7 @@ pub async fn run(opts: LocalOptions) -> Result<(), LaunchError> {
         ports: Ports::Base(opts.base_port),
         serve_args: opts.serve_args.clone(),
         env: Vec::new(),
+        node_env: Default::default(),
         label: "runnev local".into(),
         // A clean stop when `runnev local` itself is killed.
         death_signal: Signal::Term,

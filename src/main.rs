@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use runnev::limits::{BATCH_BYTES_DEFAULT, SNAPSHOT_KEEP_LOGS_DEFAULT, SNAPSHOT_LOGS_DEFAULT};
+use runnev::limits::{
+    BATCH_BYTES_DEFAULT, MAX_CLOCK_OFFSET_MS_DEFAULT, SNAPSHOT_KEEP_LOGS_DEFAULT, SNAPSHOT_LOGS_DEFAULT,
+};
 use runnev::node::{self, NodeConfig};
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -111,6 +113,10 @@ enum Cmd {
         /// Log entries kept behind a snapshot when the log is purged.
         #[arg(long, default_value_t = SNAPSHOT_KEEP_LOGS_DEFAULT)]
         snapshot_keep_logs: u64,
+        /// Most a node's wall clock may differ from the median of the voters' clocks, in ms;
+        /// past it the node does not lead.
+        #[arg(long, default_value_t = MAX_CLOCK_OFFSET_MS_DEFAULT)]
+        max_clock_offset_ms: u64,
     },
     /// Start a local cluster of child processes on 127.0.0.1; Ctrl-C stops it.
     Local {
@@ -256,6 +262,7 @@ async fn run() -> Result<()> {
             auto_create_streams,
             snapshot_logs,
             snapshot_keep_logs,
+            max_clock_offset_ms,
         } => {
             let peers = parse_peers(&peers)?;
             let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("binding {listen}"))?;
@@ -276,6 +283,7 @@ async fn run() -> Result<()> {
                 auto_create_streams,
                 snapshot_logs,
                 snapshot_keep_logs,
+                max_clock_offset_ms,
             };
             let store = runnev::storage::Store::open(&cfg.data_dir)
                 .with_context(|| format!("opening the data dir {}", cfg.data_dir.display()))?;

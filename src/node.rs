@@ -52,6 +52,10 @@ pub struct NodeConfig {
     pub snapshot_logs: u64,
     /// Log entries kept behind a snapshot (`--snapshot-keep-logs`).
     pub snapshot_keep_logs: u64,
+    /// Most this node's wall clock may differ from the median of the voters' clocks before it
+    /// stops leading, in ms (`--max-clock-offset-ms`, at least
+    /// [`MAX_CLOCK_OFFSET_MS_MIN`]).
+    pub max_clock_offset_ms: u64,
 }
 
 /// Why a node could not start or stopped abnormally.
@@ -72,6 +76,12 @@ pub enum NodeError {
 }
 
 fn raft_config(cfg: &NodeConfig) -> Result<openraft::Config, NodeError> {
+    if cfg.max_clock_offset_ms < MAX_CLOCK_OFFSET_MS_MIN {
+        return Err(NodeError::Config(format!(
+            "--max-clock-offset-ms {} is below {MAX_CLOCK_OFFSET_MS_MIN} ms, twice the largest error of a clock measurement",
+            cfg.max_clock_offset_ms
+        )));
+    }
     if cfg.max_batch_bytes > BATCH_BYTES_MAX {
         return Err(NodeError::Config(format!(
             "--max-batch-bytes {} is over the most this build supports, {BATCH_BYTES_MAX} bytes",
@@ -100,7 +110,8 @@ fn raft_config(cfg: &NodeConfig) -> Result<openraft::Config, NodeError> {
 pub struct Environment {
     /// Opens connections to peers.
     pub dialer: Arc<dyn Dialer>,
-    /// Stamps `ts` on proposals (ms since the Unix epoch).
+    /// This node's wall clock (ms since the Unix epoch): the only source of wall time; the `ts`
+    /// a leader stamps is the median of the voters' ([`crate::clock`]).
     pub clock: Clock,
     /// Renders `/metrics`.
     pub prometheus: Option<PrometheusHandle>,
@@ -147,6 +158,7 @@ where
         shutdown.await;
         let _ = stop_tx.send(true);
     };
+    let cluster_clock = crate::clock::ClusterClock::new(clock, cfg.max_clock_offset_ms);
     let state = AppState {
         node_id: cfg.id,
         raft: raft.clone(),
@@ -154,20 +166,23 @@ where
         http: http.clone(),
         max_batch_bytes: cfg.max_batch_bytes,
         auto_create_streams: cfg.auto_create_streams,
-        clock: clock.clone(),
+        clock: cluster_clock.clone(),
         prometheus,
         membership_lock: membership_lock.clone(),
         proposer: api::proposer::Proposer::start(raft.clone()),
         stopping,
+        contact: Arc::default(),
     };
-    let formation = tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http));
-    let ticker = tokio::spawn(retention_ticks(raft.clone(), store.clone(), cfg.id, clock));
+    let formation = tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http.clone()));
+    let clocks = tokio::spawn(crate::clock::run(cluster_clock.clone(), raft.clone(), http, cfg.id));
+    let ticker = tokio::spawn(retention_ticks(raft.clone(), store.clone(), cfg.id, cluster_clock));
     let joint = tokio::spawn(finish_joint_changes(raft.clone(), cfg.id, membership_lock));
     let watch = tokio::spawn(report_raft_stop(raft.clone()));
     tracing::info!(id = cfg.id, data_dir = %cfg.data_dir.display(), "node serving");
     let served = axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown).await;
     watch.abort();
     formation.abort();
+    clocks.abort();
     ticker.abort();
     joint.abort();
     if let Err(e) = raft.shutdown().await {
@@ -185,9 +200,10 @@ async fn report_raft_stop(raft: Raft) {
     tracing::error!(reason = %why, "the raft core has stopped: this node serves no reads or writes and /healthz answers 503 until the process is restarted");
 }
 
-/// While leader, proposes the leader's clock every [`RETENTION_TICK_MS`] if any stream has
-/// `max_age_ms`, so idle streams age out too (SPEC §2.7).
-async fn retention_ticks(raft: Raft, store: Arc<Store>, id: NodeId, clock: Clock) {
+/// While leader, proposes the cluster's clock (the median of the voters', [`crate::clock`]) every
+/// [`RETENTION_TICK_MS`] if any stream has `max_age_ms`, so idle streams age out too (SPEC §2.7).
+/// A leader whose clock is out of bounds, or not yet verified, proposes no tick.
+async fn retention_ticks(raft: Raft, store: Arc<Store>, id: NodeId, clock: Arc<crate::clock::ClusterClock>) {
     let mut every = tokio::time::interval(Duration::from_millis(RETENTION_TICK_MS));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -201,7 +217,14 @@ async fn retention_ticks(raft: Raft, store: Arc<Store>, id: NodeId, clock: Clock
             .map(|all| all.iter().any(|i| i.meta.retention.max_age_ms.is_some() && i.meta.batches > 0))
             .unwrap_or(false);
         if aging {
-            if let Err(e) = raft.client_write(Command::Tick { ts: clock() }).await {
+            let ts = match clock.stamp_now(&raft, id) {
+                Ok(ts) => ts,
+                Err(e) => {
+                    tracing::debug!(error = %e, "no retention tick");
+                    continue;
+                }
+            };
+            if let Err(e) = raft.client_write(Command::Tick { ts }).await {
                 tracing::debug!(error = %e, "retention tick not committed");
             }
         }
@@ -347,6 +370,7 @@ mod tests {
             auto_create_streams: true,
             snapshot_logs: 1000,
             snapshot_keep_logs: 100,
+            max_clock_offset_ms: crate::limits::MAX_CLOCK_OFFSET_MS_DEFAULT,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let node = tokio::spawn(run(cfg, store, listener, Environment::production(None), async {

@@ -44,6 +44,14 @@ pub struct Gap {
     pub to: u64,
 }
 
+/// The data of an SSE `unavailable` event (SPEC §4): the node that sent it has not heard from a
+/// leader for too long and ends the subscription; resume on another node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unavailable {
+    /// Why, and what to do.
+    pub message: String,
+}
+
 /// One batch as the wire carries it: in a read answer and as the data of an SSE `batch` event.
 /// `data` is standard base64; deserialising borrows it from the answer (base64 never holds a
 /// JSON escape), so a catch-up read copies each payload once, when decoding it.
@@ -167,6 +175,24 @@ pub struct Member {
     pub voter: bool,
     /// On the leader: the last log index known replicated to it; `null` elsewhere.
     pub matched_index: Option<u64>,
+    /// Its wall clock minus the answering node's, in ms, as the answering node last measured it
+    /// (0 for the answering node itself); `null` when unknown (no measurement in the last 5 s).
+    #[serde(default)]
+    pub clock_offset_ms: Option<i64>,
+}
+
+/// A node's wall clock against the cluster's, in a [`ClusterView`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockView {
+    /// Its wall clock minus the median of its own and the voters' clocks it knows, in ms.
+    pub offset_ms: i64,
+    /// The bound (`--max-clock-offset-ms`), in ms.
+    pub max_offset_ms: u64,
+    /// `in_bounds`; `out_of_bounds` (the node does not lead); or `unverified` (it knows the
+    /// clocks of fewer than a majority of the voters, itself included).
+    pub state: String,
+    /// How many voters' clocks it knows, itself included when it is a voter.
+    pub known_voters: u64,
 }
 
 /// A node's view of the cluster: `GET /v1/cluster` and the answer to a membership change
@@ -198,6 +224,9 @@ pub struct ClusterView {
     pub raft_stopped: Option<String>,
     /// The members of the configuration it knows (empty before the cluster formed).
     pub members: Vec<Member>,
+    /// Its wall clock against the cluster's (absent from nodes of older builds).
+    #[serde(default)]
+    pub clock: Option<ClockView>,
 }
 
 impl ClusterView {

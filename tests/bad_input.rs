@@ -625,3 +625,166 @@ async fn oversized_publish_leaves_connection_usable_or_announces_close() {
         ),
     }
 }
+
+/// A method a path does not serve → 405 method_not_allowed with an `Allow` header listing the
+/// methods it does serve (RFC 9110 §15.5.6), on every node, before anything else is checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn methods_a_path_does_not_serve_are_405_with_allow() {
+    let mut f = Fixture::start().await;
+    let stream = ["DELETE", "GET", "HEAD", "PUT"].as_slice();
+    let get = ["GET", "HEAD"].as_slice();
+    let cases = [
+        (Method::PATCH, "/v1/streams/good", stream),
+        (Method::POST, "/v1/streams/good", stream),
+        (Method::PATCH, "/v1/streams/a%20b", stream),
+        (Method::PUT, "/v1/streams/good/batches", ["GET", "HEAD", "POST"].as_slice()),
+        (Method::DELETE, "/v1/streams/good/subscribe", get),
+        (Method::PUT, "/v1/streams", get),
+        (Method::POST, "/v1/cluster", get),
+        (Method::GET, "/v1/cluster/members", ["POST"].as_slice()),
+        (Method::PATCH, "/v1/cluster/members/2", ["DELETE"].as_slice()),
+        (Method::POST, "/healthz", get),
+        (Method::GET, "/raft/append", ["POST"].as_slice()),
+    ];
+    for id in f.c.ids() {
+        let base = f.c.url(id);
+        for (m, p, allow) in &cases {
+            let url = format!("{base}{p}");
+            f.ck.expect_error(id, m.clone(), &url, Some(Bytes::from_static(b"x")), None, 405, "method_not_allowed")
+                .await;
+            let r = f.c.http.request(m.clone(), &url, None, &[], Duration::from_secs(10)).await.expect("answer");
+            let mut got: Vec<String> = r
+                .header("allow")
+                .unwrap_or_default()
+                .split(',')
+                .map(|s| s.trim().to_ascii_uppercase())
+                .filter(|s| !s.is_empty())
+                .collect();
+            got.sort();
+            f.ck.checked += 1;
+            if got != allow.iter().map(|s| s.to_string()).collect::<Vec<_>>() {
+                f.ck.failures.push(format!("node {id}: {m} {p}: Allow {got:?}, expected {allow:?}"));
+            }
+        }
+    }
+    f.finish().await;
+}
+
+/// Sends `head` (then `body`) on a new connection and reads one answer: (status line and
+/// headers, body by Content-Length).
+async fn raw_exchange(addr: &str, head: &str, body: &[u8]) -> Result<(String, Vec<u8>), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
+    let mut req = head.as_bytes().to_vec();
+    req.extend_from_slice(body);
+    sock.write_all(&req).await.map_err(|e| format!("write: {e}"))?;
+    let mut buf = Vec::new();
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+            let len = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.trim().eq_ignore_ascii_case("content-length").then(|| v.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return Ok((head, buf[end + 4..end + 4 + len].to_vec()));
+            }
+        }
+        let mut chunk = [0u8; 8192];
+        match tokio::time::timeout(Duration::from_secs(10), sock.read(&mut chunk)).await {
+            Err(_) => return Err("no complete answer within 10 s".into()),
+            Ok(Err(e)) => return Err(format!("read: {e}")),
+            Ok(Ok(0)) => return Err(format!("closed after {} bytes: {:?}", buf.len(), String::from_utf8_lossy(&buf))),
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+fn header_of(head: &str, name: &str) -> Option<String> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+    })
+}
+
+/// A request whose Transfer-Encoding is anything but `chunked` alone → 501 not_implemented
+/// (RFC 9112 §6.1: a server refuses transfer codings it does not implement), on every node and
+/// every endpoint that takes a body; nothing is stored (the compressed bytes would otherwise be
+/// stored as the payload).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfer_codings_other_than_chunked_are_501() {
+    let mut f = Fixture::start().await;
+    // "hi" as one chunk; the bytes are what matters, not whether they really are gzip.
+    let chunked = b"2\r\nhi\r\n0\r\n\r\n";
+    for id in f.c.ids() {
+        let addr = f.c.node(id).addr();
+        for coding in ["gzip, chunked", "chunked, chunked", "deflate,chunked", "x-custom, chunked"] {
+            for (method, path) in [
+                ("POST", "/v1/streams/good/batches"),
+                ("POST", "/v1/streams/x/batches?seq=9"),
+                ("PUT", "/v1/streams/x"),
+            ] {
+                f.ck.checked += 1;
+                let head = format!(
+                    "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nTransfer-Encoding: {coding}\r\n\
+                     Content-Type: application/octet-stream\r\n\r\n"
+                );
+                let label = format!("node {id}: {method} {path} with Transfer-Encoding: {coding}");
+                match raw_exchange(&addr, &head, chunked).await {
+                    Err(e) => f.ck.failures.push(format!("{label}: {e}")),
+                    Ok((head, body)) => {
+                        let code = serde_json::from_slice::<Value>(&body)
+                            .ok()
+                            .and_then(|v| v["error"]["code"].as_str().map(str::to_owned));
+                        if !head.starts_with("HTTP/1.1 501") || code.as_deref() != Some("not_implemented") {
+                            f.ck.failures.push(format!(
+                                "{label}: expected 501 not_implemented, got {head:?} {:?}",
+                                String::from_utf8_lossy(&body)
+                            ));
+                        } else if header_of(&head, "runnev-node").is_none() {
+                            f.ck.failures.push(format!("{label}: no Runnev-Node header"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    f.finish().await;
+}
+
+/// `Transfer-Encoding: chunked` alone is accepted, and `Content-Encoding` is not applied: the
+/// body's bytes are stored verbatim (a gzip body is stored compressed), and the header is not
+/// stored either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_bodies_are_accepted_and_content_encoding_is_stored_verbatim() {
+    let c = Cluster::start(1, &[]).await;
+    create_stream(&c.http, &c.url(1), "raw").await;
+    let addr = c.node(1).addr();
+    // The gzip member of an empty file: stored as these bytes, not as nothing.
+    let gzip: &[u8] = &[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let mut chunked = format!("{:x}\r\n", gzip.len()).into_bytes();
+    chunked.extend_from_slice(gzip);
+    chunked.extend_from_slice(b"\r\n0\r\n\r\n");
+    let head = format!(
+        "POST /v1/streams/raw/batches HTTP/1.1\r\nHost: {addr}\r\nTransfer-Encoding: chunked\r\n\
+         Content-Encoding: gzip\r\n\r\n"
+    );
+    let (answer, body) = raw_exchange(&addr, &head, &chunked).await.expect("chunked publish");
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer} {:?}", String::from_utf8_lossy(&body));
+    let head = format!(
+        "POST /v1/streams/raw/batches HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\
+         Content-Encoding: gzip\r\n\r\n",
+        gzip.len()
+    );
+    let (answer, body) = raw_exchange(&addr, &head, gzip).await.expect("publish with Content-Length");
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer} {:?}", String::from_utf8_lossy(&body));
+    let index = serde_json::from_slice::<Value>(&body).expect("JSON")["index"].as_u64().expect("index");
+    let batches = read_all(&c.http, &c.url(1), "raw", index, Duration::from_secs(10)).await.expect("read raw");
+    assert_eq!(batches.len(), 2);
+    for b in &batches {
+        assert_eq!(b.data, gzip, "seq {}: the bytes as sent, not decompressed", b.seq);
+    }
+}

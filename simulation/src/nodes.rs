@@ -36,6 +36,7 @@ pub fn node_config(shared: &Shared, id: NodeId, data_dir: PathBuf) -> NodeConfig
         auto_create_streams: false,
         snapshot_logs: shared.plan.snapshot_logs,
         snapshot_keep_logs: shared.plan.snapshot_keep_logs,
+        max_clock_offset_ms: runnev::limits::MAX_CLOCK_OFFSET_MS_DEFAULT,
     }
 }
 

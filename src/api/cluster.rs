@@ -4,8 +4,9 @@
 //! comes from openraft's metrics channel and the store's counters.
 
 use super::{json, AppState};
+use crate::clock::Verdict;
 use crate::raft::NodeId;
-use crate::wire::{ClusterView, Member};
+use crate::wire::{ClockView, ClusterView, Member};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -24,6 +25,7 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
         m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map(|l| l.index)
     };
     let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+    let offsets = s.clock.peer_offsets();
     let members = membership
         .nodes()
         .map(|(id, node)| Member {
@@ -31,8 +33,21 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
             addr: node.addr.clone(),
             voter: voters.contains(id),
             matched_index: matched(id),
+            clock_offset_ms: if *id == s.node_id { Some(0) } else { offsets.get(id).copied() },
         })
         .collect();
+    let a = s.clock.assess(s.node_id, &voters);
+    let clock = ClockView {
+        offset_ms: a.offset_ms,
+        max_offset_ms: s.clock.max_offset_ms(),
+        state: match a.verdict {
+            Verdict::InBounds => "in_bounds",
+            Verdict::OutOfBounds => "out_of_bounds",
+            Verdict::Unverified => "unverified",
+        }
+        .to_string(),
+        known_voters: a.known as u64,
+    };
     let applied = s.store.applied_index();
     let raft_stopped = super::raft_stopped(&s.raft);
     ClusterView {
@@ -48,6 +63,7 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
         purged_index: m.purged.map(|l| l.index),
         raft_stopped,
         members,
+        clock: Some(clock),
     }
 }
 
@@ -80,6 +96,10 @@ pub(super) async fn ready(State(s): State<AppState>) -> Response {
     {
         // A leader that has not heard from a quorum lately cannot commit: not a place for writes.
         return (StatusCode::SERVICE_UNAVAILABLE, "leader without a quorum\n").into_response();
+    }
+    if v.leader_id == Some(s.node_id) && v.clock.as_ref().is_some_and(|c| c.state == "out_of_bounds") {
+        // It refuses writes until another node leads (crate::clock).
+        return (StatusCode::SERVICE_UNAVAILABLE, "leader whose clock is out of bounds\n").into_response();
     }
     if !v.members.iter().any(|m| m.id == s.node_id) {
         return (StatusCode::SERVICE_UNAVAILABLE, "not a member of the cluster\n").into_response();

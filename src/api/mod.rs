@@ -15,6 +15,7 @@
 //! restarts it); `/v1/cluster` and `/metrics` still describe it.
 
 mod cluster;
+pub mod contact;
 mod members;
 pub mod proposer;
 pub mod raft_rpc;
@@ -38,8 +39,9 @@ use crate::net::HttpClient;
 use crate::raft::{NodeId, Raft};
 use crate::storage::Store;
 
-/// The clock that stamps `ts` on proposed entries: ms since the Unix epoch. A seam so the
-/// simulation can supply simulated time; never read while applying.
+/// A wall clock: ms since the Unix epoch. The seam through which a node reads wall time (the
+/// simulation supplies simulated time); never read while applying. The `ts` a leader stamps is
+/// not its own clock but the median of the voters' ([`crate::clock`]).
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 /// The wall clock, in ms since the Unix epoch.
@@ -64,8 +66,9 @@ pub struct AppState {
     pub max_batch_bytes: usize,
     /// Whether a publish to a missing stream creates it.
     pub auto_create_streams: bool,
-    /// Stamps `ts` on proposals.
-    pub clock: Clock,
+    /// This node's clock measurements: the `ts` it stamps on proposals as leader, and whether its
+    /// own clock is fit to lead.
+    pub clock: Arc<crate::clock::ClusterClock>,
     /// Renders `/metrics`, when a Prometheus recorder is installed in this process.
     pub prometheus: Option<PrometheusHandle>,
     /// Serialises membership changes on this node.
@@ -75,6 +78,8 @@ pub struct AppState {
     /// Turns true when the node begins to stop, so long polls and subscriptions end and
     /// graceful shutdown is not held up by them.
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// When this node last heard from a leader (subscriptions end when it is cut off).
+    pub contact: Arc<contact::LeaderContact>,
 }
 
 /// Why this node's Raft core has stopped for good, if it has. openraft reports the fatal error
@@ -145,9 +150,11 @@ pub fn router(state: AppState) -> Router {
         .route(crate::raft::network::APPEND_PATH, post(raft_rpc::append))
         .route(crate::raft::network::VOTE_PATH, post(raft_rpc::vote))
         .route(crate::raft::network::SNAPSHOT_PATH, post(raft_rpc::snapshot))
+        .route(crate::clock::CLOCK_PATH, get(raft_rpc::clock))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(refuse_transfer_codings))
         .layer(axum::middleware::from_fn(record_request))
         .layer(axum::middleware::map_response(move |mut resp: Response| {
             let v = node_header.clone();
@@ -199,8 +206,44 @@ async fn not_found(uri: Uri) -> ApiError {
     ApiError::NotFound(format!("no such path: {}", uri.path()))
 }
 
+/// A path that does not serve the method: `405`. axum's method router adds the `Allow` header,
+/// listing the methods the path serves (RFC 9110 §15.5.6).
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
-    ApiError::NotFound(format!("{method} is not served on {}", uri.path()))
+    ApiError::MethodNotAllowed(format!("{method} is not served on {}; the Allow header lists what is", uri.path()))
+}
+
+/// Refuses a request whose `Transfer-Encoding` is anything but `chunked` alone with `501
+/// not_implemented` (RFC 9112 §6.1), before any handler reads its body. hyper removes the
+/// `chunked` framing and hands over what is inside, so a body sent as `gzip, chunked` would
+/// otherwise be stored still compressed, as if it were the payload. (A `Transfer-Encoding` whose
+/// last coding is not `chunked` never gets here: hyper answers it `400` itself, RFC 9112 §6.3.)
+async fn refuse_transfer_codings(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let mut codings = req
+        .headers()
+        .get_all(axum::http::header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(|c| c.trim_ascii())
+        .filter(|c| !c.is_empty());
+    let chunked_alone = match (codings.next(), codings.next()) {
+        (None, _) => true,
+        (Some(c), None) => c.eq_ignore_ascii_case(b"chunked"),
+        _ => false,
+    };
+    if chunked_alone {
+        return next.run(req).await;
+    }
+    let header = req
+        .headers()
+        .get_all(axum::http::header::TRANSFER_ENCODING)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect::<Vec<_>>()
+        .join(", ");
+    ApiError::NotImplemented(format!(
+        "Transfer-Encoding {header:?} is not implemented: only \"chunked\" alone is; send the payload as it is to be stored"
+    ))
+    .into_response()
 }
 
 /// Reads a whole request body of at most `limit_bytes`.

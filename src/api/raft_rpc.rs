@@ -27,10 +27,15 @@ fn encode_answer<T: Serialize>(answer: &T) -> Response {
     }
 }
 
-/// `POST /raft/append`: append-entries (Raft paper §5.3).
+/// `POST /raft/append`: append-entries (Raft paper §5.3). One this node accepts (any answer but
+/// "higher vote") counts as hearing from a leader ([`super::contact`]).
 pub async fn append(State(s): State<AppState>, body: Body) -> Result<Response, ApiError> {
     let req = decode_rpc(body).await?;
-    Ok(encode_answer(&s.raft.append_entries(req).await))
+    let answer = s.raft.append_entries(req).await;
+    if matches!(&answer, Ok(r) if !matches!(r, openraft::raft::AppendEntriesResponse::HigherVote(_))) {
+        s.contact.heard();
+    }
+    Ok(encode_answer(&answer))
 }
 
 /// `POST /raft/vote`: request-vote (Raft paper §5.2).
@@ -39,8 +44,20 @@ pub async fn vote(State(s): State<AppState>, body: Body) -> Result<Response, Api
     Ok(encode_answer(&s.raft.vote(req).await))
 }
 
-/// `POST /raft/snapshot`: one chunk of install-snapshot (Raft paper §7).
+/// `POST /raft/snapshot`: one chunk of install-snapshot (Raft paper §7). One this node accepts
+/// (its vote is not above the sender's) counts as hearing from a leader.
 pub async fn snapshot(State(s): State<AppState>, body: Body) -> Result<Response, ApiError> {
-    let req = decode_rpc(body).await?;
-    Ok(encode_answer(&s.raft.install_snapshot(req).await))
+    let req: openraft::raft::InstallSnapshotRequest<crate::raft::TypeConfig> = decode_rpc(body).await?;
+    let vote = req.vote;
+    let answer = s.raft.install_snapshot(req).await;
+    if matches!(&answer, Ok(r) if r.vote <= vote) {
+        s.contact.heard();
+    }
+    Ok(encode_answer(&answer))
+}
+
+/// `GET /raft/clock`: this node's wall clock, ms since the Unix epoch, as decimal text, for the
+/// other nodes' measurements ([`crate::clock`]).
+pub async fn clock(State(s): State<AppState>) -> Response {
+    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], s.clock.wall_ms().to_string()).into_response()
 }

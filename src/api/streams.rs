@@ -174,8 +174,13 @@ pub(super) async fn publish(
     let seq = match q.get("seq") {
         None => None,
         Some(raw) => match raw.parse::<u64>() {
-            Ok(v) if v >= 1 => Some(v),
-            _ => return Err(ApiError::InvalidSeq(format!("seq={raw:?} must be an integer from 1 to {}", u64::MAX))),
+            Ok(v) if (1..=stream::SEQ_MAX).contains(&v) => Some(v),
+            _ => {
+                return Err(ApiError::InvalidSeq(format!(
+                    "seq={raw:?} must be an integer from 1 to {} (2^64-2)",
+                    stream::SEQ_MAX
+                )))
+            }
         },
     };
     let limit = s.max_batch_bytes;

@@ -4,6 +4,15 @@
 //! is behind `evicted_through`, then `batch` events whose `id` is the seq, so any standard SSE
 //! client resumes with `Last-Event-ID`. Must never: skip a retained batch, send a batch that is
 //! not applied, or announce a gap because this node is behind (a node behind the cursor waits).
+//!
+//! A subscription follows its stream's name: it reads the stream afresh after every change of
+//! the applied index, never from a view it kept. When the stream is deleted it keeps waiting
+//! (keep-alives go on); when a stream of that name exists again, it goes on after its cursor, a
+//! gap first for the seqs the deletion removed that it had not sent (a stream created again
+//! continues after the deleted one's last seq, which counts as evicted). It ends when the node
+//! stops, on a storage error, or, after an `unavailable` event, when the node has not heard from
+//! a leader for [`LEADER_SILENCE_MAX_MS`](crate::limits::LEADER_SILENCE_MAX_MS): a node cut off
+//! cannot tell that it is behind, and its keep-alives would keep the client from failing over.
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
@@ -19,7 +28,10 @@ use tokio::sync::watch;
 use super::streams::{param_u64, query, stream_name};
 use super::AppState;
 use crate::error::ApiError;
-use crate::limits::{READ_ANSWER_BYTES_MAX, SUBSCRIBE_KEEPALIVE_MS, SUBSCRIBE_READ_BATCHES, SUBSCRIBE_STREAM_WAIT_MS};
+use crate::limits::{
+    READ_ANSWER_BYTES_MAX, SUBSCRIBE_CONTACT_CHECK_MS, SUBSCRIBE_KEEPALIVE_MS, SUBSCRIBE_READ_BATCHES,
+    SUBSCRIBE_STREAM_WAIT_MS,
+};
 use crate::storage::blocking;
 use crate::stream;
 use crate::wire;
@@ -33,6 +45,8 @@ struct Cursor {
     pending: VecDeque<Event>,
     applied: watch::Receiver<u64>,
     stopping: watch::Receiver<bool>,
+    /// Set once the `unavailable` event is queued: the subscription ends after sending it.
+    ending: bool,
 }
 
 fn start_cursor(headers: &HeaderMap, q: &HashMap<String, String>) -> Result<u64, ApiError> {
@@ -50,38 +64,57 @@ fn start_cursor(headers: &HeaderMap, q: &HashMap<String, String>) -> Result<u64,
 }
 
 /// Fills `c.pending` with the next events, waiting for new applied entries when there are none.
-/// Returns false when the subscription must end (stream deleted, node stopping, storage error,
-/// Raft core stopped: this node will never apply more, the subscriber resumes elsewhere).
+/// Returns false when the subscription must end (node stopping, storage error, Raft core stopped
+/// — this node will never apply more, the subscriber resumes elsewhere — or the `unavailable`
+/// event already queued). A stream that does not exist (deleted, not created again yet) is
+/// waited for like one with nothing new.
 async fn refill(c: &mut Cursor) -> bool {
+    if c.ending {
+        return false;
+    }
     loop {
+        if let Some(silence) = c.s.contact.cut_off(&c.s.raft, c.s.node_id) {
+            let message = format!(
+                "node {} {silence}: it cannot tell whether it is behind; resume on another node after the last seq received",
+                c.s.node_id
+            );
+            tracing::info!(stream = %c.name, %silence, "ending a subscription: no leader heard");
+            c.pending.push_back(
+                Event::default().event("unavailable").json_data(wire::Unavailable { message }).unwrap_or_default(),
+            );
+            c.ending = true;
+            return true;
+        }
         c.applied.borrow_and_update();
         let store = c.s.store.clone();
         let (name, after) = (c.name.clone(), c.after);
-        let view =
-            match blocking(move || store.read_batches(&name, after, SUBSCRIBE_READ_BATCHES, READ_ANSWER_BYTES_MAX))
-                .await
-            {
-                Ok(Some(v)) => v,
-                Ok(None) => return false,
-                Err(e) => {
-                    tracing::error!(stream = %c.name, error = %e, "subscription read failed");
-                    return false;
+        let found =
+            blocking(move || store.read_batches(&name, after, SUBSCRIBE_READ_BATCHES, READ_ANSWER_BYTES_MAX)).await;
+        match found {
+            Ok(Some(view)) => {
+                if let Some((from, to)) = stream::gap_for(&view.meta, c.after) {
+                    c.pending
+                        .push_back(Event::default().event("gap").json_data(wire::Gap { from, to }).unwrap_or_default());
+                    c.after = to;
                 }
-            };
-        if let Some((from, to)) = stream::gap_for(&view.meta, c.after) {
-            c.pending.push_back(Event::default().event("gap").json_data(wire::Gap { from, to }).unwrap_or_default());
-            c.after = to;
-        }
-        for b in view.batches {
-            c.after = b.seq;
-            let id = b.seq.to_string();
-            c.pending.push_back(
-                Event::default()
-                    .event("batch")
-                    .id(id)
-                    .json_data(wire::BatchBody::encode(b.seq, b.ts, &b.data))
-                    .unwrap_or_default(),
-            );
+                for b in view.batches {
+                    c.after = b.seq;
+                    let id = b.seq.to_string();
+                    c.pending.push_back(
+                        Event::default()
+                            .event("batch")
+                            .id(id)
+                            .json_data(wire::BatchBody::encode(b.seq, b.ts, &b.data))
+                            .unwrap_or_default(),
+                    );
+                }
+            }
+            // Deleted (and not created again yet): the subscription follows the name and waits.
+            Ok(None) => {}
+            Err(e) => {
+                tracing::error!(stream = %c.name, error = %e, "subscription read failed");
+                return false;
+            }
         }
         if !c.pending.is_empty() {
             return true;
@@ -93,6 +126,7 @@ async fn refill(c: &mut Cursor) -> bool {
                 tracing::warn!(stream = %c.name, reason = %why, "ending a subscription: raft has stopped on this node");
                 return false;
             }
+            _ = tokio::time::sleep(Duration::from_millis(SUBSCRIBE_CONTACT_CHECK_MS)) => {}
         }
     }
 }
@@ -129,13 +163,19 @@ pub(super) async fn subscribe(
     let name = stream_name(path)?;
     let q = query(q)?;
     let after = start_cursor(&headers, &q)?;
+    if let Some(silence) = s.contact.cut_off(&s.raft, s.node_id) {
+        return Err(ApiError::NotReady(format!(
+            "node {} {silence}: it cannot tell whether it is behind; subscribe on another node",
+            s.node_id
+        )));
+    }
     wait_for_stream(&s, &name).await?;
     let applied = s.store.watch_applied();
     let stopping = s.stopping.clone();
     if *stopping.borrow() {
         return Err(ApiError::NotReady("this node is stopping; subscribe to another".into()));
     }
-    let cursor = Cursor { s, name, after, pending: VecDeque::new(), applied, stopping };
+    let cursor = Cursor { s, name, after, pending: VecDeque::new(), applied, stopping, ending: false };
     let events = futures::stream::unfold(cursor, |mut c| async move {
         if c.pending.is_empty() && !refill(&mut c).await {
             return None;

@@ -88,16 +88,22 @@ enum ForwardError {
     Unknown(String),
 }
 
-/// Proposes `make(now_ms)` through Raft on the leader (here, or by forwarding `req` to it) and
-/// returns the applied outcome and log index. See [`on_leader`] for the waiting and errors.
+/// Proposes `make(ts)` through Raft on the leader (here, or by forwarding `req` to it) and
+/// returns the applied outcome and log index. `ts` is the leader's stamp, the median of the
+/// voters' clocks ([`crate::clock`]). See [`on_leader`] for the waiting and errors.
+///
+/// Errors: also `503 not_ready` from a leader whose clock is out of bounds (or that could not
+/// measure a majority's clocks in time): it stamps nothing and proposes nothing.
 pub(crate) async fn write(
     s: &AppState,
     req: &Forwardable,
     make: impl Fn(u64) -> Command,
 ) -> Result<Led<(Outcome, u64)>, ApiError> {
-    on_leader(s, req, || {
-        let cmd = make((s.clock)());
-        async move { s.proposer.propose(cmd).await }
+    let make = &make;
+    on_leader(s, req, || async move {
+        let ts =
+            s.clock.stamp(&s.raft, s.node_id).await.map_err(|e| OpError::Fail(ApiError::NotReady(e.to_string())))?;
+        s.proposer.propose(make(ts)).await
     })
     .await
 }

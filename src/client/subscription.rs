@@ -50,8 +50,11 @@ enum Connect {
 
 /// A live subscription: an async [`Stream`] of [`Delivery`] in seq order, each seq at most once.
 ///
-/// On a node failure it reconnects to the next node and resumes after the last seq it yielded
-/// (repeats the server sends at or below it are dropped). When no node has answered for
+/// On a node failure, or when its node ends the stream because it hears from no leader (an
+/// `unavailable` event), it reconnects to the next node and resumes after the last seq it
+/// yielded (repeats the server sends at or below it are dropped). A stream deleted while
+/// subscribed is waited for: the server keeps the subscription open until a stream of that name
+/// exists again. When no node has answered for
 /// [`RetryPolicy::give_up_after`](super::RetryPolicy) it yields [`ClientError::Unavailable`]
 /// and keeps trying; a `404` (the stream does not exist) ends it after yielding the error.
 pub struct Subscription {
@@ -195,6 +198,12 @@ async fn next(st: &mut State) -> Option<Result<Delivery, ClientError>> {
                 }
                 st.cursor = gap.to;
                 return Some(Ok(Delivery::Gap(gap)));
+            }
+            // The node hears from no leader: it ends the stream; go on on another node.
+            "unavailable" => {
+                tracing::info!(data = %ev.data, "subscription node is cut off from the leader; reconnecting elsewhere");
+                st.events = None;
+                continue;
             }
             _ => continue,
         }

@@ -127,7 +127,8 @@ impl Command {
     pub fn payload_bytes(&self) -> u64 {
         match self {
             Command::Publish { data, .. } => data.len() as u64,
-            Command::Batch(cmds) => cmds.iter().map(Command::payload_bytes).sum(),
+            // Saturating: a sum that cannot overflow in practice must still not panic on any log.
+            Command::Batch(cmds) => cmds.iter().map(Command::payload_bytes).fold(0, u64::saturating_add),
             _ => 0,
         }
     }

@@ -36,7 +36,8 @@ use crate::stream::StreamMeta;
 const LEGACY_LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 /// Raft metadata: `"vote"` → `Vote`, `"last_purged"` → `LogId`, postcard-encoded.
 pub(crate) const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
-/// State-machine metadata: `"last_applied"` → `Option<LogId>`, `"membership"` → `StoredMembership`.
+/// State-machine metadata: `"last_applied"` → `Option<LogId>`, `"membership"` → `StoredMembership`,
+/// `"clock_ms"` → u64, the cluster clock (see [`state_machine`]).
 pub(crate) const SM_META: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_meta");
 /// Streams: name → postcard-encoded [`StreamMeta`].
 pub(crate) const STREAMS: TableDefinition<&str, &[u8]> = TableDefinition::new("streams");

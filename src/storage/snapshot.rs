@@ -6,9 +6,10 @@
 //! fsynced, then renamed).
 //!
 //! Format (version 1): the 8-byte magic `RUNNEVS1`, then records, each a u32 LE length and that
-//! many bytes of a postcard-encoded [`Record`]: one `Header`, then every `Stream`, every
-//! `Tombstone`, every `Batch` in (stream, seq) order, then `End` with the counts, which detects a
-//! truncated file.
+//! many bytes of a postcard-encoded [`Record`]: one `Header`, the `Clock` (the cluster clock of
+//! the state machine; a snapshot without one, from an older build, installs clock 0), then every
+//! `Stream`, every `Tombstone`, every `Batch` in (stream, seq) order, then `End` with the counts,
+//! which detects a truncated file.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 use redb::{ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
+use super::state_machine::CLOCK_KEY;
 use super::{decode, encode, Store, StoreError, BATCHES, RAFT_META, SM_META, STREAMS, TOMBSTONES};
 use crate::limits::SNAPSHOT_RECORD_BYTES_MAX;
 use crate::raft::{LogId, NodeId};
@@ -50,6 +52,10 @@ enum Record<'a> {
     End {
         streams: u64,
         batches: u64,
+    },
+    /// The state machine's cluster clock (last, so that older snapshots still decode).
+    Clock {
+        clock_ms: u64,
     },
 }
 
@@ -106,6 +112,7 @@ pub(crate) fn build(store: &Store) -> Result<(SnapshotMeta, File), StoreError> {
     let last_applied: Option<LogId> = sm.get("last_applied")?.map(|v| decode(v.value())).transpose()?.flatten();
     let membership: StoredMembership =
         sm.get("membership")?.map(|v| decode(v.value())).transpose()?.unwrap_or_default();
+    let clock_ms: u64 = sm.get(CLOCK_KEY)?.map(|v| decode(v.value())).transpose()?.unwrap_or(0);
     let snapshot_id = match &last_applied {
         Some(l) => format!("{}-{}", l.leader_id.term, l.index),
         None => "0-0".to_string(),
@@ -116,6 +123,7 @@ pub(crate) fn build(store: &Store) -> Result<(SnapshotMeta, File), StoreError> {
     let mut w = BufWriter::new(File::create(&tmp)?);
     w.write_all(MAGIC)?;
     write_record(&mut w, &Record::Header { meta: meta.clone() })?;
+    write_record(&mut w, &Record::Clock { clock_ms })?;
     let (mut streams, mut batches) = (0u64, 0u64);
     for row in txn.open_table(STREAMS)?.iter()? {
         let (k, v) = row?;
@@ -212,6 +220,7 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
         batches.retain(|_, _| false)?;
         tombstones.retain(|_, _| false)?;
         let (mut n_streams, mut n_batches) = (0u64, 0u64);
+        let mut clock_ms = 0u64;
         loop {
             read_record(&mut r, &mut buf)?;
             match postcard::from_bytes::<Record<'_>>(&buf)? {
@@ -227,6 +236,7 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
                 Record::Tombstone { name, meta } => {
                     tombstones.insert(name, encode(&meta)?.as_slice())?;
                 }
+                Record::Clock { clock_ms: c } => clock_ms = c,
                 Record::End { streams, batches } => {
                     if (streams, batches) != (n_streams, n_batches) {
                         return Err(StoreError::Snapshot(format!(
@@ -241,6 +251,7 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
         let mut sm = txn.open_table(SM_META)?;
         sm.insert("last_applied", encode(&meta.last_log_id)?.as_slice())?;
         sm.insert("membership", encode(&meta.last_membership)?.as_slice())?;
+        sm.insert(CLOCK_KEY, encode(&clock_ms)?.as_slice())?;
         // Move the purge point with the state it replaces, in one transaction: a crash between
         // installing and openraft's own purge would otherwise leave old entries below a gap,
         // which openraft cannot start from (simulation seed 112). The log skips entries at or

@@ -1,9 +1,18 @@
 //! The replicated state machine on redb: openraft's [`RaftStateMachine`].
 //!
 //! Owns: applying committed log entries to streams and batches (through the pure rules in
-//! [`crate::stream`]), and building and installing snapshots. Must never: read a clock, draw
-//! randomness or consult local configuration while applying: every replica applies the same log
-//! to the same state (SPEC §2.7).
+//! [`crate::stream`]), the cluster's clock (`clock_ms`, below), and building and installing
+//! snapshots. Must never: read a clock, draw randomness or consult local configuration while
+//! applying: every replica applies the same log to the same state (SPEC §2.7); nor wrap or panic
+//! on any entry: a rule that refuses a change ([`stream::MetaError`]) rejects the command, or
+//! stops the eviction it was asked for, and leaves the metadata as it was.
+//!
+//! Cluster time is monotonic in the replicated state: the state machine keeps the highest `ts`
+//! it has applied (`clock_ms` in [`SM_META`], carried by snapshots), and the effective `ts` of an
+//! entry that carries one (publish, stream create or update, tick) is
+//! `max(proposed ts, clock_ms)`. So a batch's `ts` never goes backwards, within a stream or
+//! across streams, and a leader whose clock is behind can neither stamp batches in the past nor
+//! make retention evict early. It is computed from the log alone.
 
 use std::sync::Arc;
 
@@ -18,7 +27,7 @@ use super::{
 };
 use crate::limits::{SM_DURABLE_EVERY_BYTES, SM_DURABLE_EVERY_ENTRIES};
 use crate::raft::{Command, LogId, NodeId, Outcome, StorageError, StreamInfo, TypeConfig};
-use crate::stream::{self, Existing, Oldest, PublishDecision, Retention, StreamMeta};
+use crate::stream::{self, Existing, Oldest, PublishDecision, PublishRejection, Retention, StreamMeta};
 
 type Membership = StoredMembership<NodeId, openraft::BasicNode>;
 
@@ -36,14 +45,27 @@ impl StateMachine {
     }
 }
 
-/// The tables a command writes.
+/// The key of the cluster clock in [`SM_META`]: the highest `ts` applied, ms since the Unix
+/// epoch (absent: 0).
+pub(crate) const CLOCK_KEY: &str = "clock_ms";
+
+/// The tables a command writes, and the cluster clock.
 struct Tables<'t> {
     streams: Table<'t, &'static str, &'static [u8]>,
     tombstones: Table<'t, &'static str, &'static [u8]>,
     batches: Table<'t, (&'static str, u64), &'static [u8]>,
+    /// The highest `ts` applied so far, ms since the Unix epoch.
+    clock_ms: u64,
 }
 
 impl Tables<'_> {
+    /// The effective `ts` of an entry proposed with `proposed`: never below any `ts` applied
+    /// before it. Advances the cluster clock.
+    fn tick_clock(&mut self, proposed: u64) -> u64 {
+        self.clock_ms = self.clock_ms.max(proposed);
+        self.clock_ms
+    }
+
     /// A new stream's metadata, continuing a deleted stream of the same name if there was one.
     fn create(&mut self, name: &str, retention: Retention) -> Result<StreamMeta, StoreError> {
         match self.tombstones.remove(name)? {
@@ -90,9 +112,19 @@ impl Tables<'_> {
             if !stream::must_evict(meta, &oldest, now_ms) {
                 break;
             }
+            let next = match oldest.seq.checked_add(1) {
+                Some(from) if meta.batches > 1 => self.first_batch(name, from)?.map(|o| o.seq),
+                _ => None,
+            };
+            let mut after = *meta;
+            if let Err(e) = stream::record_eviction(&mut after, &oldest, next) {
+                // Only metadata written by an older build can refuse (a last seq of 2^64-1):
+                // the batch stays, and the stream stays as it was.
+                tracing::warn!(stream = name, seq = oldest.seq, error = %e, "retention cannot evict the oldest batch; it is kept");
+                break;
+            }
             self.batches.remove((name, oldest.seq))?;
-            let next = if meta.batches > 1 { self.first_batch(name, oldest.seq + 1)?.map(|o| o.seq) } else { None };
-            stream::record_eviction(meta, &oldest, next);
+            *meta = after;
         }
         Ok(())
     }
@@ -100,6 +132,7 @@ impl Tables<'_> {
     fn apply(&mut self, cmd: Command, index: u64) -> Result<Outcome, StoreError> {
         match cmd {
             Command::PutStream { name, retention, ts } => {
+                let ts = self.tick_clock(ts);
                 let (created, mut meta) = match self.meta(&name)? {
                     Some(mut m) => {
                         if let Some(r) = retention {
@@ -122,6 +155,7 @@ impl Tables<'_> {
                 Ok(Outcome::Deleted)
             }
             Command::Publish { stream, seq, ts, auto_create, data } => {
+                let ts = self.tick_clock(ts);
                 let mut meta = match self.meta(&stream)? {
                     Some(m) => m,
                     None if auto_create => self.create(&stream, Retention::default())?,
@@ -137,8 +171,11 @@ impl Tables<'_> {
                 };
                 match stream::decide_publish(&meta, seq, existing) {
                     PublishDecision::Append(s) => {
+                        // Decided before anything is written: a refusal changes nothing.
+                        if let Err(e) = stream::record_append(&mut meta, s, data.len() as u64) {
+                            return Ok(Outcome::Rejected(PublishRejection::Unrepresentable(e)));
+                        }
                         self.batches.insert((stream.as_str(), s), BatchValue::encode(ts, index, &data).as_slice())?;
-                        stream::record_append(&mut meta, s, data.len() as u64);
                         self.enforce_retention(&stream, &mut meta, ts)?;
                         self.put_meta(&stream, &meta)?;
                         Ok(Outcome::Published { seq: s, ts, duplicate: false, index })
@@ -162,6 +199,7 @@ impl Tables<'_> {
                 Ok(Outcome::Batch(outcomes))
             }
             Command::Tick { ts } => {
+                let ts = self.tick_clock(ts);
                 let mut aging = Vec::new();
                 for row in self.streams.iter()? {
                     let (k, v) = row?;
@@ -204,12 +242,14 @@ fn apply_entries(
     let mut outcomes = Vec::with_capacity(entries.len());
     let mut last = None;
     {
+        let mut sm = txn.open_table(SM_META)?;
+        let clock_ms: u64 = sm.get(CLOCK_KEY)?.map(|v| decode(v.value())).transpose()?.unwrap_or(0);
         let mut tables = Tables {
             streams: txn.open_table(STREAMS)?,
             tombstones: txn.open_table(TOMBSTONES)?,
             batches: txn.open_table(BATCHES)?,
+            clock_ms,
         };
-        let mut sm = txn.open_table(SM_META)?;
         for entry in entries {
             last = Some(entry.log_id);
             let outcome = match entry.payload {
@@ -225,6 +265,9 @@ fn apply_entries(
         }
         if let Some(l) = &last {
             sm.insert("last_applied", encode(&Some(*l))?.as_slice())?;
+        }
+        if tables.clock_ms != clock_ms {
+            sm.insert(CLOCK_KEY, encode(&tables.clock_ms)?.as_slice())?;
         }
     }
     txn.commit()?;
@@ -266,8 +309,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: Send,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
-        self.undurable.0 += entries.len() as u64;
-        self.undurable.1 += entries.iter().map(crate::raft::entry_payload_bytes).sum::<u64>();
+        // Saturating: counters of local bookkeeping that must not panic on any log.
+        let bytes = entries.iter().map(crate::raft::entry_payload_bytes).fold(0u64, u64::saturating_add);
+        self.undurable.0 = self.undurable.0.saturating_add(entries.len() as u64);
+        self.undurable.1 = self.undurable.1.saturating_add(bytes);
         // A durable commit now and then bounds how much of the log a restart replays.
         let durable = self.undurable.0 >= SM_DURABLE_EVERY_ENTRIES || self.undurable.1 >= SM_DURABLE_EVERY_BYTES;
         if durable {
@@ -396,6 +441,40 @@ mod tests {
         let Outcome::Stream { info, .. } = &again.unwrap()[0] else { panic!("not a stream outcome") };
         assert_eq!((info.meta.last_seq, info.meta.evicted_through, info.meta.first_seq), (1, 1, 2));
         assert_eq!(b.applied_index(), 8);
+        // The cluster clock travelled too: an entry stamped before it takes its time.
+        let late = sm_b.apply(vec![entry(9, publish("kept", None, 3, b"late"))]).await.unwrap();
+        assert_eq!(late[0], Outcome::Published { seq: 7, ts: 15, duplicate: false, index: 9 });
+    }
+
+    /// Cluster time is monotonic: an entry proposed with a ts below one already applied takes
+    /// the applied one, so a slow leader stamps no batch in the past and its ticks evict
+    /// nothing early (the effective ts is the max, computed from the log alone).
+    #[tokio::test]
+    async fn cluster_time_never_goes_backwards() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut sm = StateMachine::new(store.clone());
+        let aged = Retention { max_age_ms: Some(100), ..Default::default() };
+        let out = sm
+            .apply(vec![
+                entry(1, Command::PutStream { name: "s".into(), retention: Some(aged), ts: 1_000 }),
+                entry(2, publish("s", None, 2_000, b"a")),
+                entry(3, publish("s", None, 500, b"b")),
+                entry(4, Command::Tick { ts: 0 }),
+                entry(5, Command::Batch(vec![publish("s", Some(9), 1_500, b"c"), Command::Tick { ts: 10 }])),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(out[1], Outcome::Published { seq: 1, ts: 2_000, duplicate: false, index: 2 });
+        assert_eq!(out[2], Outcome::Published { seq: 2, ts: 2_000, duplicate: false, index: 3 });
+        let Outcome::Batch(inner) = &out[4] else { panic!("{:?}", out[4]) };
+        assert_eq!(inner[0], Outcome::Published { seq: 9, ts: 2_000, duplicate: false, index: 5 });
+        assert_eq!(store.stream("s").unwrap().unwrap().batches, 3, "no tick evicted anything early");
+        sm.apply(vec![entry(6, Command::Tick { ts: 2_100 })]).await.unwrap();
+        assert_eq!(store.stream("s").unwrap().unwrap().batches, 3, "100 ms old is not older than 100 ms");
+        sm.apply(vec![entry(7, Command::Tick { ts: 2_101 })]).await.unwrap();
+        let m = store.stream("s").unwrap().unwrap();
+        assert_eq!((m.batches, m.first_seq, m.evicted_through), (0, 10, 9));
     }
 
     /// Duplicates are answered from the stored batch, not re-written, and keep the original's
@@ -419,5 +498,71 @@ mod tests {
         assert_eq!(out[3], Outcome::Rejected(crate::stream::PublishRejection::SeqConflict { seq: 7 }));
         assert_eq!(out[4], Outcome::StreamNotFound);
         assert_eq!(store.stream("s").unwrap().unwrap().batches, 1);
+    }
+}
+
+/// Property test of the state machine at the limits of seq, log index and ts: any sequence of
+/// commands applies without a panic, keeps every stream's invariants and its seqs in
+/// `1..=SEQ_MAX`, and never lets a batch's ts go below one applied before it.
+#[cfg(test)]
+mod properties {
+    use openraft::{CommittedLeaderId, EntryPayload};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::stream::SEQ_MAX;
+
+    fn edgy(near: u64) -> impl Strategy<Value = u64> {
+        prop_oneof![0..4u64, near.saturating_sub(3)..=near, (u64::MAX - 3)..=u64::MAX, (SEQ_MAX - 2)..=SEQ_MAX]
+    }
+
+    fn command() -> impl Strategy<Value = Command> {
+        let name = prop_oneof![Just("a".to_string()), Just("b".to_string())];
+        let retention = proptest::option::of(
+            (proptest::option::of(1..3u64), proptest::option::of(edgy(4).prop_map(|v| v.max(1))))
+                .prop_map(|(max_batches, max_age_ms)| Retention { max_batches, max_bytes: None, max_age_ms }),
+        );
+        prop_oneof![
+            4 => (name.clone(), proptest::option::of(edgy(5)), edgy(100), any::<bool>(), 0..3usize).prop_map(
+                |(stream, seq, ts, auto_create, len)| Command::Publish { stream, seq, ts, auto_create, data: vec![7; len] }
+            ),
+            1 => (name.clone(), retention, edgy(100)).prop_map(|(name, retention, ts)| Command::PutStream { name, retention, ts }),
+            1 => name.prop_map(|name| Command::DeleteStream { name }),
+            1 => edgy(100).prop_map(|ts| Command::Tick { ts }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        #[test]
+        fn applying_any_log_keeps_the_state_consistent(
+            cmds in proptest::collection::vec(command(), 1..24),
+            first_index in edgy(1 << 20),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open(dir.path()).unwrap();
+            let mut clock = 0u64;
+            for (i, cmd) in cmds.into_iter().enumerate() {
+                let index = first_index.saturating_add(i as u64);
+                if let Command::Publish { ts, .. } | Command::PutStream { ts, .. } | Command::Tick { ts } = &cmd {
+                    clock = clock.max(*ts);
+                }
+                let entry = Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(cmd) };
+                let (outcomes, _) = apply_entries(&store, vec![entry], false).unwrap();
+                if let Outcome::Published { ts, duplicate: false, .. } = outcomes[0] {
+                    prop_assert_eq!(ts, clock, "a new batch takes the cluster clock");
+                }
+                for info in store.streams().unwrap() {
+                    let m = info.meta;
+                    prop_assert!(m.is_consistent(), "{}: {m:?}", info.name);
+                    prop_assert!(m.last_seq <= SEQ_MAX, "{}: {m:?}", info.name);
+                    let view = store.read_batches(&info.name, 0, usize::MAX, usize::MAX).unwrap().unwrap();
+                    prop_assert_eq!(view.batches.len() as u64, m.batches);
+                    prop_assert!(view.batches.windows(2).all(|w| w[0].ts <= w[1].ts), "ts goes backwards in {}", info.name);
+                    prop_assert!(view.batches.iter().all(|b| b.ts <= clock));
+                }
+            }
+        }
     }
 }

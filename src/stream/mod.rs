@@ -2,12 +2,18 @@
 //! retention and gaps.
 //!
 //! Owns: the decisions, as plain functions over a stream's metadata. Must never: do I/O, read a
-//! clock or draw randomness. The state machine calls these while applying the Raft log, and every
-//! replica must reach the same decision from the same log (SPEC §2.7).
+//! clock or draw randomness, or wrap or panic on any input: the state machine calls these while
+//! applying the Raft log, every replica must reach the same decision from the same log (SPEC
+//! §2.7), and a panic there would stop every replica on the same entry. Arithmetic is checked;
+//! a change the counters cannot represent is a [`MetaError`], and the metadata is left as it was.
 
 use serde::{Deserialize, Serialize};
 
 use crate::limits::STREAM_NAME_CHARS_MAX;
+
+/// The largest seq a stream may hold: 2⁶⁴−2 (the usable seqs are `1..=SEQ_MAX`). 2⁶⁴−1 is never
+/// a seq, so `last_seq + 1`, the `first_seq` of an emptied stream, always fits in a u64.
+pub const SEQ_MAX: u64 = u64::MAX - 1;
 
 /// Per-stream retention limits (SPEC §1). Each is optional; `None` means no limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,17 +86,65 @@ impl StreamMeta {
     }
 }
 
+/// A change to a stream's metadata that its counters cannot represent, or that its current
+/// metadata does not allow. The `record_*` rules return it instead of wrapping or panicking, and
+/// leave the metadata unchanged; the state machine turns it into the rejection of the command
+/// (a publish) or of the step (an eviction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum MetaError {
+    /// A seq outside `1..=SEQ_MAX`.
+    #[error("seq {0} is outside the usable seqs 1..={SEQ_MAX}")]
+    SeqOutOfRange(u64),
+    /// An append at or below the stream's last seq.
+    #[error("seq {seq} is not above the stream's last seq {last_seq}")]
+    SeqNotAbove {
+        /// The seq of the append.
+        seq: u64,
+        /// The stream's last seq.
+        last_seq: u64,
+    },
+    /// The retained batch count would pass 2⁶⁴−1.
+    #[error("the stream's retained batch count would pass 2^64-1")]
+    BatchCountOverflow,
+    /// The retained payload bytes would pass 2⁶⁴−1.
+    #[error("the stream's retained payload bytes would pass 2^64-1")]
+    BytesOverflow,
+    /// An eviction of a batch that is not the stream's oldest.
+    #[error("the batch to evict is not the stream's oldest")]
+    NotOldest,
+    /// An eviction from a stream that counts no batch.
+    #[error("the stream counts no batch to evict")]
+    NoBatch,
+    /// An eviction of a batch larger than the stream's retained bytes.
+    #[error("the stream counts fewer payload bytes than the batch to evict")]
+    FewerBytes,
+    /// An eviction whose result would break the invariants of [`StreamMeta`].
+    #[error("evicting the batch would break the stream's invariants")]
+    BreaksInvariants,
+    /// Emptying the stream would put `first_seq` past 2⁶⁴−1: only a stream whose last seq is
+    /// 2⁶⁴−1, written by an older build that accepted that seq.
+    #[error("emptying the stream would put first_seq past 2^64-1")]
+    PastTheTop,
+}
+
 /// A stream created under the name of a deleted one: it continues after the deleted stream's
 /// last seq, which counts as evicted, so seqs are never reused and a consumer holding a cursor
 /// into the old stream is told about a gap rather than skipping new batches (SPEC §1, §2.5).
+///
+/// The one exception: when the deleted stream's last seq is [`SEQ_MAX`] (or above, written by an
+/// older build), no seq is left after it, and the new stream starts a new seq space at 1 instead,
+/// so that a deleted name is always usable again.
 pub fn reincarnate(deleted: &StreamMeta, retention: Retention) -> StreamMeta {
-    StreamMeta {
-        retention,
-        first_seq: deleted.last_seq + 1,
-        last_seq: deleted.last_seq,
-        evicted_through: deleted.last_seq,
-        batches: 0,
-        bytes: 0,
+    match deleted.last_seq.checked_add(1).filter(|first| *first <= SEQ_MAX) {
+        Some(first_seq) => StreamMeta {
+            retention,
+            first_seq,
+            last_seq: deleted.last_seq,
+            evicted_through: deleted.last_seq,
+            batches: 0,
+            bytes: 0,
+        },
+        None => StreamMeta::new(retention),
     }
 }
 
@@ -170,9 +224,21 @@ pub enum PublishRejection {
         /// The stream's evicted_through.
         evicted_through: u64,
     },
-    /// `409 seq_not_increasing`: the server-assigned seq would overflow u64.
-    #[error("the stream's seq space is exhausted")]
+    /// `409 seq_not_increasing`: the stream's last seq is [`SEQ_MAX`], so no server-assigned
+    /// seq is left.
+    #[error("the stream's seq space is exhausted: its last seq is the largest usable seq, {SEQ_MAX}")]
     SeqExhausted,
+    /// `400 invalid_seq`: a seq outside `1..=SEQ_MAX` (the API refuses it before proposing; this
+    /// guards entries that reach the state machine anyway).
+    #[error("seq {seq} is outside the usable seqs 1..={SEQ_MAX}")]
+    SeqOutOfRange {
+        /// The seq asked for.
+        seq: u64,
+    },
+    /// `507 storage_full`: the stream's counters cannot take the batch (its retained payload
+    /// bytes would pass 2⁶⁴−1).
+    #[error("the stream cannot take this batch: {0}")]
+    Unrepresentable(MetaError),
 }
 
 /// The outcome of the SPEC §2.3 rules for one publish.
@@ -186,16 +252,20 @@ pub enum PublishDecision {
     Reject(PublishRejection),
 }
 
-/// Decides a publish (SPEC §2.3). `requested` is the publisher's seq (≥ 1) or `None` for a
-/// server-assigned one; `existing` is what the stream holds at `requested` (ignored when `None`,
-/// or when `requested > last_seq`).
+/// Decides a publish (SPEC §2.3). `requested` is the publisher's seq (`1..=SEQ_MAX`) or `None`
+/// for a server-assigned one; `existing` is what the stream holds at `requested` (ignored when
+/// `None`, or when `requested > last_seq`). A seq outside `1..=SEQ_MAX` is refused, and so is a
+/// server-assigned seq past [`SEQ_MAX`].
 pub fn decide_publish(meta: &StreamMeta, requested: Option<u64>, existing: Existing) -> PublishDecision {
     let Some(seq) = requested else {
-        return match meta.last_seq.checked_add(1) {
+        return match meta.last_seq.checked_add(1).filter(|next| *next <= SEQ_MAX) {
             Some(next) => PublishDecision::Append(next),
             None => PublishDecision::Reject(PublishRejection::SeqExhausted),
         };
     };
+    if seq == 0 || seq > SEQ_MAX {
+        return PublishDecision::Reject(PublishRejection::SeqOutOfRange { seq });
+    }
     if seq > meta.last_seq {
         return PublishDecision::Append(seq);
     }
@@ -212,15 +282,27 @@ pub fn decide_publish(meta: &StreamMeta, requested: Option<u64>, existing: Exist
 }
 
 /// Records an appended batch of `len` bytes at `seq` (which [`decide_publish`] returned).
-pub fn record_append(meta: &mut StreamMeta, seq: u64, len: u64) {
-    debug_assert!(seq > meta.last_seq);
+///
+/// Errors (`meta` unchanged): `seq` outside `1..=SEQ_MAX` or not above `last_seq`; the batch
+/// count or bytes would pass 2⁶⁴−1 (checked, not saturating: a saturated count would make
+/// retention and the invariants lie).
+pub fn record_append(meta: &mut StreamMeta, seq: u64, len: u64) -> Result<(), MetaError> {
+    if seq == 0 || seq > SEQ_MAX {
+        return Err(MetaError::SeqOutOfRange(seq));
+    }
+    if seq <= meta.last_seq {
+        return Err(MetaError::SeqNotAbove { seq, last_seq: meta.last_seq });
+    }
+    let batches = meta.batches.checked_add(1).ok_or(MetaError::BatchCountOverflow)?;
+    let bytes = meta.bytes.checked_add(len).ok_or(MetaError::BytesOverflow)?;
     if meta.batches == 0 {
         meta.first_seq = seq;
     }
     meta.last_seq = seq;
-    meta.batches += 1;
-    meta.bytes += len;
+    meta.batches = batches;
+    meta.bytes = bytes;
     debug_assert!(meta.is_consistent(), "after appending seq {seq}: {meta:?}");
+    Ok(())
 }
 
 /// The oldest retained batch, as retention sees it.
@@ -254,18 +336,33 @@ pub fn must_evict(meta: &StreamMeta, oldest: &Oldest, now_ms: u64) -> bool {
 
 /// Records the eviction of the oldest batch; `next_first_seq` is the seq of the batch after it,
 /// or `None` when it was the last one.
-pub fn record_eviction(meta: &mut StreamMeta, oldest: &Oldest, next_first_seq: Option<u64>) {
-    debug_assert_eq!(oldest.seq, meta.first_seq);
-    meta.batches -= 1;
-    meta.bytes -= oldest.len;
-    meta.evicted_through = meta.evicted_through.max(oldest.seq);
-    meta.first_seq = next_first_seq.unwrap_or(meta.last_seq + 1);
-    debug_assert!(meta.is_consistent(), "after evicting seq {}: {meta:?}", oldest.seq);
+///
+/// Errors (`meta` unchanged): `oldest` is not the stream's first batch, the stream counts no
+/// batch or fewer bytes than `oldest.len`, the result would break the invariants, or emptying
+/// the stream would put `first_seq` past 2⁶⁴−1 ([`MetaError::PastTheTop`]).
+pub fn record_eviction(meta: &mut StreamMeta, oldest: &Oldest, next_first_seq: Option<u64>) -> Result<(), MetaError> {
+    if oldest.seq != meta.first_seq {
+        return Err(MetaError::NotOldest);
+    }
+    let batches = meta.batches.checked_sub(1).ok_or(MetaError::NoBatch)?;
+    let bytes = meta.bytes.checked_sub(oldest.len).ok_or(MetaError::FewerBytes)?;
+    let first_seq = match next_first_seq {
+        Some(next) => next,
+        None => meta.last_seq.checked_add(1).ok_or(MetaError::PastTheTop)?,
+    };
+    let after =
+        StreamMeta { batches, bytes, first_seq, evicted_through: meta.evicted_through.max(oldest.seq), ..*meta };
+    if !after.is_consistent() {
+        return Err(MetaError::BreaksInvariants);
+    }
+    *meta = after;
+    Ok(())
 }
 
 /// The gap a consumer at `after` must be told about (SPEC §2.5), as an inclusive seq range.
+/// (`after < evicted_through`, so `after + 1` cannot overflow.)
 pub fn gap_for(meta: &StreamMeta, after: u64) -> Option<(u64, u64)> {
-    (after < meta.evicted_through).then(|| (after + 1, meta.evicted_through))
+    (after < meta.evicted_through).then(|| (after.saturating_add(1), meta.evicted_through))
 }
 
 #[cfg(test)]
@@ -280,8 +377,8 @@ mod tests {
     fn stream_invariants_are_checked() {
         assert!(StreamMeta::new(Retention::default()).is_consistent());
         let mut m = StreamMeta::new(Retention::default());
-        record_append(&mut m, 3, 10);
-        record_append(&mut m, 9, 1);
+        record_append(&mut m, 3, 10).unwrap();
+        record_append(&mut m, 9, 1).unwrap();
         assert!(m.is_consistent());
         assert!(!StreamMeta { batches: 8, ..m }.is_consistent(), "more batches than seqs 3..=9");
         assert!(!StreamMeta { first_seq: 2, evicted_through: 2, ..m }.is_consistent(), "evicted a retained seq");
@@ -309,10 +406,68 @@ mod tests {
     fn server_assigned_seq_is_last_plus_one() {
         assert_eq!(decide_publish(&meta(0, 0), None, Existing::Absent), PublishDecision::Append(1));
         assert_eq!(decide_publish(&meta(41, 3), None, Existing::Absent), PublishDecision::Append(42));
-        assert_eq!(
-            decide_publish(&meta(u64::MAX, 0), None, Existing::Absent),
-            PublishDecision::Reject(PublishRejection::SeqExhausted)
-        );
+        assert_eq!(decide_publish(&meta(SEQ_MAX - 1, 0), None, Existing::Absent), PublishDecision::Append(SEQ_MAX));
+        for last in [SEQ_MAX, u64::MAX] {
+            assert_eq!(
+                decide_publish(&meta(last, 0), None, Existing::Absent),
+                PublishDecision::Reject(PublishRejection::SeqExhausted)
+            );
+        }
+    }
+
+    #[test]
+    fn the_usable_seqs_are_1_to_seq_max() {
+        let m = meta(10, 4);
+        assert_eq!(decide_publish(&m, Some(SEQ_MAX), Existing::Absent), PublishDecision::Append(SEQ_MAX));
+        for seq in [0, u64::MAX] {
+            assert_eq!(
+                decide_publish(&m, Some(seq), Existing::Absent),
+                PublishDecision::Reject(PublishRejection::SeqOutOfRange { seq })
+            );
+            let mut n = m;
+            assert_eq!(record_append(&mut n, seq, 1), Err(MetaError::SeqOutOfRange(seq)));
+            assert_eq!(n, m, "a refused append changes nothing");
+        }
+        // The top seq can be taken, and the stream emptied after it: first_seq = 2^64-1 fits.
+        let mut top = StreamMeta::new(Retention::default());
+        record_append(&mut top, SEQ_MAX, 7).unwrap();
+        record_eviction(&mut top, &Oldest { seq: SEQ_MAX, ts_ms: 0, len: 7 }, None).unwrap();
+        assert_eq!((top.first_seq, top.last_seq, top.evicted_through, top.batches), (u64::MAX, SEQ_MAX, SEQ_MAX, 0));
+        assert!(top.is_consistent());
+    }
+
+    #[test]
+    fn counters_refuse_to_wrap() {
+        let mut m = StreamMeta::new(Retention::default());
+        record_append(&mut m, 1, u64::MAX).unwrap();
+        let before = m;
+        assert_eq!(record_append(&mut m, 2, 1), Err(MetaError::BytesOverflow));
+        assert_eq!(m, before);
+        let oldest = Oldest { seq: 1, ts_ms: 0, len: u64::MAX };
+        assert_eq!(record_eviction(&mut StreamMeta { bytes: 3, ..m }, &oldest, None), Err(MetaError::FewerBytes));
+        assert_eq!(record_eviction(&mut m, &Oldest { seq: 2, ..oldest }, None), Err(MetaError::NotOldest));
+        // A stream whose last seq is 2^64-1 (an older build accepted it) keeps its last batch
+        // rather than store a first_seq that does not fit.
+        let mut legacy =
+            StreamMeta { first_seq: u64::MAX, last_seq: u64::MAX, batches: 1, bytes: 1, ..Default::default() };
+        let before = legacy;
+        let last = Oldest { seq: u64::MAX, ts_ms: 0, len: 1 };
+        assert_eq!(record_eviction(&mut legacy, &last, None), Err(MetaError::PastTheTop));
+        assert_eq!(legacy, before);
+    }
+
+    #[test]
+    fn a_name_deleted_at_the_top_starts_a_new_seq_space() {
+        for last_seq in [SEQ_MAX, u64::MAX] {
+            let deleted = StreamMeta { last_seq, first_seq: last_seq, batches: 1, bytes: 1, ..Default::default() };
+            let new = reincarnate(&deleted, Retention::default());
+            assert_eq!(new, StreamMeta::new(Retention::default()));
+            assert_eq!(decide_publish(&new, None, Existing::Absent), PublishDecision::Append(1));
+        }
+        let below = StreamMeta { last_seq: SEQ_MAX - 1, first_seq: SEQ_MAX - 1, batches: 1, ..Default::default() };
+        let new = reincarnate(&below, Retention::default());
+        assert_eq!((new.first_seq, new.last_seq, new.evicted_through), (SEQ_MAX, SEQ_MAX - 1, SEQ_MAX - 1));
+        assert_eq!(decide_publish(&new, None, Existing::Absent), PublishDecision::Append(SEQ_MAX));
     }
 
     #[test]
@@ -337,31 +492,31 @@ mod tests {
     #[test]
     fn count_and_bytes_never_evict_the_newest_batch() {
         let mut m = StreamMeta::new(Retention { max_batches: Some(1), max_bytes: Some(1), max_age_ms: None });
-        record_append(&mut m, 1, 10);
+        record_append(&mut m, 1, 10).unwrap();
         let oldest = Oldest { seq: 1, ts_ms: 0, len: 10 };
         assert!(!must_evict(&m, &oldest, 0));
-        record_append(&mut m, 2, 10);
+        record_append(&mut m, 2, 10).unwrap();
         assert!(must_evict(&m, &oldest, 0));
-        record_eviction(&mut m, &oldest, Some(2));
+        record_eviction(&mut m, &oldest, Some(2)).unwrap();
         assert_eq!((m.first_seq, m.evicted_through, m.batches, m.bytes), (2, 1, 1, 10));
     }
 
     #[test]
     fn age_may_empty_a_stream_and_uses_the_entry_ts() {
         let mut m = StreamMeta::new(Retention { max_age_ms: Some(100), ..Default::default() });
-        record_append(&mut m, 5, 3);
+        record_append(&mut m, 5, 3).unwrap();
         let oldest = Oldest { seq: 5, ts_ms: 1_000, len: 3 };
         assert!(!must_evict(&m, &oldest, 1_100));
         assert!(must_evict(&m, &oldest, 1_101));
-        record_eviction(&mut m, &oldest, None);
+        record_eviction(&mut m, &oldest, None).unwrap();
         assert_eq!((m.first_seq, m.last_seq, m.evicted_through, m.batches), (6, 5, 5, 0));
     }
 
     #[test]
     fn a_recreated_stream_never_reuses_seqs() {
         let mut old = StreamMeta::new(Retention::default());
-        record_append(&mut old, 1, 1);
-        record_append(&mut old, 2, 1);
+        record_append(&mut old, 1, 1).unwrap();
+        record_append(&mut old, 2, 1).unwrap();
         let new = reincarnate(&old, Retention::default());
         assert_eq!(decide_publish(&new, None, Existing::Absent), PublishDecision::Append(3));
         assert_eq!(gap_for(&new, 1), Some((2, 2)));
@@ -375,10 +530,176 @@ mod tests {
     fn gaps_follow_spec_2_5() {
         // A stream whose first publish used seq 1000 shows no gap to a consumer from 0.
         let mut m = StreamMeta::new(Retention::default());
-        record_append(&mut m, 1000, 1);
+        record_append(&mut m, 1000, 1).unwrap();
         assert_eq!(gap_for(&m, 0), None);
         assert_eq!(gap_for(&meta(200, 117), 0), Some((1, 117)));
         assert_eq!(gap_for(&meta(200, 117), 116), Some((117, 117)));
         assert_eq!(gap_for(&meta(200, 117), 117), None);
+    }
+}
+
+/// Property tests of the stream rules at the limits of seq, bytes and ts: any sequence of
+/// publishes, evictions and delete-and-create-again keeps [`StreamMeta::is_consistent`], never
+/// wraps or panics, and agrees with a model of the stored batches.
+#[cfg(test)]
+mod properties {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Values at the limits and in between.
+    fn edgy(near: u64) -> impl Strategy<Value = u64> {
+        prop_oneof![
+            0..4u64,
+            near.saturating_sub(4)..=near,
+            (u64::MAX - 4)..=u64::MAX,
+            (SEQ_MAX - 3)..=SEQ_MAX,
+            any::<u64>(),
+        ]
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A publish with the publisher's seq (or none), `len` payload bytes, and whether a
+        /// batch already stored at that seq has the same payload.
+        Publish { seq: Option<u64>, len: u64, same: bool },
+        /// Retention checked at entry ts `now_ms`, with `max_batches`, `max_bytes`, `max_age_ms`.
+        Retain { now_ms: u64, retention: Retention },
+        /// Delete the stream and create it again.
+        Recreate,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let limit = || proptest::option::of(edgy(3).prop_filter("a limit is at least 1", |v| *v >= 1));
+        prop_oneof![
+            4 => (proptest::option::of(edgy(10)), edgy(8), any::<bool>())
+                .prop_map(|(seq, len, same)| Op::Publish { seq, len, same }),
+            2 => (edgy(1_000), limit(), limit(), limit()).prop_map(|(now_ms, max_batches, max_bytes, max_age_ms)| {
+                Op::Retain { now_ms, retention: Retention { max_batches, max_bytes, max_age_ms } }
+            }),
+            1 => Just(Op::Recreate),
+        ]
+    }
+
+    /// The stream as stored: seq → (ts, len), and the metadata the rules keep.
+    struct Model {
+        meta: StreamMeta,
+        batches: BTreeMap<u64, (u64, u64)>,
+        ts: u64,
+    }
+
+    impl Model {
+        fn check(&self) -> Result<(), TestCaseError> {
+            let m = &self.meta;
+            prop_assert!(m.is_consistent(), "{m:?}");
+            prop_assert!(m.last_seq <= SEQ_MAX, "{m:?}");
+            prop_assert_eq!(m.batches, self.batches.len() as u64);
+            let bytes: u128 = self.batches.values().map(|(_, len)| u128::from(*len)).sum();
+            prop_assert_eq!(u128::from(m.bytes), bytes);
+            match self.batches.first_key_value() {
+                Some((first, _)) => prop_assert_eq!(m.first_seq, *first),
+                None => prop_assert_eq!(u128::from(m.first_seq), u128::from(m.last_seq) + 1),
+            }
+            if let Some((last, _)) = self.batches.last_key_value() {
+                prop_assert_eq!(m.last_seq, *last);
+            }
+            for after in [0, m.evicted_through.saturating_sub(1), m.evicted_through, u64::MAX] {
+                if let Some((from, to)) = gap_for(m, after) {
+                    prop_assert!(from == after + 1 && from <= to && to == m.evicted_through);
+                }
+            }
+            Ok(())
+        }
+
+        fn step(&mut self, op: Op) -> Result<(), TestCaseError> {
+            match op {
+                Op::Publish { seq, len, same } => {
+                    let existing = match seq.and_then(|s| self.batches.get(&s)) {
+                        Some(_) if same => Existing::SamePayload,
+                        Some(_) => Existing::OtherPayload,
+                        None => Existing::Absent,
+                    };
+                    let before = self.meta;
+                    match decide_publish(&self.meta, seq, existing) {
+                        PublishDecision::Append(s) => {
+                            prop_assert!((1..=SEQ_MAX).contains(&s) && s > before.last_seq);
+                            prop_assert!(seq.is_none_or(|r| r == s));
+                            match record_append(&mut self.meta, s, len) {
+                                Ok(()) => {
+                                    self.ts = self.ts.saturating_add(1);
+                                    self.batches.insert(s, (self.ts, len));
+                                }
+                                Err(e) => {
+                                    prop_assert_eq!(e, MetaError::BytesOverflow);
+                                    prop_assert_eq!(self.meta, before);
+                                }
+                            }
+                        }
+                        PublishDecision::Duplicate(s) => {
+                            prop_assert!(self.batches.contains_key(&s) && same);
+                        }
+                        PublishDecision::Reject(PublishRejection::SeqExhausted) => {
+                            prop_assert!(seq.is_none() && before.last_seq >= SEQ_MAX);
+                        }
+                        PublishDecision::Reject(PublishRejection::SeqOutOfRange { seq: s }) => {
+                            prop_assert!(s == 0 || s > SEQ_MAX);
+                        }
+                        PublishDecision::Reject(r) => {
+                            prop_assert!(seq.is_some_and(|s| s <= before.last_seq), "{r:?}");
+                        }
+                    }
+                }
+                Op::Retain { now_ms, retention } => {
+                    self.meta.retention = retention;
+                    while let Some((&seq, &(ts_ms, len))) = self.batches.first_key_value() {
+                        let oldest = Oldest { seq, ts_ms, len };
+                        if !must_evict(&self.meta, &oldest, now_ms) {
+                            break;
+                        }
+                        let next = self.batches.range(seq.saturating_add(1)..).next().map(|(s, _)| *s);
+                        prop_assert_eq!(record_eviction(&mut self.meta, &oldest, next), Ok(()));
+                        self.batches.remove(&seq);
+                        prop_assert!(self.meta.evicted_through >= seq);
+                    }
+                }
+                Op::Recreate => {
+                    let old = self.meta;
+                    self.meta = reincarnate(&old, Retention::default());
+                    self.batches.clear();
+                    if old.last_seq < SEQ_MAX {
+                        prop_assert_eq!((self.meta.last_seq, self.meta.evicted_through), (old.last_seq, old.last_seq));
+                    } else {
+                        prop_assert_eq!(self.meta, StreamMeta::new(Retention::default()));
+                    }
+                    // A deleted name is always usable again.
+                    let next = decide_publish(&self.meta, None, Existing::Absent);
+                    prop_assert!(matches!(next, PublishDecision::Append(_)), "{next:?}");
+                }
+            }
+            self.check()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn the_rules_keep_the_invariants_at_the_limits(ops in proptest::collection::vec(op(), 1..40)) {
+            let mut model = Model { meta: StreamMeta::new(Retention::default()), batches: BTreeMap::new(), ts: 0 };
+            model.check()?;
+            for op in ops {
+                model.step(op)?;
+            }
+        }
+
+        #[test]
+        fn age_is_measured_without_wrapping(oldest_ts in edgy(5), now_ms in edgy(5), age in edgy(5)) {
+            let mut m = StreamMeta::new(Retention { max_age_ms: Some(age.max(1)), ..Default::default() });
+            record_append(&mut m, 1, 0).unwrap();
+            let evict = must_evict(&m, &Oldest { seq: 1, ts_ms: oldest_ts, len: 0 }, now_ms);
+            prop_assert_eq!(evict, u128::from(now_ms) > u128::from(oldest_ts) + u128::from(age.max(1)));
+        }
     }
 }

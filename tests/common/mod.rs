@@ -260,9 +260,16 @@ impl Cluster {
     /// Starts `n` nodes (ids 1..=n) with `extra_args` appended to each `runnev serve` command line,
     /// and waits (bounded) until every node is healthy and all report the same leader and term.
     pub async fn start(n: usize, extra_args: &[&str]) -> Cluster {
+        Cluster::start_edited(n, extra_args, |_| {}).await
+    }
+
+    /// Like [`Cluster::start`], with `edit` applied to the launcher's spec first (to give one
+    /// node an environment of its own, say).
+    pub async fn start_edited(n: usize, extra_args: &[&str], edit: impl FnOnce(&mut ClusterSpec)) -> Cluster {
         let root = tempfile::Builder::new().prefix("runnev-test-").tempdir().expect("create tempdir").keep();
         let mut spec = ClusterSpec::new(BIN, root, n as u64, "test harness");
         spec.serve_args = extra_args.iter().map(|s| s.to_string()).collect();
+        edit(&mut spec);
         if let Ok(level) = std::env::var("RUNNEV_TEST_LOG") {
             spec.env.push(("RUST_LOG".into(), level));
         }

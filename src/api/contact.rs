@@ -1,0 +1,73 @@
+//! Whether this node hears from a leader: the test a subscription needs before it may promise a
+//! client that nothing new has been committed.
+//!
+//! A follower (or learner) heard from a leader when it accepted an append-entries or
+//! install-snapshot RPC (openraft's heartbeats are empty appends, every
+//! [`crate::limits::RAFT_HEARTBEAT_MS`]); a leader, when a quorum last acknowledged it (openraft's
+//! `millis_since_quorum_ack`). A node cut off from the cluster goes on answering from its applied
+//! state, but it cannot know whether it is behind: a subscription there would send `: ping`
+//! forever and the client would never fail over.
+//!
+//! Owns: the time of the last contact and the verdict. Must never: read the wall clock (it uses
+//! tokio's monotonic clock, which the simulation simulates) or block.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::limits::LEADER_SILENCE_MAX_MS;
+use crate::raft::{NodeId, Raft};
+
+/// When this node last heard from a leader.
+#[derive(Debug, Default)]
+pub struct LeaderContact {
+    last: Mutex<Option<Instant>>,
+}
+
+impl LeaderContact {
+    /// Records that a leader was heard from now (an accepted append-entries or install-snapshot
+    /// RPC).
+    pub fn heard(&self) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
+
+    /// How long this node has not heard from a leader, when that is longer than
+    /// [`LEADER_SILENCE_MAX_MS`] (or it never has since it started): `Some(silence)`, `None`
+    /// for "in contact". A leader is in contact while a quorum acknowledged it within the bound.
+    pub fn cut_off(&self, raft: &Raft, id: NodeId) -> Option<Silence> {
+        let bound = Duration::from_millis(LEADER_SILENCE_MAX_MS);
+        let leading = {
+            let m = raft.metrics();
+            let m = m.borrow();
+            (m.current_leader == Some(id)).then_some(m.millis_since_quorum_ack).flatten()
+        };
+        let silence = match leading {
+            Some(ms) => Some(Duration::from_millis(ms)),
+            None => self.last.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.elapsed()),
+        };
+        match silence {
+            Some(s) if s <= bound => None,
+            Some(s) => Some(Silence::For(s)),
+            None => Some(Silence::Never),
+        }
+    }
+}
+
+/// How long a node has been without a leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Silence {
+    /// It has not heard from one since it started.
+    Never,
+    /// It last heard from one this long ago.
+    For(Duration),
+}
+
+impl std::fmt::Display for Silence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Silence::Never => f.write_str("has not heard from a leader since it started"),
+            Silence::For(d) => write!(f, "has not heard from a leader for {} ms", d.as_millis()),
+        }
+    }
+}
