@@ -1,60 +1,280 @@
-//! Client commands of the `runnev` binary (SPEC §5): publish, subscribe, streams, status, and the
-//! hand-over of `bench` to the benchmark's executable.
-//! Output is JSON lines when stdout is piped and readable text on a terminal.
+//! Client commands of the `runnev` binary (SPEC §5): publish, subscribe, streams, status,
+//! cluster, the hand-over of `bench` to the benchmark's executable, and the exit statuses every
+//! command ends with.
+//!
+//! Output is JSON lines when stdout is not a terminal and readable text on one (`--output`
+//! chooses); notes for people (reconnections, "already deleted") go to stderr. Errors are
+//! printed in words, never as the server's raw JSON, and end the process with an [`Exit`] status
+//! that says what kind of failure it was.
 
 use std::io::{IsTerminal, Read, Write};
-use std::path::PathBuf;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use base64::Engine;
 use futures::StreamExt;
-use runnev::client::{Client, CursorStore, Delivery, FileCursor};
+use runnev::client::{
+    Client, ClientError, Connection, CursorStore, Deleted, Delivery, FileCursor, RetryPolicy, SubscribeOptions,
+};
 use runnev::stream::Retention;
+use runnev::units::{format_bytes, format_duration, Limit};
+use runnev::wire::{ClusterView, StreamInfo};
 
-fn tty() -> bool {
-    std::io::stdout().is_terminal()
+use super::{ClusterCmd, RetentionArgs, StreamsCmd};
+
+/// How a command prints its results (`--output`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// Readable text, for people.
+    Text,
+    /// One JSON document per line, for programs.
+    Json,
+}
+
+impl Output {
+    /// Text when stdout is a terminal, JSON otherwise.
+    pub fn detect() -> Output {
+        if std::io::stdout().is_terminal() {
+            Output::Text
+        } else {
+            Output::Json
+        }
+    }
+}
+
+/// The exit status of `runnev`, by kind of failure (listed by `runnev --help` and docs/cli.md).
+/// Usage errors found by clap exit with clap's own status, 2, which [`Exit::Usage`] reuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// The command did what it was asked.
+    Success = 0,
+    /// A local problem: a file that cannot be read or written, a node that cannot start.
+    Local = 1,
+    /// The command line is wrong (clap's status for its own usage errors).
+    Usage = 2,
+    /// No node answered at all: nothing listens at the `--nodes` given.
+    Unreachable = 3,
+    /// The cluster answered with a `4xx` error: retrying the same request cannot help.
+    Refused = 4,
+    /// A publish without a seq may or may not have been stored.
+    Unknown = 5,
+    /// Nodes answered, but none could take the request in time (no leader, not ready, `5xx`).
+    Unavailable = 6,
+}
+
+impl Exit {
+    /// Every status, in order.
+    pub const ALL: [Exit; 7] =
+        [Exit::Success, Exit::Local, Exit::Usage, Exit::Unreachable, Exit::Refused, Exit::Unknown, Exit::Unavailable];
+
+    /// The status's line in `runnev --help`.
+    pub fn summary(self) -> &'static str {
+        match self {
+            Exit::Success => "success",
+            Exit::Local => "a local problem: a file that cannot be read or written, a node that cannot start",
+            Exit::Usage => "usage: an unknown command or flag, or a value that does not parse",
+            Exit::Unreachable => "unreachable: no Runnev node answered at the --nodes given",
+            Exit::Refused => "refused: the cluster answered with an error (its code and message are printed)",
+            Exit::Unknown => "unknown outcome: a publish without --seq may or may not have been stored",
+            Exit::Unavailable => {
+                "unavailable: nodes answered, but none could take the request in time (no leader, not ready)"
+            }
+        }
+    }
+}
+
+/// A failure of the command line with its own exit status.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct CliError {
+    /// The status to exit with.
+    pub exit: Exit,
+    /// What went wrong, and what to do.
+    pub message: String,
+}
+
+/// A usage error found after clap (a flag in the wrong place, a missing flag).
+pub fn usage(message: &str) -> anyhow::Error {
+    CliError { exit: Exit::Usage, message: message.to_string() }.into()
+}
+
+/// The exit status of a client error.
+fn exit_of_client(e: &ClientError) -> Exit {
+    match e {
+        ClientError::Api { status, .. } if (400..500).contains(status) => Exit::Refused,
+        ClientError::Api { .. } => Exit::Unavailable,
+        ClientError::OutcomeUnknown(_) => Exit::Unknown,
+        ClientError::Unreachable { .. } => Exit::Unreachable,
+        ClientError::Unavailable { .. } => Exit::Unavailable,
+        ClientError::InvalidStreamName(_) | ClientError::Config(_) => Exit::Usage,
+        _ => Exit::Local,
+    }
+}
+
+/// The exit status of a failed command: the first cause that says, else [`Exit::Local`].
+pub fn exit_of(e: &anyhow::Error) -> Exit {
+    for cause in e.chain() {
+        if let Some(c) = cause.downcast_ref::<CliError>() {
+            return c.exit;
+        }
+        if let Some(c) = cause.downcast_ref::<ClientError>() {
+            return exit_of_client(c);
+        }
+    }
+    Exit::Local
+}
+
+/// The error in one line: its causes joined by `: `, a cause whose text is already there left
+/// out (an error that embeds its source's text would otherwise print it twice), a refusal
+/// introduced as such.
+pub fn message(e: &anyhow::Error, exit: Exit) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    match exit {
+        Exit::Refused => format!("refused by the cluster: {out}"),
+        _ => out,
+    }
+}
+
+/// `runnev serve`'s error when its store cannot be opened: one sentence for a data dir that
+/// another process holds.
+pub fn store_open_error(dir: &Path, e: runnev::storage::StoreError) -> anyhow::Error {
+    match e {
+        runnev::storage::StoreError::Db(redb::Error::DatabaseAlreadyOpen) => anyhow!(
+            "the data dir {} is in use: another runnev process holds the lock on its database {}; stop that \
+             process, or give this node a data dir of its own",
+            dir.display(),
+            dir.join("runnev.redb").display()
+        ),
+        e => anyhow::Error::new(e).context(format!("opening the data dir {}", dir.display())),
+    }
+}
+
+/// Writes one line to stdout (an error, such as a closed pipe, ends the command).
+fn say(line: impl std::fmt::Display) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// A `404 stream_not_found` with the command line's way to create the stream, instead of the
+/// HTTP API's.
+fn with_hint(stream: &str, e: ClientError) -> ClientError {
+    match e {
+        ClientError::Api { status, code, .. } if code == "stream_not_found" => ClientError::Api {
+            status,
+            code,
+            message: format!("stream {stream:?} does not exist; create it with `runnev streams create {stream}`"),
+        },
+        e => e,
+    }
 }
 
 /// `runnev publish STREAM [--seq N] [DATA | --file F | stdin]`.
 pub async fn publish(
     client: &Client,
+    output: Output,
     stream: &str,
     seq: Option<u64>,
     data: Option<String>,
     file: Option<PathBuf>,
 ) -> Result<()> {
     let payload = match (data, file) {
-        (Some(d), None) => d.into_bytes(),
+        (Some(d), _) => d.into_bytes(),
         (None, Some(f)) => std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?,
         (None, None) => {
             let mut buf = Vec::new();
             std::io::stdin().read_to_end(&mut buf).context("reading stdin")?;
             buf
         }
-        (Some(_), Some(_)) => bail!("give the payload as DATA or --file, not both"),
     };
-    let ack = client.publish(stream, seq, payload).await?;
-    println!("{}", serde_json::to_string(&ack)?);
-    Ok(())
+    let ack = client.publish(stream, seq, payload).await.map_err(|e| with_hint(stream, e))?;
+    match output {
+        Output::Json => say(serde_json::to_string(&ack)?),
+        Output::Text if ack.duplicate => say(format_args!(
+            "seq {} was already in {stream}: a duplicate, stored once (log index {})",
+            ack.seq, ack.index
+        )),
+        Output::Text => say(format_args!("published seq {} to {stream} (log index {})", ack.seq, ack.index)),
+    }
 }
 
-/// `runnev subscribe STREAM [--after C] [--cursor-file F]`: prints each delivery, then (with a
-/// cursor file) saves the cursor — after printing, so a crash repeats rather than loses.
-pub async fn subscribe(client: &Client, stream: &str, after: Option<i64>, cursor_file: Option<PathBuf>) -> Result<()> {
+/// `runnev subscribe STREAM [--after C] [--cursor-file F] [--max-outage D]`: prints each
+/// delivery, then (with a cursor file) saves the cursor — after printing, so a crash repeats
+/// rather than loses. Retries without end (each reconnection noted on stderr) unless
+/// `max_outage` is given.
+pub async fn subscribe(
+    client: &Client,
+    output: Output,
+    stream: &str,
+    after: Option<u64>,
+    cursor_file: Option<PathBuf>,
+    max_outage: Option<Duration>,
+) -> Result<()> {
     let store = cursor_file.map(FileCursor::new);
     let start = match (&store, after) {
-        (_, Some(a)) => a.max(0) as u64,
+        (_, Some(a)) => a,
         (Some(s), None) => s.load().context("loading the cursor")?,
         (None, None) => 0,
     };
-    let pretty = tty();
+    // Whether a failure was noted since the last connection (then the reconnection is noted too).
+    let troubled = Arc::new(AtomicBool::new(false));
+    let hook = {
+        let troubled = troubled.clone();
+        move |c: &Connection| match c {
+            Connection::Lost { why } => {
+                troubled.store(true, Ordering::Relaxed);
+                eprintln!("runnev: subscription connection lost ({why}); reconnecting");
+            }
+            Connection::Failed { why, outage, retry_in } => {
+                troubled.store(true, Ordering::Relaxed);
+                eprintln!(
+                    "runnev: no connection for {} ({why}); retrying in {}",
+                    format_duration(*outage),
+                    format_duration(*retry_in)
+                );
+            }
+            Connection::Connected { node, outage } => {
+                if troubled.swap(false, Ordering::Relaxed) {
+                    eprintln!(
+                        "runnev: subscribed again at {node} after {} without a connection",
+                        format_duration(*outage)
+                    );
+                }
+            }
+        }
+    };
+    let options = SubscribeOptions { max_outage, on_connection: Some(Arc::new(hook)) };
+    let mut sub = client.subscribe_with(stream, start, options);
     let mut out = std::io::stdout().lock();
-    let mut sub = client.subscribe(stream, start);
     while let Some(item) = sub.next().await {
-        let cursor = match item? {
+        let delivery = match item {
+            Ok(d) => d,
+            Err(e @ (ClientError::Unreachable { after, .. } | ClientError::Unavailable { after, .. }))
+                if max_outage.is_none_or(|max| after < max) =>
+            {
+                // Reported every 30 s of an outage; the subscription keeps trying.
+                eprintln!("runnev: {e}; still trying");
+                continue;
+            }
+            Err(e) => return Err(with_hint(stream, e).into()),
+        };
+        let cursor = match delivery {
             Delivery::Batch(b) => {
-                if pretty {
+                if output == Output::Text {
                     writeln!(out, "seq {} (ts {}): {}", b.seq, b.ts, String::from_utf8_lossy(&b.data))?;
                 } else {
                     let data = base64::engine::general_purpose::STANDARD.encode(&b.data);
@@ -63,7 +283,7 @@ pub async fn subscribe(client: &Client, stream: &str, after: Option<i64>, cursor
                 b.seq
             }
             Delivery::Gap(g) => {
-                if pretty {
+                if output == Output::Text {
                     writeln!(out, "GAP: seqs {}..={} were evicted by retention before they were read", g.from, g.to)?;
                 } else {
                     writeln!(out, "{}", serde_json::json!({"gap": g}))?;
@@ -79,88 +299,349 @@ pub async fn subscribe(client: &Client, stream: &str, after: Option<i64>, cursor
     Ok(())
 }
 
+/// A stream's retention in words: `max batches 100000, max age 7days`, or `none`.
+fn retention_text(r: &Retention) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = r.max_batches {
+        parts.push(format!("max batches {n}"));
+    }
+    if let Some(n) = r.max_bytes {
+        parts.push(format!("max bytes {}", format_bytes(n)));
+    }
+    if let Some(ms) = r.max_age_ms {
+        parts.push(format!("max age {}", format_duration(Duration::from_millis(ms))));
+    }
+    if parts.is_empty() {
+        "none (everything is kept)".to_string()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// Applies the flags to `base`: a flag given sets (or, with `none`, clears) its limit; the rest
+/// of `base` stays. `None` when no flag was given.
+fn retention_from(args: &RetentionArgs, base: Retention) -> Option<Retention> {
+    let age = match (args.max_age, args.max_age_ms) {
+        (Some(l), _) => Some(match l {
+            Limit::Set(d) => Limit::Set(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            Limit::Unset => Limit::Unset,
+        }),
+        (None, Some(ms)) => Some(Limit::Set(ms)),
+        (None, None) => None,
+    };
+    if args.max_batches.is_none() && args.max_bytes.is_none() && age.is_none() {
+        return None;
+    }
+    let pick = |flag: Option<Limit<u64>>, old: Option<u64>| flag.map_or(old, Limit::into_option);
+    Some(Retention {
+        max_batches: pick(args.max_batches, base.max_batches),
+        max_bytes: pick(args.max_bytes, base.max_bytes),
+        max_age_ms: pick(age, base.max_age_ms),
+    })
+}
+
+fn print_info(output: Output, verb: Option<&str>, info: &StreamInfo) -> Result<()> {
+    if output == Output::Json {
+        return say(serde_json::to_string(info)?);
+    }
+    if let Some(verb) = verb {
+        return say(format_args!("{verb} {} (retention: {})", info.name, retention_text(&info.retention)));
+    }
+    let evicted =
+        if info.evicted_through == 0 { "nothing".to_string() } else { format!("seqs up to {}", info.evicted_through) };
+    say(format_args!(
+        "stream     {}\nfirst seq  {}\nlast seq   {}\nevicted    {evicted}\nbatches    {}\nbytes      {} ({} bytes)\nretention  {}",
+        info.name,
+        info.first_seq,
+        info.last_seq,
+        info.batches,
+        format_bytes(info.bytes),
+        info.bytes,
+        retention_text(&info.retention)
+    ))
+}
+
 /// `runnev streams …`.
-pub async fn streams(client: &Client, cmd: Option<super::StreamsCmd>) -> Result<()> {
-    use super::StreamsCmd::*;
+pub async fn streams(client: &Client, output: Output, cmd: Option<StreamsCmd>) -> Result<()> {
+    use StreamsCmd::*;
     match cmd.unwrap_or(List) {
         List => {
             let all = client.streams().await?;
-            if tty() {
-                println!(
-                    "{:<32} {:>12} {:>12} {:>12} {:>10} {:>12}",
-                    "STREAM", "FIRST_SEQ", "LAST_SEQ", "EVICTED", "BATCHES", "BYTES"
-                );
+            if output == Output::Json {
                 for s in all {
-                    println!(
-                        "{:<32} {:>12} {:>12} {:>12} {:>10} {:>12}",
-                        s.name, s.first_seq, s.last_seq, s.evicted_through, s.batches, s.bytes
-                    );
+                    say(serde_json::to_string(&s)?)?;
                 }
-            } else {
-                for s in all {
-                    println!("{}", serde_json::to_string(&s)?);
-                }
+                return Ok(());
             }
-        }
-        Create { name, max_batches, max_bytes, max_age_ms } => {
-            let limits = [max_batches, max_bytes, max_age_ms];
-            let retention =
-                limits.iter().any(Option::is_some).then_some(Retention { max_batches, max_bytes, max_age_ms });
-            let (info, created) = client.put_stream(&name, retention).await?;
-            if tty() {
-                println!("{} {}", if created { "created" } else { "updated" }, info.name);
-            } else {
-                println!("{}", serde_json::to_string(&info)?);
+            say(format_args!(
+                "{:<32} {:>10} {:>10} {:>10} {:>10} {:>12}  RETENTION",
+                "STREAM", "FIRST_SEQ", "LAST_SEQ", "EVICTED", "BATCHES", "BYTES"
+            ))?;
+            for s in all {
+                say(format_args!(
+                    "{:<32} {:>10} {:>10} {:>10} {:>10} {:>12}  {}",
+                    s.name,
+                    s.first_seq,
+                    s.last_seq,
+                    s.evicted_through,
+                    s.batches,
+                    format_bytes(s.bytes),
+                    retention_text(&s.retention)
+                ))?;
             }
+            Ok(())
         }
-        Info { name } => println!("{}", serde_json::to_string_pretty(&client.stream(&name).await?)?),
+        Create { name, retention } => {
+            let (info, created) = client.put_stream(&name, retention_from(&retention, Retention::default())).await?;
+            print_info(output, Some(if created { "created" } else { "updated" }), &info)
+        }
+        Set { name, retention } => {
+            if retention_from(&retention, Retention::default()).is_none() {
+                return Err(usage("give a limit to change: --max-batches, --max-bytes or --max-age (none clears one)"));
+            }
+            let current = client.stream(&name).await.map_err(|e| with_hint(&name, e))?;
+            let wanted = retention_from(&retention, current.retention);
+            // The stream may be deleted between the read and the write; the PUT would then create
+            // it again, which `set` must not do. The window is one round trip of an admin command.
+            let (info, created) = client.put_stream(&name, wanted).await?;
+            if created {
+                eprintln!("runnev: note: {name} was deleted meanwhile and has been created again with this retention");
+            }
+            print_info(output, Some("updated"), &info)
+        }
+        Info { name } => print_info(output, None, &client.stream(&name).await.map_err(|e| with_hint(&name, e))?),
         Delete { name } => {
-            client.delete_stream(&name).await?;
-            if tty() {
-                println!("deleted {name}");
+            let deleted = client.delete_stream(&name).await.map_err(|e| match e {
+                ClientError::Api { status, code, .. } if code == "stream_not_found" => ClientError::Api {
+                    status,
+                    code,
+                    message: format!("stream {name:?} does not exist (nothing to delete)"),
+                },
+                e => e,
+            })?;
+            if deleted == Deleted::Already {
+                eprintln!(
+                    "runnev: note: {name} is gone: the first attempt's answer was lost and the retry found no \
+                     stream, so that attempt deleted it (already deleted)"
+                );
             }
+            match output {
+                Output::Json => say(serde_json::json!({"deleted": name, "already": deleted == Deleted::Already})),
+                Output::Text if deleted == Deleted::Already => say(format_args!("deleted {name} (already deleted)")),
+                Output::Text => say(format_args!("deleted {name}")),
+            }
+        }
+    }
+}
+
+/// `runnev status`: every node's view of the cluster. Fails with [`ClientError::Unreachable`]
+/// (exit 3) when no node answers.
+pub async fn status(client: &Client, output: Output) -> Result<()> {
+    let started = Instant::now();
+    let mut rows = Vec::new();
+    for node in client.nodes() {
+        rows.push((node.clone(), client.cluster_view(node).await));
+    }
+    let why = |node: &str, e: &ClientError| match e {
+        ClientError::Unreachable { last, .. } => last.strip_prefix(&format!("{node}: ")).unwrap_or(last).to_string(),
+        e => e.to_string(),
+    };
+    if output == Output::Json {
+        for (node, v) in &rows {
+            // Through a JSON value: keys sorted, as this output has always been.
+            let v = match v {
+                Ok(view) => serde_json::to_value(view)?,
+                Err(e) => serde_json::json!({"node": node, "error": why(node, e)}),
+            };
+            say(v)?;
+        }
+    } else {
+        say(format_args!(
+            "{:<28} {:>4} {:>10} {:>7} {:>6} {:>10} {:>10}",
+            "NODE", "ID", "STATE", "LEADER", "TERM", "COMMIT", "APPLIED"
+        ))?;
+        for (node, v) in &rows {
+            match v {
+                Ok(v) => say(format_args!(
+                    "{:<28} {:>4} {:>10} {:>7} {:>6} {:>10} {:>10}",
+                    node,
+                    v.node_id,
+                    v.state,
+                    v.leader_id.map_or_else(|| "none".to_string(), |l| l.to_string()),
+                    v.term,
+                    v.commit_index,
+                    v.applied_index
+                ))?,
+                Err(e) => say(format_args!("{node:<28} unreachable: {}", why(node, e)))?,
+            }
+        }
+    }
+    let views: Vec<&ClusterView> = rows.iter().filter_map(|(_, v)| v.as_ref().ok()).collect();
+    if views.is_empty() {
+        let last = rows.iter().filter_map(|(n, v)| v.as_ref().err().map(|e| format!("{n}: {}", why(n, e)))).next_back();
+        return Err(ClientError::Unreachable {
+            nodes: client.nodes().to_vec(),
+            after: started.elapsed(),
+            last: last.unwrap_or_default(),
+        }
+        .into());
+    }
+    if output == Output::Text {
+        let leader = views.iter().find(|v| v.leader_id == Some(v.node_id));
+        match leader {
+            Some(l) => say(format_args!("leader: node {} (term {}); voters {:?}", l.node_id, l.term, l.voters()))?,
+            None => say("no leader among the nodes that answered: a majority of nodes is down or partitioned")?,
         }
     }
     Ok(())
 }
 
-/// `runnev status`: every node's view of the cluster, as a table.
-pub async fn status(client: &Client) -> Result<()> {
-    let mut rows = Vec::new();
+/// The members of a view in words: `1 (voter, 127.0.0.1:7001), 4 (learner, …)`.
+fn members_text(v: &ClusterView) -> String {
+    let members: Vec<String> = v
+        .members
+        .iter()
+        .map(|m| format!("{} ({}, {})", m.id, if m.voter { "voter" } else { "learner" }, m.addr))
+        .collect();
+    format!("members {}; leader {}", members.join(", "), v.leader_id.map_or("none".to_string(), |l| l.to_string()))
+}
+
+fn print_view(output: Output, headline: &str, v: &ClusterView) -> Result<()> {
+    match output {
+        // Through a JSON value: keys sorted, as this output has always been.
+        Output::Json => say(serde_json::to_value(v)?),
+        Output::Text => say(format_args!("{headline}\n{}", members_text(v))),
+    }
+}
+
+/// Whether `addr` answers `/healthz` within a second; the problem if not.
+async fn node_answers(addr: &str) -> Result<(), String> {
+    let http = runnev::net::http_client(Arc::new(runnev::net::TcpDialer));
+    let url = format!("http://{addr}/healthz");
+    match runnev::net::get(&http, &url, Duration::from_secs(1), runnev::limits::CLI_PROBE_BYTES_MAX).await {
+        Ok((s, _)) if s.is_success() => Ok(()),
+        Ok((s, _)) => Err(format!("{url} answered {s}")),
+        Err(e) => Err(e),
+    }
+}
+
+fn not_answering_note(id: u64, addr: &str, why: &str) -> String {
+    format!(
+        "node {id} does not answer at {addr} from here ({why}): is `runnev serve --id {id} --listen {addr} …` running \
+         there? Check with `runnev probe http://{addr}/healthz` (from a machine that reaches it)"
+    )
+}
+
+/// The promotion progress of learner `id`, as the leader among `client`'s nodes sees it.
+async fn catch_up_progress(client: &Client, id: u64) -> Option<String> {
     for node in client.nodes() {
-        rows.push((node.clone(), client.cluster_view(node).await));
+        let Ok(v) = client.cluster_view(node).await else { continue };
+        if v.leader_id != Some(v.node_id) {
+            continue;
+        }
+        let last = v.last_log_index.unwrap_or(0);
+        let matched = v.members.iter().find(|m| m.id == id).and_then(|m| m.matched_index);
+        return Some(match matched {
+            Some(m) => format!("it has {m} of the leader's {last} log entries"),
+            None => "it has received nothing from the leader yet".to_string(),
+        });
     }
-    if !tty() {
-        for (node, v) in rows {
-            // Through a JSON value: keys sorted, as this output has always been.
-            let v = match v {
-                Ok(view) => serde_json::to_value(view)?,
-                Err(e) => serde_json::json!({"node": node, "error": e.to_string()}),
+    None
+}
+
+/// `runnev cluster add|remove`.
+pub async fn cluster(client: &Client, output: Output, cmd: ClusterCmd) -> Result<()> {
+    match cmd {
+        ClusterCmd::Add { id, addr, wait_voter, timeout, learner: _ } => {
+            let before = client.any_cluster_view().await?;
+            let known = before.members.iter().find(|m| m.id == id);
+            if let Some(m) = known.filter(|m| m.voter && m.addr == addr) {
+                return print_view(output, &format!("node {id} is already a voter at {}", m.addr), &before);
+            }
+            let view = client.add_member(id, &addr, false).await?;
+            if let Err(why) = node_answers(&addr).await {
+                if !wait_voter {
+                    eprintln!("runnev: note: {}", not_answering_note(id, &addr, &why));
+                }
+            }
+            if !wait_voter {
+                let head = format!(
+                    "added node {id} at {addr} as a learner (it receives the log but does not vote); promote it \
+                     once it has caught up with `runnev cluster add {id} {addr} --wait-voter`"
+                );
+                return print_view(output, &head, &view);
+            }
+            let view = wait_voter_promotion(client, id, &addr, timeout).await?;
+            print_view(output, &format!("node {id} at {addr} is a voter"), &view)
+        }
+        ClusterCmd::Remove { id } => {
+            let (view, deleted) = client.remove_member(id).await?;
+            let head = if deleted == Deleted::Already {
+                eprintln!(
+                    "runnev: note: node {id} is gone: the first attempt's answer was lost and the retry found no \
+                     such member, so that attempt removed it (already removed)"
+                );
+                format!("removed node {id} (already removed)")
+            } else {
+                format!("removed node {id}")
             };
-            println!("{v}");
-        }
-        return Ok(());
-    }
-    println!(
-        "{:<28} {:>4} {:>10} {:>7} {:>6} {:>10} {:>10}",
-        "NODE", "ID", "STATE", "LEADER", "TERM", "COMMIT", "APPLIED"
-    );
-    for (node, v) in rows {
-        match v {
-            Ok(v) => println!(
-                "{:<28} {:>4} {:>10} {:>7} {:>6} {:>10} {:>10}",
-                node,
-                v.node_id.to_string(),
-                v.state,
-                v.leader_id.map_or_else(|| "null".to_string(), |l| l.to_string()),
-                v.term.to_string(),
-                v.commit_index.to_string(),
-                v.applied_index.to_string()
-            ),
-            Err(e) => println!("{node:<28} unreachable: {e}"),
+            print_view(output, &head, &view)
         }
     }
-    Ok(())
+}
+
+/// How often `--wait-voter` tries the promotion again after the server answered not ready.
+const PROMOTE_RETRY: Duration = Duration::from_secs(1);
+
+/// Asks for learner `id`'s promotion until it is a voter or `timeout` passes, noting its progress
+/// on stderr after each try (the server waits up to 10 s for it to catch up on each).
+async fn wait_voter_promotion(client: &Client, id: u64, addr: &str, timeout: Duration) -> Result<ClusterView> {
+    // One attempt per try (a round over the nodes if they refuse): the loop here does the waiting.
+    let once = Client::with_dialer(
+        client.nodes(),
+        Arc::new(runnev::net::TcpDialer),
+        RetryPolicy { give_up_after: Duration::ZERO, unreachable_after: Duration::ZERO, ..client.policy() },
+    )?;
+    let started = Instant::now();
+    eprintln!("runnev: waiting for node {id} to catch up and become a voter (at most {})", format_duration(timeout));
+    let mut answered_before = true;
+    loop {
+        let left = timeout.saturating_sub(started.elapsed());
+        let problem = match tokio::time::timeout(left, once.add_member(id, addr, true)).await {
+            Ok(Ok(v)) if v.voters().contains(&id) => return Ok(v),
+            Ok(Ok(_)) => Some("the cluster answered without promoting it".to_string()),
+            // The server's own "did not catch up" is what the progress says.
+            Ok(Err(ClientError::Unavailable { last, .. })) if last.contains("did not catch up") => None,
+            Ok(Err(e @ (ClientError::Unavailable { .. } | ClientError::Unreachable { .. }))) => Some(e.to_string()),
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => None,
+        };
+        let progress = catch_up_progress(client, id).await.unwrap_or_else(|| "its progress is unknown".into());
+        let problem = problem.map(|p| format!(" ({p})")).unwrap_or_default();
+        eprintln!(
+            "runnev: after {}: node {id} is still a learner: {progress}{problem}",
+            format_duration(started.elapsed())
+        );
+        let answers = node_answers(addr).await;
+        match &answers {
+            Err(why) if answered_before => eprintln!("runnev: note: {}", not_answering_note(id, addr, why)),
+            Ok(()) if !answered_before => eprintln!("runnev: node {id} answers at {addr} now"),
+            _ => {}
+        }
+        answered_before = answers.is_ok();
+        if started.elapsed() + PROMOTE_RETRY >= timeout {
+            return Err(CliError {
+                exit: Exit::Unavailable,
+                message: format!(
+                    "node {id} is still a learner after {}: {progress}; it stays a learner (run the command again to \
+                     keep waiting, or `runnev cluster remove {id}`)",
+                    format_duration(started.elapsed())
+                ),
+            }
+            .into());
+        }
+        tokio::time::sleep(PROMOTE_RETRY).await;
+    }
 }
 
 /// The benchmark's executable, which `runnev bench` runs.

@@ -148,6 +148,94 @@ pub enum LaunchError {
     /// A wait ran out: what was waited for, how long, and the last state seen.
     #[error("{0}")]
     Timeout(String),
+    /// A port a node needs is already taken on 127.0.0.1 (nothing was started).
+    #[error("port {port} on 127.0.0.1 is already in use{}", .holder.as_ref().map_or_else(|| " (by a process this user cannot see; `ss -ltnp` may show it)".to_string(), |h| format!(" by process {} ({})", h.pid, h.command)))]
+    PortInUse {
+        /// The port.
+        port: u16,
+        /// Who listens on it, when /proc tells.
+        holder: Option<PortHolder>,
+    },
+}
+
+/// A process listening on a TCP port, as /proc shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortHolder {
+    /// Its process id.
+    pub pid: u32,
+    /// Its command line, arguments separated by spaces.
+    pub command: String,
+}
+
+impl PortHolder {
+    /// Whether it is a `runnev serve` node.
+    pub fn is_runnev_node(&self) -> bool {
+        self.command.contains("runnev") && self.command.split(' ').any(|a| a == "serve")
+    }
+}
+
+/// Whether TCP `port` can be bound on 127.0.0.1 now (the listener is closed again at once).
+///
+/// Errors: [`LaunchError::PortInUse`] with the process that holds it, when /proc tells; another
+/// bind failure as [`LaunchError::Io`].
+pub fn check_port_free(port: u16) -> Result<(), LaunchError> {
+    match std::net::TcpListener::bind(("127.0.0.1", port)) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+            Err(LaunchError::PortInUse { port, holder: port_holder(port) })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The process listening on TCP `port` on any local address, found as `ss -ltnp` finds it: the
+/// listening socket's inode in `/proc/net/tcp` and `/proc/net/tcp6`, then the process with a
+/// file descriptor on that socket under `/proc/PID/fd`. `None` when there is no such socket or
+/// the process is not visible to this user.
+pub fn port_holder(port: u16) -> Option<PortHolder> {
+    let inodes: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .flat_map(|table| listening_inodes(&table, port))
+        .collect();
+    if inodes.is_empty() {
+        return None;
+    }
+    let targets: Vec<String> = inodes.iter().map(|i| format!("socket:[{i}]")).collect();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else { continue };
+        for fd in fds.flatten() {
+            let Ok(link) = std::fs::read_link(fd.path()) else { continue };
+            if targets.iter().any(|t| link.as_os_str() == t.as_str()) {
+                let raw = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+                let command = raw
+                    .split(|b| *b == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                return Some(PortHolder { pid, command });
+            }
+        }
+    }
+    None
+}
+
+/// The inodes of the sockets listening on `port` in a `/proc/net/tcp` table (`local_address` is
+/// `HEXADDR:HEXPORT`, state `0A` is LISTEN, the inode is the tenth column).
+fn listening_inodes(table: &str, port: u16) -> Vec<String> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let local_port = cols.get(1)?.rsplit_once(':')?.1;
+            let listening = *cols.get(3)? == "0A";
+            (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+                .then(|| cols.get(9).map(|s| s.to_string()))?
+        })
+        .collect()
 }
 
 /// One node of a [`LocalCluster`].
@@ -306,7 +394,13 @@ impl LocalCluster {
                 if last > u64::from(u16::MAX) {
                     return Err(LaunchError::Ports(base, spec.nodes));
                 }
-                (0..spec.nodes).map(|i| base + i as u16).collect()
+                let ports: Vec<u16> = (0..spec.nodes).map(|i| base + i as u16).collect();
+                // A process already there (a node left from an earlier run) would take the
+                // node's place: its peers would find it and it could lead them. Start nothing.
+                for &port in &ports {
+                    check_port_free(port)?;
+                }
+                ports
             }
         };
         std::fs::create_dir_all(&spec.root)?;
@@ -761,6 +855,38 @@ mod tests {
         assert_eq!(log_tail(&p, 2), "b\nc");
         assert_eq!(log_tail(&p, 10), "===== test: start =====\na\nb\nc");
         assert!(log_tail(&d.path().join("missing"), 2).starts_with("(cannot open"));
+    }
+
+    #[test]
+    fn a_taken_port_is_refused_naming_its_holder() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        match check_port_free(port) {
+            Err(LaunchError::PortInUse { port: p, holder }) => {
+                assert_eq!(p, port);
+                let h = holder.expect("/proc names this process");
+                assert_eq!(h.pid, std::process::id());
+                assert!(!h.is_runnev_node(), "{h:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let d = tempfile::tempdir().unwrap();
+        let mut spec = ClusterSpec::new("/bin/false", d.path().join("c"), 1, "test");
+        spec.ports = Ports::Base(port);
+        let err = LocalCluster::spawn(spec).err().expect("refused");
+        assert!(err.to_string().contains(&format!("port {port} on 127.0.0.1 is already in use by process")), "{err}");
+        drop(l);
+        assert!(check_port_free(port).is_ok());
+    }
+
+    #[test]
+    fn listening_sockets_are_found_in_the_proc_table() {
+        let table =
+            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+                     0: 0100007F:1B59 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1\n\
+                     1: 0100007F:1B59 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 4343 1\n";
+        assert_eq!(listening_inodes(table, 7001), vec!["4242".to_string()]);
+        assert!(listening_inodes(table, 7002).is_empty());
     }
 
     #[test]

@@ -31,4 +31,5 @@ pub mod outbox;
 pub mod raft;
 pub mod storage;
 pub mod stream;
+pub mod units;
 pub mod wire;

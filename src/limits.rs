@@ -197,6 +197,11 @@ pub const CLIENT_BACKOFF_MIN_MS: u64 = 50;
 pub const CLIENT_BACKOFF_MAX_MS: u64 = 2_000;
 /// How long the client keeps retrying a call by default, in ms.
 pub const CLIENT_GIVE_UP_MS: u64 = 30_000;
+/// How long the client keeps retrying by default while every connection is refused (no node
+/// listens), in ms: a few rounds over the nodes (backoff 50, 100, 200, 400 ms between them),
+/// so a stopped cluster is reported in about a second rather than after
+/// [`CLIENT_GIVE_UP_MS`].
+pub const CLIENT_UNREACHABLE_MS: u64 = 1_000;
 
 /// A subscription connection silent (not even a keep-alive) for this long is presumed dead and
 /// the client reconnects, in ms: three server keep-alive intervals.
@@ -226,6 +231,8 @@ const _: () = assert!(SUBSCRIBE_KEEPALIVE_MS < 15_000);
 // election takes one lease plus one timeout), and checks often enough to notice it promptly.
 const _: () = assert!(LEADER_SILENCE_MAX_MS >= 3 * RAFT_ELECTION_TIMEOUT_MAX_MS);
 const _: () = assert!(SUBSCRIBE_CONTACT_CHECK_MS < LEADER_SILENCE_MAX_MS);
+// The client gives up on a cluster that refuses every connection before one that answers.
+const _: () = assert!(CLIENT_UNREACHABLE_MS <= CLIENT_GIVE_UP_MS);
 // A client presumes a subscription dead only after missing three keep-alives.
 const _: () = assert!(SUBSCRIPTION_IDLE_MS >= 3 * SUBSCRIBE_KEEPALIVE_MS);
 // Raft paper §5.2, §9: heartbeats come well within the election timeout, whose range is not

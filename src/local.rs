@@ -3,14 +3,17 @@
 //! Owns: the command's options, its output and its watch over the children, which
 //! [`crate::launcher`] starts and stops. Must never: leave a child running after it returns or
 //! after it dies (children get SIGTERM on a clean stop and, through `PR_SET_PDEATHSIG`, when
-//! this process is killed).
+//! this process is killed); start beside a process that holds one of its ports (a node left from
+//! an earlier run would take a node's place and could lead the others); or exit 0 when its
+//! nodes could not run. A node started by hand beside it is not its business: it neither stops
+//! nor watches one.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::launcher::{ClusterSpec, LaunchError, LocalCluster, Ports, Signal};
+use crate::launcher::{log_tail, port_holder, ClusterSpec, LaunchError, LocalCluster, Ports, Signal};
 
 /// Options of `runnev local` (SPEC §5).
 #[derive(Debug, Clone)]
@@ -25,17 +28,100 @@ pub struct LocalOptions {
     pub serve_args: Vec<String>,
 }
 
+/// Why `runnev local` stopped without being asked to.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// A port it needs is taken by a Runnev node it did not start.
+    #[error(
+        "port {port} is held by a runnev node that this `runnev local` did not start (process {pid}: {command}), \
+         left from an earlier run or started by hand; started beside it, this cluster's nodes would join it. \
+         Stop it (`kill {pid}`) and run `runnev local` again, or use other ports (--base-port)"
+    )]
+    StrayNode {
+        /// The port.
+        port: u16,
+        /// The node's process id.
+        pid: u32,
+        /// Its command line.
+        command: String,
+    },
+    /// A node exited before it served, with the cause from its log.
+    #[error("node {id} could not start: {cause}; the other nodes were stopped (log: {log})")]
+    NodeFailed {
+        /// The node.
+        id: u64,
+        /// The cause, from the node's last words in its log (and who holds its port, if that is it).
+        cause: String,
+        /// Its log file.
+        log: PathBuf,
+    },
+    /// Every node exited on its own.
+    #[error("every node has exited on its own; their logs are under {0}")]
+    AllExited(PathBuf),
+    /// The nodes could not be started, signalled or watched.
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+}
+
+impl From<std::io::Error> for LocalError {
+    fn from(e: std::io::Error) -> Self {
+        LocalError::Launch(e.into())
+    }
+}
+
+/// Prints a line on stdout; a closed stdout (`runnev local | head`) is not a reason to stop the
+/// cluster abruptly (`println!` would panic), so the line is dropped.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// [`out!`] for stderr.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// How long a node may take to stop after SIGTERM before it is killed, in ms.
 const STOP_MS_MAX: u64 = 10_000;
 /// Interval at which the nodes are checked for having exited, in ms.
 const WATCH_MS: u64 = 500;
+/// How long a node may take to answer `/healthz` after it was started, in ms.
+const START_MS_MAX: u64 = 60_000;
+
+/// A node's last words: the last line its `runnev serve` printed as an error (`runnev: …`),
+/// else the last line of its log; with the process holding its port when the port was the
+/// problem.
+fn cause_from_log(log: &std::path::Path, port: u16) -> String {
+    let tail = log_tail(log, 40);
+    let cause = tail
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("runnev: "))
+        .or_else(|| tail.lines().rev().find(|l| !l.trim().is_empty() && !l.starts_with("=====")))
+        .unwrap_or("it printed nothing")
+        .to_string();
+    if !cause.contains("in use") {
+        return cause;
+    }
+    match port_holder(port) {
+        Some(h) => format!("{cause} (port {port} is held by process {}: {})", h.pid, h.command),
+        None => cause,
+    }
+}
 
 /// Runs the cluster until Ctrl-C or SIGTERM, then stops every node (SIGTERM, then SIGKILL after
 /// 10 s) and returns.
 ///
-/// Errors: a node could not be started (the others are stopped first), or the ports would
-/// overflow.
-pub async fn run(opts: LocalOptions) -> Result<(), LaunchError> {
+/// Errors: a port is taken ([`LocalError::StrayNode`] for a Runnev node, else
+/// [`LaunchError::PortInUse`]); a node exited before it served ([`LocalError::NodeFailed`], the
+/// others are stopped); every node exited later ([`LocalError::AllExited`]); the ports would
+/// overflow, or a process could not be started.
+pub async fn run(opts: LocalOptions) -> Result<(), LocalError> {
     let spec = ClusterSpec {
         exe: std::env::current_exe()?,
         root: opts.dir.clone(),
@@ -50,13 +136,31 @@ pub async fn run(opts: LocalOptions) -> Result<(), LaunchError> {
         // The data stays across runs, so a restart rejoins.
         keep_dir: true,
     };
-    let mut cluster = LocalCluster::spawn(spec)?;
-    println!("runnev local: {} nodes, data and logs under {}", opts.nodes, opts.dir.display());
-    for n in cluster.nodes() {
-        println!("  node {}: {}   (log: {})", n.id, n.url(), n.log_path.display());
+    let mut cluster = match LocalCluster::spawn(spec) {
+        Ok(c) => c,
+        Err(LaunchError::PortInUse { port, holder: Some(h) }) if h.is_runnev_node() => {
+            return Err(LocalError::StrayNode { port, pid: h.pid, command: h.command })
+        }
+        Err(e) => return Err(e.into()),
+    };
+    out!("runnev local: starting {} nodes, data and logs under {}", opts.nodes, opts.dir.display());
+    for id in cluster.ids() {
+        if let Err(e) = cluster.wait_healthy(id, Duration::from_millis(START_MS_MAX)).await {
+            let node = cluster.node(id)?;
+            let (port, log) = (node.port, node.log_path.clone());
+            let cause = match e {
+                LaunchError::Exited { status, .. } => format!("{} ({status})", cause_from_log(&log, port)),
+                e => e.to_string(),
+            };
+            cluster.stop_all(Duration::from_millis(STOP_MS_MAX)).await;
+            return Err(LocalError::NodeFailed { id, cause, log });
+        }
     }
-    println!("RUNNEV_NODES={}", cluster.urls().join(","));
-    println!("Ctrl-C stops the cluster.");
+    for n in cluster.nodes() {
+        out!("  node {}: {}   (log: {})", n.id, n.url(), n.log_path.display());
+    }
+    out!("RUNNEV_NODES={}", cluster.urls().join(","));
+    out!("Ctrl-C stops the cluster.");
 
     let mut term = signal(SignalKind::terminate())?;
     let mut watch = tokio::time::interval(Duration::from_millis(WATCH_MS));
@@ -67,19 +171,27 @@ pub async fn run(opts: LocalOptions) -> Result<(), LaunchError> {
             _ = watch.tick() => {
                 for id in cluster.running_ids() {
                     if let Some(status) = cluster.exited(id) {
-                        eprintln!("runnev local: node {id} exited ({status}); see its log");
+                        let node = cluster.node(id)?;
+                        let cause = if status.success() {
+                            "it was stopped (SIGTERM or Ctrl-C)".to_string()
+                        } else {
+                            cause_from_log(&node.log_path, node.port)
+                        };
+                        note!(
+                            "runnev local: node {id} exited ({status}): {cause}; it is not restarted (log: {})",
+                            node.log_path.display()
+                        );
                     }
                 }
                 if cluster.running_ids().is_empty() {
-                    eprintln!("runnev local: every node has exited; stopping");
-                    return Ok(());
+                    return Err(LocalError::AllExited(opts.dir.clone()));
                 }
             }
         }
     }
-    println!("runnev local: stopping");
+    out!("runnev local: stopping");
     for id in cluster.stop_all(Duration::from_millis(STOP_MS_MAX)).await {
-        eprintln!("runnev local: node {id} did not stop in {STOP_MS_MAX} ms; killed it");
+        note!("runnev local: node {id} did not stop in {STOP_MS_MAX} ms; killed it");
     }
     Ok(())
 }

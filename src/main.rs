@@ -1,7 +1,12 @@
 //! The `runnev` command line (SPEC §5): parse flags, then hand over to the library.
+//!
+//! Exit statuses are part of the contract ([`cli::Exit`], listed by `runnev --help` and in
+//! `docs/cli.md`); `docs/cli-reference.md` is generated from the definitions below (see the
+//! test at the end).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -9,47 +14,196 @@ use runnev::limits::{
     BATCH_BYTES_DEFAULT, MAX_CLOCK_OFFSET_MS_DEFAULT, SNAPSHOT_KEEP_LOGS_DEFAULT, SNAPSHOT_LOGS_DEFAULT,
 };
 use runnev::node::{self, NodeConfig};
+use runnev::units::{self, Limit};
 use tokio::signal::unix::{signal, SignalKind};
 
 mod cli;
 
+use cli::{Exit, Output};
+
+/// The exit statuses, as `runnev --help` lists them after the commands.
+fn exit_help() -> String {
+    let mut text = String::from("Exit status:");
+    for exit in Exit::ALL {
+        text.push_str(&format!("\n  {}  {}", exit as u8, exit.summary()));
+    }
+    text
+}
+
+/// The command line's definition, with the exit statuses in its help.
+fn command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command().after_help(exit_help())
+}
+
 #[derive(Parser)]
 #[command(name = "runnev", version, about = "A Raft-replicated log service with an honest delivery guarantee")]
 struct Cli {
+    #[command(flatten)]
+    at: TopClientArgs,
     #[command(subcommand)]
     command: Cmd,
 }
 
-/// Where client commands find the cluster (SPEC §5).
+/// The client flags before the subcommand (`runnev --nodes … streams`); the same flags after it
+/// ([`ClientArgs`]) take precedence.
 #[derive(clap::Args)]
-struct ClientArgs {
-    /// Nodes to talk to, comma-separated base URLs; the client fails over between them.
-    #[arg(long = "nodes", env = "RUNNEV_NODES", default_value = runnev::client::DEFAULT_NODES)]
-    nodes: String,
+struct TopClientArgs {
+    /// Nodes the client commands talk to: HOST:PORT or http://HOST:PORT, comma-separated; the
+    /// client fails over between them [env: RUNNEV_NODES] [default: 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003]
+    #[arg(short = 'n', long = "nodes", value_name = "NODES")]
+    nodes: Option<String>,
+    /// Output of the client commands: text (for people) or json (one JSON document per line)
+    /// [default: text on a terminal, json when stdout is not one]
+    #[arg(short = 'o', long = "output", value_name = "FORMAT")]
+    output: Option<Output>,
 }
 
-impl ClientArgs {
+/// Where client commands find the cluster, and how they print (SPEC §5). Accepted anywhere after
+/// the command (`runnev streams create t1 --nodes …`).
+#[derive(clap::Args)]
+struct ClientArgs {
+    /// Nodes to talk to: HOST:PORT or http://HOST:PORT, comma-separated; the client fails over
+    /// between them [env: RUNNEV_NODES] [default: 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003]
+    #[arg(short = 'n', long = "nodes", value_name = "NODES", global = true)]
+    nodes: Option<String>,
+    /// Output: text (for people) or json (one JSON document per line) [default: text on a
+    /// terminal, json when stdout is not one]
+    #[arg(short = 'o', long = "output", value_name = "FORMAT", global = true)]
+    output: Option<Output>,
+}
+
+/// The resolved client flags of one command.
+struct At {
+    nodes: String,
+    output: Output,
+}
+
+impl At {
     fn client(&self) -> Result<runnev::client::Client> {
         Ok(runnev::client::Client::new(&runnev::client::Client::parse_nodes(&self.nodes))?)
     }
 }
 
+/// A node id: a whole number from 1 (SPEC §5).
+fn node_id(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("node ids start at 1; 0 is not a node id".into()),
+        Ok(id) => Ok(id),
+        Err(_) => Err(format!("{s:?} is not a node id (a whole number from 1)")),
+    }
+}
+
+/// A publisher's seq: a whole number from 1 (SPEC §2.3), as the server checks it.
+fn seq(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("seq={s:?} must be an integer >= 1")),
+    }
+}
+
+/// A stream name, checked with the server's rule and words (SPEC §1).
+fn stream_name(s: &str) -> Result<String, String> {
+    runnev::stream::validate_name(s).map(|()| s.to_string()).map_err(|e| e.to_string())
+}
+
+/// `--after`: the last seq already processed; -1 and 0 both mean the start (as the server reads
+/// `after`), any other negative number is refused as the server refuses it.
+fn after(s: &str) -> Result<u64, String> {
+    match s.trim() {
+        "-1" => Ok(0),
+        t => t.parse::<u64>().map_err(|_| format!("after={t:?} must be a non-negative integer (or -1, the start)")),
+    }
+}
+
+/// A size in bytes for a `usize` flag ([`units::parse_bytes`]).
+fn size(s: &str) -> Result<usize, String> {
+    let n = units::parse_bytes(s)?;
+    usize::try_from(n).map_err(|_| format!("{s:?} is too large"))
+}
+
+/// A retention limit: at least 1 of its unit, or `none`.
+fn at_least_one<T: PartialEq + Default>(limit: Limit<T>, what: &str) -> Result<Limit<T>, String> {
+    match limit {
+        Limit::Set(v) if v == T::default() => Err(format!("{what} of 0 would keep nothing; give at least 1, or none")),
+        l => Ok(l),
+    }
+}
+
+fn batches_limit(s: &str) -> Result<Limit<u64>, String> {
+    at_least_one(units::parse_count_limit(s)?, "a batch limit")
+}
+
+fn bytes_limit(s: &str) -> Result<Limit<u64>, String> {
+    at_least_one(units::parse_bytes_limit(s)?, "a size limit")
+}
+
+fn age_limit(s: &str) -> Result<Limit<Duration>, String> {
+    let limit = units::parse_duration_limit(s)?;
+    if let Limit::Set(d) = limit {
+        if d < Duration::from_millis(1) {
+            return Err("an age limit under 1ms would keep nothing; give at least 1ms, or none".into());
+        }
+    }
+    Ok(limit)
+}
+
+/// `--max-age-ms`: a whole number of ms (its old form), or a duration with its unit.
+fn age_ms(s: &str) -> Result<u64, String> {
+    let ms = match s.trim().parse::<u64>() {
+        Ok(ms) => ms,
+        Err(_) => u64::try_from(units::parse_duration(s)?.as_millis()).unwrap_or(u64::MAX),
+    };
+    if ms == 0 {
+        return Err("an age limit under 1ms would keep nothing; give at least 1ms".into());
+    }
+    Ok(ms)
+}
+
+/// Retention flags of `streams create` and `streams set`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RetentionArgs {
+    /// Most batches kept (the newest is never evicted), or none
+    #[arg(long, value_name = "N|none", value_parser = batches_limit)]
+    max_batches: Option<Limit<u64>>,
+    /// Most payload bytes kept, e.g. 64MiB, 1GB, 1048576 (the newest batch is never evicted), or
+    /// none
+    #[arg(long, value_name = "SIZE|none", value_parser = bytes_limit)]
+    max_bytes: Option<Limit<u64>>,
+    /// Oldest batch age kept, e.g. 30s, 15m, 1h, 7d, or none
+    #[arg(long, value_name = "DURATION|none", value_parser = age_limit, conflicts_with = "max_age_ms")]
+    max_age: Option<Limit<Duration>>,
+    /// The former spelling of --max-age: ms, or a duration.
+    #[arg(long, value_name = "MS", hide = true, value_parser = age_ms)]
+    max_age_ms: Option<u64>,
+}
+
 /// `runnev cluster` subcommands.
 #[derive(Subcommand)]
 pub enum ClusterCmd {
-    /// Add a node (started with `runnev serve --id ID …`): learner first, voter once caught up.
+    /// Add a node (started with `runnev serve --id ID …`, its id not in its --peers) as a
+    /// learner; with --wait-voter, wait until it has caught up and is a voter.
     Add {
         /// The new node's id.
+        #[arg(value_parser = node_id)]
         id: u64,
         /// Its address, HOST:PORT, as the other nodes reach it.
         addr: String,
-        /// Keep it a learner (no vote).
+        /// Then wait until it has caught up and been promoted to voter, showing its progress.
         #[arg(long)]
+        wait_voter: bool,
+        /// How long --wait-voter waits before it gives up (the node stays a learner).
+        #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = units::parse_duration, requires = "wait_voter")]
+        timeout: Duration,
+        /// Keep it a learner: what `add` does without --wait-voter (kept for scripts).
+        #[arg(long, hide = true, conflicts_with = "wait_voter")]
         learner: bool,
     },
-    /// Remove a node.
+    /// Remove a node: a learner at once, a voter through a joint configuration.
+    #[command(visible_alias = "rm")]
     Remove {
         /// The node's id.
+        #[arg(value_parser = node_id)]
         id: u64,
     },
 }
@@ -58,29 +212,37 @@ pub enum ClusterCmd {
 #[derive(Subcommand)]
 pub enum StreamsCmd {
     /// List streams (the default).
+    #[command(visible_alias = "ls")]
     List,
-    /// Create a stream, or replace its retention.
+    /// Create a stream; on an existing stream, a retention flag replaces its whole retention
+    /// (a limit not given becomes none).
     Create {
-        /// Stream name.
+        /// Stream name: 1-128 of A-Z a-z 0-9 . _ -
+        #[arg(value_parser = stream_name)]
         name: String,
-        /// Most batches kept.
-        #[arg(long)]
-        max_batches: Option<u64>,
-        /// Most payload bytes kept.
-        #[arg(long)]
-        max_bytes: Option<u64>,
-        /// Oldest batch age kept, in ms.
-        #[arg(long)]
-        max_age_ms: Option<u64>,
+        #[command(flatten)]
+        retention: RetentionArgs,
+    },
+    /// Change some retention limits of an existing stream, keeping the others (none clears one).
+    #[command(visible_alias = "update")]
+    Set {
+        /// Stream name.
+        #[arg(value_parser = stream_name)]
+        name: String,
+        #[command(flatten)]
+        retention: RetentionArgs,
     },
     /// Show one stream.
     Info {
         /// Stream name.
+        #[arg(value_parser = stream_name)]
         name: String,
     },
     /// Delete a stream and its batches.
+    #[command(visible_alias = "rm")]
     Delete {
         /// Stream name.
+        #[arg(value_parser = stream_name)]
         name: String,
     },
 }
@@ -89,20 +251,21 @@ pub enum StreamsCmd {
 enum Cmd {
     /// Run one node.
     Serve {
-        /// This node's id (a positive integer, unique in the cluster).
-        #[arg(long)]
+        /// This node's id: a whole number from 1, unique in the cluster.
+        #[arg(long, value_parser = node_id)]
         id: u64,
-        /// Directory for the node's database and snapshot; must persist across restarts.
+        /// Directory for the node's Raft log, database and snapshots; must persist across
+        /// restarts.
         #[arg(long)]
         data_dir: PathBuf,
         /// Address for the client API and Raft traffic, e.g. 127.0.0.1:7001.
         #[arg(long)]
         listen: String,
-        /// Initial cluster members: 1=HOST:PORT,2=HOST:PORT,3=HOST:PORT.
+        /// Initial cluster members: 1=HOST:PORT,2=HOST:PORT,3=HOST:PORT (one node: 1=HOST:PORT).
         #[arg(long)]
         peers: String,
-        /// Largest batch payload, in bytes.
-        #[arg(long, default_value_t = BATCH_BYTES_DEFAULT)]
+        /// Largest batch payload: bytes, or with a unit (512KiB, 4MiB); at most 32MiB.
+        #[arg(long, value_name = "SIZE", default_value_t = BATCH_BYTES_DEFAULT, value_parser = size)]
         max_batch_bytes: usize,
         /// Create a stream on its first publish instead of answering 404.
         #[arg(long)]
@@ -121,8 +284,8 @@ enum Cmd {
     /// Start a local cluster of child processes on 127.0.0.1; Ctrl-C stops it.
     Local {
         /// Number of nodes.
-        #[arg(long, default_value_t = 3)]
-        nodes: u64,
+        #[arg(long = "nodes", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=99))]
+        count: u64,
         /// Directory for the nodes' data and logs (kept across runs).
         #[arg(long, default_value = ".runnev-local")]
         dir: PathBuf,
@@ -135,28 +298,35 @@ enum Cmd {
         #[command(flatten)]
         at: ClientArgs,
         /// Stream name.
+        #[arg(value_parser = stream_name)]
         stream: String,
-        /// Your own seq, for idempotent retries.
-        #[arg(long)]
+        /// Your own seq (from 1), for idempotent retries.
+        #[arg(short, long, value_parser = seq)]
         seq: Option<u64>,
         /// The payload (else --file, else stdin).
+        #[arg(conflicts_with = "file")]
         data: Option<String>,
         /// Read the payload from this file.
-        #[arg(long)]
+        #[arg(short, long)]
         file: Option<PathBuf>,
     },
-    /// Print batches as they arrive, failing over between nodes.
+    /// Print batches as they arrive, failing over between nodes and retrying without end.
     Subscribe {
         #[command(flatten)]
         at: ClientArgs,
         /// Stream name.
+        #[arg(value_parser = stream_name)]
         stream: String,
-        /// Start after this seq (overrides the cursor file).
-        #[arg(long, allow_hyphen_values = true)]
-        after: Option<i64>,
+        /// Start after this seq (0 or -1: the start; overrides the cursor file).
+        #[arg(short, long, allow_hyphen_values = true, value_parser = after)]
+        after: Option<u64>,
         /// Resume from, and save the cursor to, this file after each batch is printed.
-        #[arg(long)]
+        #[arg(short, long)]
         cursor_file: Option<PathBuf>,
+        /// Give up (exit 3 or 6) after this long without a connection to any node, e.g. 5m;
+        /// without it, retry until stopped.
+        #[arg(long, value_name = "DURATION", value_parser = units::parse_duration)]
+        max_outage: Option<Duration>,
     },
     /// Manage streams.
     Streams {
@@ -180,7 +350,7 @@ enum Cmd {
         #[arg(long, default_value_t = 2000)]
         timeout_ms: u64,
     },
-    /// Show each node's view of the cluster.
+    /// Show each node's view of the cluster; exit 3 when no node answers.
     Status {
         #[command(flatten)]
         at: ClientArgs,
@@ -203,7 +373,7 @@ fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>> {
     let mut peers = BTreeMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (id, addr) = part.split_once('=').with_context(|| format!("peer {part:?} is not ID=HOST:PORT"))?;
-        let id: u64 = id.parse().with_context(|| format!("peer id {id:?} is not an integer"))?;
+        let id = node_id(id).map_err(|e| anyhow::anyhow!("peer {part:?}: {e}"))?;
         if !addr.contains(':') {
             bail!("peer address {addr:?} has no port");
         }
@@ -234,25 +404,59 @@ async fn shutdown_signal() {
 }
 
 fn main() -> std::process::ExitCode {
+    // Usage errors exit 2 (clap's own status, Exit::Usage), help and version 0.
+    let args = match command().try_get_matches().and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m)) {
+        Ok(args) => args,
+        Err(e) => e.exit(),
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("runnev: starting the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
+            return std::process::ExitCode::from(Exit::Local as u8);
         }
     };
-    match runtime.block_on(run()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+    match runtime.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::from(Exit::Success as u8),
         Err(e) => {
-            eprintln!("runnev: {e:#}");
-            std::process::ExitCode::FAILURE
+            let exit = cli::exit_of(&e);
+            eprintln!("runnev: {}", cli::message(&e, exit));
+            std::process::ExitCode::from(exit as u8)
         }
     }
 }
 
-async fn run() -> Result<()> {
-    runnev::node::init_logging();
-    match Cli::parse().command {
+/// The client flags of a command: after it, else before it, else `RUNNEV_NODES`, else the
+/// default nodes; the output as asked, else text on a terminal and JSON otherwise.
+fn resolve(top: &TopClientArgs, at: &ClientArgs) -> At {
+    let nodes = at
+        .nodes
+        .clone()
+        .or_else(|| top.nodes.clone())
+        .or_else(|| std::env::var("RUNNEV_NODES").ok().filter(|v| !v.trim().is_empty()))
+        .unwrap_or_else(|| runnev::client::DEFAULT_NODES.to_string());
+    let output = at.output.or(top.output).unwrap_or_else(Output::detect);
+    At { nodes, output }
+}
+
+async fn run(args: Cli) -> Result<()> {
+    let top = args.at;
+    let client_command = matches!(
+        args.command,
+        Cmd::Publish { .. } | Cmd::Subscribe { .. } | Cmd::Streams { .. } | Cmd::Cluster { .. } | Cmd::Status { .. }
+    );
+    if client_command {
+        runnev::node::init_logging_or("warn");
+    } else {
+        runnev::node::init_logging();
+        if top.nodes.is_some() || top.output.is_some() {
+            return Err(cli::usage(
+                "--nodes and --output before the command belong to the client commands (publish, subscribe, \
+                 streams, status, cluster); give this command's own flags after it",
+            ));
+        }
+    }
+    match args.command {
         Cmd::Serve {
             id,
             data_dir,
@@ -264,7 +468,7 @@ async fn run() -> Result<()> {
             snapshot_keep_logs,
             max_clock_offset_ms,
         } => {
-            let peers = parse_peers(&peers)?;
+            let peers = parse_peers(&peers).map_err(|e| cli::usage(&format!("--peers: {e:#}")))?;
             let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("binding {listen}"))?;
             // Answers are small: without TCP_NODELAY, Nagle and delayed ACKs add ~40 ms to each.
             let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
@@ -285,32 +489,112 @@ async fn run() -> Result<()> {
                 snapshot_keep_logs,
                 max_clock_offset_ms,
             };
-            let store = runnev::storage::Store::open(&cfg.data_dir)
-                .with_context(|| format!("opening the data dir {}", cfg.data_dir.display()))?;
+            let store =
+                runnev::storage::Store::open(&cfg.data_dir).map_err(|e| cli::store_open_error(&cfg.data_dir, e))?;
             node::run(cfg, store, listener, node::Environment::production(Some(prometheus)), shutdown_signal()).await?;
         }
-        Cmd::Local { nodes, dir, base_port } => {
-            runnev::local::run(runnev::local::LocalOptions { nodes, dir, base_port, serve_args: Vec::new() }).await?;
+        Cmd::Local { count, dir, base_port } => {
+            runnev::local::run(runnev::local::LocalOptions { nodes: count, dir, base_port, serve_args: Vec::new() })
+                .await?;
         }
-        Cmd::Publish { at, stream, seq, data, file } => cli::publish(&at.client()?, &stream, seq, data, file).await?,
-        Cmd::Subscribe { at, stream, after, cursor_file } => {
-            cli::subscribe(&at.client()?, &stream, after, cursor_file).await?
+        Cmd::Publish { at, stream, seq, data, file } => {
+            let at = resolve(&top, &at);
+            cli::publish(&at.client()?, at.output, &stream, seq, data, file).await?
         }
-        Cmd::Streams { at, cmd } => cli::streams(&at.client()?, cmd).await?,
-        Cmd::Status { at } => cli::status(&at.client()?).await?,
-        Cmd::Probe { url, timeout_ms } => cli::probe(&url, std::time::Duration::from_millis(timeout_ms)).await?,
+        Cmd::Subscribe { at, stream, after, cursor_file, max_outage } => {
+            let at = resolve(&top, &at);
+            cli::subscribe(&at.client()?, at.output, &stream, after, cursor_file, max_outage).await?
+        }
+        Cmd::Streams { at, cmd } => {
+            let at = resolve(&top, &at);
+            cli::streams(&at.client()?, at.output, cmd).await?
+        }
+        Cmd::Status { at } => {
+            let at = resolve(&top, &at);
+            cli::status(&at.client()?, at.output).await?
+        }
+        Cmd::Probe { url, timeout_ms } => cli::probe(&url, Duration::from_millis(timeout_ms)).await?,
         Cmd::Cluster { at, cmd } => {
-            let client = at.client()?;
-            let view = match cmd {
-                ClusterCmd::Add { id, addr, learner } => client.add_member(id, &addr, !learner).await?,
-                ClusterCmd::Remove { id } => client.remove_member(id).await?,
-            };
-            // Through a JSON value: keys sorted, as this output has always been.
-            println!("{}", serde_json::to_value(view)?);
+            let at = resolve(&top, &at);
+            cli::cluster(&at.client()?, at.output, cmd).await?
         }
         Cmd::Bench { args } => return Err(cli::bench(args)),
         Cmd::OutboxRelay(args) => runnev::outbox::cli::relay(args, shutdown_signal()).await?,
         Cmd::SinkPostgres(args) => runnev::outbox::cli::sink(args, shutdown_signal()).await?,
     }
     Ok(())
+}
+
+/// The command-line reference: every command's `--help`, as Markdown. `docs/cli-reference.md`
+/// is this text (checked by the test below; `RUNNEV_WRITE_REFERENCE=1 cargo test -p runnev --bin
+/// runnev reference` rewrites it).
+#[cfg(test)]
+fn reference() -> String {
+    fn walk(cmd: &mut clap::Command, path: &str, out: &mut String) {
+        let long_help = cmd.render_long_help().to_string();
+        out.push_str(&format!("\n## `{path}`\n\n```text\n{}\n```\n", long_help.trim_end()));
+        let names: Vec<String> =
+            cmd.get_subcommands().filter(|s| s.get_name() != "help").map(|s| s.get_name().to_string()).collect();
+        for name in names {
+            if let Some(sub) = cmd.find_subcommand_mut(&name) {
+                walk(sub, &format!("{path} {name}"), out);
+            }
+        }
+    }
+    let mut cmd = command();
+    cmd.build();
+    let mut out = String::from(
+        "# Command-line reference\n\n\
+         Generated from `runnev`'s own definitions: each section is that command's `--help`. \
+         A test fails when this file and the binary disagree. How the commands behave, their \
+         output and their exit statuses are described in [cli.md](cli.md).\n",
+    );
+    walk(&mut cmd, "runnev", &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_definitions_are_consistent() {
+        command().debug_assert();
+    }
+
+    /// `docs/cli-reference.md` is what the binary says about itself.
+    #[test]
+    fn reference_matches_the_committed_file() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/cli-reference.md");
+        let generated = reference();
+        if std::env::var_os("RUNNEV_WRITE_REFERENCE").is_some() {
+            std::fs::write(&path, &generated).unwrap();
+        }
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "{} differs from `runnev --help` of every command; regenerate it with \
+             `RUNNEV_WRITE_REFERENCE=1 cargo test -p runnev --bin runnev reference`",
+            path.display()
+        );
+    }
+
+    /// Every exit status is listed by `--help`, by its number.
+    #[test]
+    fn help_lists_every_exit_status() {
+        let help = command().render_long_help().to_string();
+        for (n, exit) in Exit::ALL.iter().enumerate() {
+            assert_eq!(*exit as usize, n);
+            assert!(help.contains(&format!("  {n}  {}", exit.summary())), "{help}");
+        }
+    }
+
+    #[test]
+    fn node_ids_start_at_one() {
+        assert!(node_id("0").unwrap_err().contains("start at 1"));
+        assert_eq!(node_id("4"), Ok(4));
+        assert!(parse_peers("0=h:1,1=h:2").is_err());
+        assert_eq!(after("-1"), Ok(0));
+        assert!(after("-5").unwrap_err().contains("non-negative"));
+    }
 }

@@ -117,6 +117,16 @@ pub fn http_client(dialer: Arc<dyn Dialer>) -> HttpClient {
         .build(DialConnector(dialer))
 }
 
+/// The innermost cause of a transport error, which says what happened (`Connection refused
+/// (os error 111)`), where hyper's own text says only where (`client error (Connect)`).
+pub fn cause_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut last = e;
+    while let Some(next) = last.source() {
+        last = next;
+    }
+    last.to_string()
+}
+
 /// GETs `url` and reads its answer (at most `body_bytes_max` bytes), all within `timeout`.
 /// For probes between nodes and health checks; the client API has its own retrying client.
 ///
@@ -129,7 +139,7 @@ pub async fn get(
 ) -> Result<(hyper::StatusCode, Bytes), String> {
     let uri: Uri = url.parse().map_err(|e| format!("{url:?} is not a URL: {e}"))?;
     let exchange = async {
-        let resp = http.get(uri).await.map_err(|e| format!("{url}: {e}"))?;
+        let resp = http.get(uri).await.map_err(|e| format!("{url}: {}", cause_text(&e)))?;
         let status = resp.status();
         let body = http_body_util::Limited::new(resp.into_body(), body_bytes_max)
             .collect()

@@ -23,16 +23,48 @@ use crate::storage::state_machine::StateMachine;
 use crate::storage::{Store, StoreError};
 
 /// Installs this process's `tracing` subscriber: plain lines on stderr (coloured on a
-/// terminal), filtered by `RUST_LOG`, else `info,openraft=warn`. For `runnev` and `runnev-bench`.
+/// terminal), filtered by `RUST_LOG`, else `info,openraft=warn`. For `runnev serve` and the other
+/// long-running commands, and `runnev-bench`.
 pub fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
-        )
+    init_logging_or(LOG_DEFAULT);
+}
+
+/// The log filter when `RUST_LOG` is not set: Runnev's own info lines, openraft's warnings.
+pub const LOG_DEFAULT: &str = "info,openraft=warn";
+
+/// [`init_logging`] with another filter when `RUST_LOG` is not set (`warn` for the client
+/// commands, whose own output is on stdout and whose notes are printed by themselves).
+///
+/// One warning of openraft is always dropped: "A message will be ignored because vote changed".
+/// openraft 0.9.25 logs it (`RaftCore::does_vote_match`, at WARN) whenever a vote response
+/// arrives at a node that is no longer the candidate it was sent for, and for the response it
+/// sends itself after saving any vote it did not cast for itself: on every election, at every
+/// follower, it is the normal course of Raft (Raft paper §5.2), not a fault. Runnev's own
+/// formation makes it certain at every first start, as every node initialises and campaigns at
+/// term 1 at once. openraft offers no way to lower it to debug, so it is filtered out at its one
+/// call site; the election itself is still logged at info by openraft (`RUST_LOG=openraft=info`).
+pub fn init_logging_or(default: &str) {
+    use tracing_subscriber::filter::{filter_fn, FilterExt};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
+    let env = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_filter(env.and(filter_fn(|meta| !is_benign_vote_race(meta))));
+    tracing_subscriber::registry().with(layer).init();
+}
+
+/// Whether `meta` is openraft 0.9.25's "message will be ignored because vote changed" warning
+/// (see [`init_logging_or`]); openraft is pinned to that exact version, so its call site is too.
+fn is_benign_vote_race(meta: &tracing::Metadata<'_>) -> bool {
+    *meta.level() == tracing::Level::WARN
+        && meta.target() == "openraft::core::raft_core"
+        && meta.file().is_some_and(|f| f.ends_with("raft_core.rs"))
+        && meta.line() == Some(1553)
 }
 
 /// A node's configuration (the flags of `runnev serve`, SPEC §5).

@@ -351,7 +351,9 @@ async fn publisher(client: Client, sh: Arc<Shared>) {
             }
             Err(e) => {
                 match &e {
-                    ClientError::Unavailable { .. } => sh.publish_gave_up.fetch_add(1, Ordering::Relaxed),
+                    ClientError::Unavailable { .. } | ClientError::Unreachable { .. } => {
+                        sh.publish_gave_up.fetch_add(1, Ordering::Relaxed)
+                    }
                     ClientError::Api { code, .. } if code.starts_with("seq_") => {
                         // A retry of the same (seq, payload) must be a duplicate, never a conflict.
                         sh.violation(format!("publish seq {seq}: {e}"));
@@ -536,6 +538,7 @@ async fn read_node(url: &str, stream: &str, upto: u64, min_index: u64) -> Result
         backoff_min: Duration::from_millis(100),
         backoff_max: Duration::from_secs(1),
         give_up_after: Duration::from_secs(30),
+        unreachable_after: Duration::from_secs(30),
     };
     let one =
         Client::with_dialer(&[url.to_string()], Arc::new(runnev::net::TcpDialer), policy).map_err(|e| e.to_string())?;
@@ -741,6 +744,7 @@ async fn chaos_across_containers() {
                 backoff_min: Duration::from_millis(50),
                 backoff_max: Duration::from_millis(200),
                 give_up_after: Duration::from_secs(2),
+                unreachable_after: Duration::from_secs(2),
             },
         )
         .unwrap(),
@@ -755,6 +759,8 @@ async fn chaos_across_containers() {
         backoff_min: Duration::from_millis(20),
         backoff_max: Duration::from_millis(500),
         give_up_after: Duration::from_secs(30),
+        // Containers restart: refused connections are retried as long as the rest.
+        unreachable_after: Duration::from_secs(30),
     };
     let client = Client::with_dialer(&env.urls(), Arc::new(runnev::net::TcpDialer), policy).unwrap();
     client.put_stream(STREAM, None).await.expect("creating the stream");

@@ -85,6 +85,9 @@ pub fn eager_retry_policy() -> RetryPolicy {
         backoff_min: Duration::from_millis(5),
         backoff_max: Duration::from_millis(50),
         give_up_after: Duration::from_secs(60),
+        // Ride out a cluster whose nodes are all restarting: refused connections are retried as
+        // long as anything else.
+        unreachable_after: Duration::from_secs(60),
     }
 }
 

@@ -28,6 +28,8 @@ pub fn workload_policy() -> RetryPolicy {
         backoff_min: Duration::from_millis(50),
         backoff_max: Duration::from_millis(1_000),
         give_up_after: Duration::from_secs(6),
+        // Faults make every node refuse at times; the workload keeps trying through them.
+        unreachable_after: Duration::from_secs(6),
     }
 }
 
@@ -254,7 +256,9 @@ pub async fn control(shared: Arc<Shared>) -> turmoil::Result {
         loop {
             match client.put_stream(&s.name, retention).await {
                 Ok(_) => break,
-                Err(ClientError::Unavailable { .. }) if now_ms() < deadline => continue,
+                Err(ClientError::Unavailable { .. } | ClientError::Unreachable { .. }) if now_ms() < deadline => {
+                    continue
+                }
                 Err(e) => {
                     problem(format!("creating stream {} failed: {e}", s.name));
                     break;

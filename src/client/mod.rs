@@ -5,12 +5,17 @@
 //! never: change a publisher's seq between retries (that is what makes a retry idempotent, SPEC
 //! §2.3), or hand a consumer a batch at or below its cursor twice in one subscription.
 //!
-//! Retries: a publish with a `seq` that gets a connection error, a timeout or `503` is retried on
-//! the next node with exponential backoff until [`RetryPolicy::give_up_after`]; the retry is
-//! exactly-once (the server answers `duplicate: true`). A publish without a seq is retried only
-//! when it certainly was not applied (the connection was refused, or a `503` before any
-//! proposal); when its outcome is unknown it fails with [`ClientError::OutcomeUnknown`] rather
-//! than risk storing the batch twice.
+//! Retries: a refused connection moves on to the next node at once; after a round of refusals
+//! the client backs off exponentially. When nothing but refused connections is seen for
+//! [`RetryPolicy::unreachable_after`] (about a second), the call fails with
+//! [`ClientError::Unreachable`]: no cluster is there, and waiting will not make one. Once a node
+//! has answered (a `503`) or accepted a connection, the call keeps trying until
+//! [`RetryPolicy::give_up_after`]. A publish with a `seq` that gets a connection error, a timeout
+//! or `503` is retried on the next node; the retry is exactly-once (the server answers
+//! `duplicate: true`). A publish without a seq is retried only when it certainly was not applied
+//! (the connection was refused, or a `503` before any proposal); when its outcome is unknown it
+//! fails with [`ClientError::OutcomeUnknown`] rather than risk storing the batch twice. Stream
+//! names are checked here with the server's rule (SPEC §1) and percent-encoded into the path.
 
 mod cursor;
 mod subscription;
@@ -24,10 +29,11 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, StatusCode};
 
 pub use cursor::{CursorStore, FileCursor};
-pub use subscription::{Delivery, Subscription};
+pub use subscription::{Connection, Delivery, SubscribeOptions, Subscription};
 
-use crate::net::{http_client, Dialer, HttpClient, TcpDialer};
-use crate::stream::Retention;
+use crate::net::{cause_text, http_client, Dialer, HttpClient, TcpDialer};
+use crate::stream::{NameError, Retention};
+use crate::units::format_duration;
 use crate::wire::{self, BatchBody, ClusterView};
 pub use crate::wire::{Gap, PublishAck, StreamInfo};
 
@@ -36,7 +42,7 @@ pub const DEFAULT_NODES: &str = "http://127.0.0.1:7001,http://127.0.0.1:7002,htt
 
 use crate::limits::{
     CLIENT_ANSWER_BYTES_MAX as ANSWER_BYTES_MAX, CLIENT_BACKOFF_MAX_MS, CLIENT_BACKOFF_MIN_MS, CLIENT_GIVE_UP_MS,
-    CLIENT_MEMBER_CHANGE_EXTRA_MS, CLIENT_REQUEST_TIMEOUT_MS,
+    CLIENT_MEMBER_CHANGE_EXTRA_MS, CLIENT_REQUEST_TIMEOUT_MS, CLIENT_UNREACHABLE_MS,
 };
 
 /// Extra time a membership change may take beyond the request timeout (catch-up and two commits).
@@ -51,8 +57,13 @@ pub struct RetryPolicy {
     pub backoff_min: Duration,
     /// Largest backoff between attempts.
     pub backoff_max: Duration,
-    /// Total time a call keeps retrying before [`ClientError::Unavailable`].
+    /// Total time a call keeps retrying before [`ClientError::Unavailable`] (or
+    /// [`ClientError::Unreachable`] when no node ever answered).
     pub give_up_after: Duration,
+    /// How long a call keeps retrying while every attempt is a refused connection (no node is
+    /// listening) before [`ClientError::Unreachable`]; at least one round over every node is
+    /// always made. Set it to `give_up_after` to wait as long for a cluster that is starting.
+    pub unreachable_after: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -62,6 +73,7 @@ impl Default for RetryPolicy {
             backoff_min: Duration::from_millis(CLIENT_BACKOFF_MIN_MS),
             backoff_max: Duration::from_millis(CLIENT_BACKOFF_MAX_MS),
             give_up_after: Duration::from_millis(CLIENT_GIVE_UP_MS),
+            unreachable_after: Duration::from_millis(CLIENT_UNREACHABLE_MS),
         }
     }
 }
@@ -100,7 +112,7 @@ impl Backoff {
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The cluster answered with an error of SPEC §3 (not retried: retrying cannot change it).
-    #[error("{status} {code}: {message}")]
+    #[error("{code} ({status}): {message}")]
     Api {
         /// HTTP status.
         status: u16,
@@ -113,16 +125,34 @@ pub enum ClientError {
     /// connection lost mid-request, or `503` with `Runnev-Outcome: unknown`). It was not retried,
     /// because a retry without a seq could store the batch twice; publish with a seq to retry
     /// safely.
-    #[error("the outcome is unknown (not retried, as a publish without seq is not idempotent): {0}")]
+    #[error(
+        "the outcome is unknown: the batch may or may not be stored (not retried, as a publish \
+         without seq is not idempotent; publish with --seq to retry safely): {0}"
+    )]
     OutcomeUnknown(String),
-    /// No node gave a definitive answer before the retry deadline; the last problem is given.
-    #[error("no node took the request within {after:?}; last problem: {last}")]
+    /// No node answered at all before the deadline: every connection was refused (for
+    /// [`RetryPolicy::unreachable_after`]), or accepted and then lost without an answer.
+    #[error("no Runnev node reachable at {} (tried for {}); last problem: {last}", .nodes.join(", "), format_duration(*.after))]
+    Unreachable {
+        /// The nodes tried.
+        nodes: Vec<String>,
+        /// How long the client tried.
+        after: Duration,
+        /// The last failure seen, in words.
+        last: String,
+    },
+    /// Nodes answered, but none took the request before the retry deadline (`503 no_leader` or
+    /// `not_ready` throughout); the last problem is given in words.
+    #[error("the cluster did not take the request within {}: {last}", format_duration(*.after))]
     Unavailable {
         /// How long the client tried.
         after: Duration,
-        /// The last failure seen.
+        /// The last failure seen, in words (`no leader: …` with the server's message).
         last: String,
     },
+    /// The stream name breaks SPEC §1 (checked before anything is sent, in the server's words).
+    #[error("{0}")]
+    InvalidStreamName(#[from] NameError),
     /// The node list is empty or a URL is malformed.
     #[error("client configuration: {0}")]
     Config(String),
@@ -145,6 +175,41 @@ impl ClientError {
         }
     }
 }
+
+/// How a delete ended. A delete whose first answer was lost is retried; if the retry finds the
+/// stream or member gone (`404`), the lost attempt most likely removed it, and the delete counts
+/// as done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deleted {
+    /// This call removed it (the answer said so).
+    Now,
+    /// An attempt of this call whose answer was lost may have removed it; the retry found it gone.
+    Already,
+}
+
+/// The words for a `503` answer: its code and message in a sentence, never its JSON.
+fn unavailable_text(node: &str, bytes: &[u8]) -> String {
+    match serde_json::from_slice::<wire::ErrorBody>(bytes) {
+        Ok(e) if e.error.code == "no_leader" => {
+            format!("no leader: a majority of nodes is down or partitioned ({node} said: {})", e.error.message)
+        }
+        Ok(e) if e.error.code == "not_ready" => format!("not ready ({node} said: {})", e.error.message),
+        Ok(e) => format!("{} ({node} said: {})", e.error.code, e.error.message),
+        Err(_) => format!("{node} answered 503: {}", String::from_utf8_lossy(bytes).trim()),
+    }
+}
+
+/// A stream name checked with the server's rule (SPEC §1) and percent-encoded as one path
+/// segment (RFC 3986 §3.3). Every name the rule allows is already unreserved, so the encoding
+/// changes nothing today; it keeps the URL well-formed if the rule ever widens.
+fn segment(stream: &str) -> Result<String, ClientError> {
+    crate::stream::validate_name(stream)?;
+    Ok(percent_encoding::utf8_percent_encode(stream, SEGMENT).to_string())
+}
+
+/// Everything but RFC 3986's unreserved characters is encoded in a path segment.
+const SEGMENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
 /// One batch as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,10 +246,20 @@ pub(crate) fn decode_batch(node: &str, b: BatchBody<'_>) -> Result<Batch, Client
 enum Attempt {
     /// The request never reached a node (connection refused): try another.
     NotSent(String),
-    /// Try another node (timeout, broken connection, 503); the request may have been applied.
+    /// Try another node (timeout, broken connection): the request may have been applied.
     Retry(String),
     /// Stop: a definitive answer or a local problem.
     Fail(ClientError),
+}
+
+/// A definitive answer to a call.
+struct Answer {
+    /// The node that gave it.
+    node: String,
+    /// Its status (2xx, or `404` when the call accepts "already gone").
+    status: StatusCode,
+    /// Its body.
+    bytes: Bytes,
 }
 
 /// A Runnev client over a list of nodes. Cheap to clone.
@@ -204,9 +279,11 @@ struct Inner {
 }
 
 impl Client {
-    /// A client over `nodes` (base URLs like `http://127.0.0.1:7001`), dialing over TCP.
+    /// A client over `nodes` (base URLs like `http://127.0.0.1:7001`, or `127.0.0.1:7001`, which
+    /// means the same), dialing over TCP.
     ///
-    /// Errors: [`ClientError::Config`] if `nodes` is empty or a URL is not `http://host:port`.
+    /// Errors: [`ClientError::Config`] if `nodes` is empty or an entry is not `HOST:PORT` or
+    /// `http://HOST:PORT`.
     pub fn new(nodes: &[String]) -> Result<Client, ClientError> {
         Client::with_dialer(nodes, Arc::new(TcpDialer), RetryPolicy::default())
     }
@@ -221,11 +298,22 @@ impl Client {
         let mut clean = Vec::new();
         for n in nodes {
             let n = n.trim().trim_end_matches('/');
-            let uri: hyper::Uri = n.parse().map_err(|e| ClientError::Config(format!("{n:?}: {e}")))?;
-            if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-                return Err(ClientError::Config(format!("{n:?} is not http://HOST:PORT")));
+            // `HOST:PORT` without a scheme means `http://HOST:PORT`.
+            let n = if n.contains("://") { n.to_string() } else { format!("http://{n}") };
+            let bad =
+                || ClientError::Config(format!("{n:?} is not a node address: write HOST:PORT or http://HOST:PORT"));
+            let uri: hyper::Uri = n.parse().map_err(|_| bad())?;
+            if uri.scheme_str() != Some("http") {
+                return Err(ClientError::Config(format!("{n:?}: only http:// is supported")));
             }
-            clean.push(n.to_string());
+            match uri.authority() {
+                Some(a) if a.port_u16().is_some() && !a.host().is_empty() => {}
+                _ => return Err(bad()),
+            }
+            if uri.path() != "/" && !uri.path().is_empty() || uri.query().is_some() {
+                return Err(bad());
+            }
+            clean.push(n);
         }
         Ok(Client {
             inner: Arc::new(Inner {
@@ -293,9 +381,9 @@ impl Client {
         let run = async {
             let resp = self.inner.http.request(req).await.map_err(|e| {
                 if e.is_connect() {
-                    Attempt::NotSent(format!("{node}: {e}"))
+                    Attempt::NotSent(format!("{node}: {}", cause_text(&e)))
                 } else {
-                    Attempt::Retry(format!("{node}: {e}"))
+                    Attempt::Retry(format!("{node}: {}", cause_text(&e)))
                 }
             })?;
             let status = resp.status();
@@ -310,7 +398,7 @@ impl Client {
         };
         tokio::time::timeout(timeout, run)
             .await
-            .unwrap_or_else(|_| Err(Attempt::Retry(format!("{node}: no answer within {timeout:?}"))))
+            .unwrap_or_else(|_| Err(Attempt::Retry(format!("{node}: no answer within {}", format_duration(timeout)))))
     }
 
     /// Sends a request, failing over between nodes and backing off, until a definitive answer.
@@ -321,11 +409,14 @@ impl Client {
         body: Bytes,
         extra_timeout: Duration,
     ) -> Result<(String, StatusCode, Bytes), ClientError> {
-        self.call_with(method, path, body, extra_timeout, true).await
+        let a = self.call_with(method, path, body, extra_timeout, true, false).await?;
+        Ok((a.node, a.status, a.bytes))
     }
 
     /// [`Client::call`]; when `idempotent` is false, only a request that never reached a node
-    /// (or was refused before it was proposed) is retried.
+    /// (or was refused before it was proposed) is retried. When `gone_is_done`, a `404` answered
+    /// to a retry of an attempt that may have been applied (its answer was lost) is handed back
+    /// as an answer rather than an error: the lost attempt most likely did the delete.
     async fn call_with(
         &self,
         method: Method,
@@ -333,34 +424,71 @@ impl Client {
         body: Bytes,
         extra_timeout: Duration,
         idempotent: bool,
-    ) -> Result<(String, StatusCode, Bytes), ClientError> {
+        gone_is_done: bool,
+    ) -> Result<Answer, ClientError> {
         let policy = self.inner.policy;
         let started = tokio::time::Instant::now();
         let mut backoff = Backoff::new(policy.backoff_min, policy.backoff_max);
         let write = method != Method::GET;
+        let nodes = self.inner.nodes.len();
+        // Whether any node answered over HTTP, and whether an attempt may have been applied.
+        let (mut answered, mut maybe_applied) = (false, false);
+        // Whether any connection was accepted (an answer, or one lost after the request left).
+        let mut reached = false;
+        // Refused connections since the last pause: a full round of them earns a backoff.
+        let mut refused_in_a_row = 0usize;
         loop {
             let node = self.inner.nodes[if write { self.pick_for_write() } else { self.pick() }].clone();
-            let last = match self.exchange(&node, &method, path, &body, policy.request_timeout + extra_timeout).await {
+            let attempt = self.exchange(&node, &method, path, &body, policy.request_timeout + extra_timeout).await;
+            let mut refused = false;
+            let last = match attempt {
                 Ok((status, bytes, unknown)) if status == StatusCode::SERVICE_UNAVAILABLE => {
-                    let why = format!("{node}: 503 {}", String::from_utf8_lossy(&bytes));
+                    answered = true;
+                    reached = true;
+                    let why = unavailable_text(&node, &bytes);
                     if unknown && !idempotent {
                         return Err(ClientError::OutcomeUnknown(why));
                     }
+                    maybe_applied |= unknown;
                     why
                 }
-                Ok((status, bytes, _)) if status.is_success() => return Ok((node, status, bytes)),
+                Ok((status, bytes, _)) if status.is_success() => return Ok(Answer { node, status, bytes }),
+                Ok((status, bytes, _)) if status == StatusCode::NOT_FOUND && gone_is_done && maybe_applied => {
+                    return Ok(Answer { node, status, bytes })
+                }
                 Ok((status, bytes, _)) => return Err(api_error(&node, status, &bytes)),
                 Err(Attempt::Fail(e)) => return Err(e),
-                Err(Attempt::NotSent(why)) => why,
-                Err(Attempt::Retry(why)) if idempotent => why,
+                Err(Attempt::NotSent(why)) => {
+                    refused = true;
+                    why
+                }
+                Err(Attempt::Retry(why)) if idempotent => {
+                    reached = true;
+                    maybe_applied = true;
+                    why
+                }
                 Err(Attempt::Retry(why)) => return Err(ClientError::OutcomeUnknown(why)),
             };
             // The leader we knew failed us: rotate until a response names the new one.
             self.inner.leader.store(usize::MAX, Ordering::Relaxed);
+            if refused {
+                refused_in_a_row += 1;
+                if refused_in_a_row < nodes {
+                    // Nothing listens there and nothing was sent: the next node, at once.
+                    continue;
+                }
+            }
+            refused_in_a_row = 0;
             let elapsed = started.elapsed();
             let delay = backoff.next_delay();
-            if elapsed + delay > policy.give_up_after {
-                return Err(ClientError::Unavailable { after: elapsed, last });
+            let deadline =
+                if reached { policy.give_up_after } else { policy.unreachable_after.min(policy.give_up_after) };
+            if elapsed + delay > deadline {
+                return Err(if answered {
+                    ClientError::Unavailable { after: elapsed, last }
+                } else {
+                    ClientError::Unreachable { nodes: self.inner.nodes.clone(), after: elapsed, last }
+                });
             }
             tracing::debug!(problem = %last, backoff = ?delay, "retrying on another node");
             tokio::time::sleep(delay).await;
@@ -375,35 +503,44 @@ impl Client {
         serde_json::from_slice(bytes).map_err(|e| ClientError::Protocol { node: node.to_string(), what: e.to_string() })
     }
 
-    /// Publishes one batch; with `seq`, idempotently (SPEC §2.3). Retries keep the same seq.
+    /// Publishes one batch; with `seq`, idempotently (SPEC §2.3).
     ///
-    /// Errors: [`ClientError::Api`] for `404 stream_not_found`, `409 seq_*`, `413`, `400`;
-    /// [`ClientError::Unavailable`] when no node took it before the deadline.
+    /// With a seq, every failure that is not a definitive answer (a refused connection, a
+    /// timeout, a broken connection, a `503`) is retried on the next node with the same seq, and
+    /// a batch that was stored by a lost attempt is answered `duplicate: true`. Without a seq,
+    /// only a refused connection or a `503` that says nothing was proposed is retried; a timeout,
+    /// a connection lost after the request left, or a `503` with `Runnev-Outcome: unknown` ends
+    /// the call with [`ClientError::OutcomeUnknown`].
+    ///
+    /// Errors: [`ClientError::InvalidStreamName`] before anything is sent; [`ClientError::Api`]
+    /// for `404 stream_not_found`, `409 seq_*`, `413`, `400`; [`ClientError::OutcomeUnknown`] as
+    /// above; [`ClientError::Unreachable`] when no node answered; [`ClientError::Unavailable`]
+    /// when nodes answered but none took it before the deadline.
     pub async fn publish(
         &self,
         stream: &str,
         seq: Option<u64>,
         payload: impl Into<Bytes>,
     ) -> Result<PublishAck, ClientError> {
+        let name = segment(stream)?;
         let path = match seq {
-            Some(s) => format!("/v1/streams/{stream}/batches?seq={s}"),
-            None => format!("/v1/streams/{stream}/batches"),
+            Some(s) => format!("/v1/streams/{name}/batches?seq={s}"),
+            None => format!("/v1/streams/{name}/batches"),
         };
-        let (node, _, bytes) =
-            self.call_with(Method::POST, &path, payload.into(), Duration::ZERO, seq.is_some()).await?;
-        Self::json(&node, &bytes)
+        let a = self.call_with(Method::POST, &path, payload.into(), Duration::ZERO, seq.is_some(), false).await?;
+        Self::json(&a.node, &a.bytes)
     }
 
     /// Reads batches after `after` (SPEC §3), waiting up to `wait_ms` for new ones.
     ///
-    /// Errors: as [`Client::publish`].
+    /// Errors: as [`Client::publish`] (a read is always retried: it changes nothing).
     pub async fn read(&self, stream: &str, after: u64, limit: usize, wait_ms: u64) -> Result<ReadAnswer, ClientError> {
         self.read_at(stream, after, limit, wait_ms, None).await
     }
 
     /// Like [`Client::read`], on a node that has applied at least `min_index` (read-your-writes).
     ///
-    /// Errors: as [`Client::publish`].
+    /// Errors: as [`Client::read`].
     pub async fn read_at(
         &self,
         stream: &str,
@@ -412,7 +549,8 @@ impl Client {
         wait_ms: u64,
         min_index: Option<u64>,
     ) -> Result<ReadAnswer, ClientError> {
-        let mut path = format!("/v1/streams/{stream}/batches?after={after}&limit={limit}&wait_ms={wait_ms}");
+        let name = segment(stream)?;
+        let mut path = format!("/v1/streams/{name}/batches?after={after}&limit={limit}&wait_ms={wait_ms}");
         if let Some(i) = min_index {
             path.push_str(&format!("&min_index={i}"));
         }
@@ -423,91 +561,132 @@ impl Client {
         Ok(ReadAnswer { batches, gap: wire.gap, last_seq: wire.last_seq, next_after: wire.next_after })
     }
 
-    /// Creates a stream, or replaces its retention when `retention` is given.
-    /// Returns the stream info and whether it was created.
+    /// Creates a stream, or replaces its retention when `retention` is given (a plain resend on
+    /// retry: a `PUT` is idempotent). Returns the stream info and whether it was created.
     ///
-    /// Errors: as [`Client::publish`].
+    /// Errors: [`ClientError::InvalidStreamName`], [`ClientError::Api`] (`400 invalid_body` for
+    /// a limit of 0), and the availability errors of [`Client::publish`].
     pub async fn put_stream(
         &self,
         stream: &str,
         retention: Option<Retention>,
     ) -> Result<(StreamInfo, bool), ClientError> {
+        let name = segment(stream)?;
         let body = match retention {
             Some(retention) => Bytes::from(Self::body(&wire::PutStream { retention })?),
             None => Bytes::new(),
         };
         let (node, status, bytes) =
-            self.call(Method::PUT, &format!("/v1/streams/{stream}"), body, Duration::ZERO).await?;
+            self.call(Method::PUT, &format!("/v1/streams/{name}"), body, Duration::ZERO).await?;
         Ok((Self::json(&node, &bytes)?, status == StatusCode::CREATED))
     }
 
     /// Stream info from one node.
     ///
-    /// Errors: as [`Client::publish`].
+    /// Errors: as [`Client::read`].
     pub async fn stream(&self, stream: &str) -> Result<StreamInfo, ClientError> {
+        let name = segment(stream)?;
         let (node, _, bytes) =
-            self.call(Method::GET, &format!("/v1/streams/{stream}"), Bytes::new(), Duration::ZERO).await?;
+            self.call(Method::GET, &format!("/v1/streams/{name}"), Bytes::new(), Duration::ZERO).await?;
         Self::json(&node, &bytes)
     }
 
     /// Every stream, from one node.
     ///
-    /// Errors: as [`Client::publish`].
+    /// Errors: the availability errors of [`Client::publish`].
     pub async fn streams(&self) -> Result<Vec<StreamInfo>, ClientError> {
         let (node, _, bytes) = self.call(Method::GET, "/v1/streams", Bytes::new(), Duration::ZERO).await?;
         Ok(Self::json::<wire::StreamList>(&node, &bytes)?.streams)
     }
 
-    /// Deletes a stream and its batches.
+    /// Deletes a stream and its batches, retried like every write but publish without seq (a
+    /// plain resend). If an attempt's answer was lost and the retry finds no stream (`404`), the
+    /// lost attempt most likely deleted it: [`Deleted::Already`].
     ///
-    /// Errors: as [`Client::publish`].
-    pub async fn delete_stream(&self, stream: &str) -> Result<(), ClientError> {
-        self.call(Method::DELETE, &format!("/v1/streams/{stream}"), Bytes::new(), Duration::ZERO).await.map(|_| ())
+    /// Errors: [`ClientError::Api`] `404 stream_not_found` when the stream did not exist, and the
+    /// errors of [`Client::put_stream`].
+    pub async fn delete_stream(&self, stream: &str) -> Result<Deleted, ClientError> {
+        let path = format!("/v1/streams/{}", segment(stream)?);
+        let a = self.call_with(Method::DELETE, &path, Bytes::new(), Duration::ZERO, true, true).await?;
+        Ok(if a.status == StatusCode::NOT_FOUND { Deleted::Already } else { Deleted::Now })
     }
 
-    /// `GET /v1/cluster` from one given node (no failover: the caller asks each node it cares
-    /// about).
+    /// `GET /v1/cluster` from one given node, once (no failover and no retry: the caller asks
+    /// each node it cares about).
     ///
-    /// Errors: [`ClientError::Unavailable`] if that node does not answer within the request
-    /// timeout; [`ClientError::Protocol`] if its answer is not a cluster view.
+    /// Errors: [`ClientError::Unreachable`] if that node does not answer within the request
+    /// timeout (the problem says why: refused, timed out…); [`ClientError::Protocol`] if its
+    /// answer is not a cluster view.
     pub async fn cluster_view(&self, node: &str) -> Result<ClusterView, ClientError> {
         let timeout = self.inner.policy.request_timeout;
+        let started = tokio::time::Instant::now();
         match self.exchange(node, &Method::GET, "/v1/cluster", &Bytes::new(), timeout).await {
             Ok((s, bytes, _)) if s.is_success() => Self::json(node, &bytes),
             Ok((s, bytes, _)) => Err(api_error(node, s, &bytes)),
             Err(Attempt::Fail(e)) => Err(e),
             Err(Attempt::Retry(last) | Attempt::NotSent(last)) => {
-                Err(ClientError::Unavailable { after: timeout, last })
+                Err(ClientError::Unreachable { nodes: vec![node.to_string()], after: started.elapsed(), last })
             }
         }
     }
 
-    /// Adds node `id` at `addr` (`host:port`): as a learner, then promoted to voter once caught
-    /// up when `voter` (SPEC §3). Returns the cluster view after the change.
+    /// `GET /v1/cluster` from any node, with failover.
     ///
-    /// Errors: [`ClientError::Api`] with `not_ready` if the node did not catch up (it stays a
-    /// learner) or another change is in progress; `invalid_parameter` if it is already a voter
-    /// with another address.
+    /// Errors: the availability errors of [`Client::publish`].
+    pub async fn any_cluster_view(&self) -> Result<ClusterView, ClientError> {
+        let (node, _, bytes) = self.call(Method::GET, "/v1/cluster", Bytes::new(), Duration::ZERO).await?;
+        Self::json(&node, &bytes)
+    }
+
+    /// Adds node `id` at `addr` (`host:port`) as a learner, then, when `voter`, promotes it to
+    /// voter once it has caught up (SPEC §3). Returns the cluster view after the change.
+    ///
+    /// The server waits up to 10 s for the catch-up and answers `503 not_ready` when the node
+    /// did not catch up (it stays a learner); like every `503`, that is retried (a resend: the
+    /// learner is already added) until [`RetryPolicy::give_up_after`], so a node that never
+    /// catches up (it is not running) ends in [`ClientError::Unavailable`] after that long. Add
+    /// with `voter = false` to return once the learner is added, then promote it with a second
+    /// call.
+    ///
+    /// Errors: [`ClientError::Api`] `invalid_parameter` if it is already a voter with another
+    /// address; [`ClientError::Unavailable`] as above, or while another change is in progress;
+    /// [`ClientError::Unreachable`] when no node answered.
     pub async fn add_member(&self, id: u64, addr: &str, voter: bool) -> Result<ClusterView, ClientError> {
         let body = Bytes::from(Self::body(&wire::AddMember { id, addr: addr.to_string(), voter })?);
         let (node, _, bytes) = self.call(Method::POST, "/v1/cluster/members", body, MEMBER_CHANGE_EXTRA).await?;
         Self::json(&node, &bytes)
     }
 
-    /// Removes node `id` from the cluster (SPEC §3). Returns the cluster view after the change.
+    /// Removes node `id` from the cluster (SPEC §3). Returns the cluster view after the change,
+    /// and whether this call removed it or a lost attempt of it most likely did (the retry found
+    /// no such member, see [`Deleted`]; the view is then asked from any node).
     ///
-    /// Errors: [`ClientError::Api`] with `not_found` for an unknown id, `not_ready` when the
-    /// voters left could not form a live quorum.
-    pub async fn remove_member(&self, id: u64) -> Result<ClusterView, ClientError> {
+    /// A `503 not_ready` (the voters left could not form a live quorum, or another change is in
+    /// progress) is retried until [`RetryPolicy::give_up_after`], then ends in
+    /// [`ClientError::Unavailable`] with the server's message.
+    ///
+    /// Errors: [`ClientError::Api`] `not_found` for an id that was never a member (or was removed
+    /// before this call); [`ClientError::Unavailable`] as above; [`ClientError::Unreachable`].
+    pub async fn remove_member(&self, id: u64) -> Result<(ClusterView, Deleted), ClientError> {
         let path = format!("/v1/cluster/members/{id}");
-        let (node, _, bytes) = self.call(Method::DELETE, &path, Bytes::new(), MEMBER_CHANGE_EXTRA).await?;
-        Self::json(&node, &bytes)
+        let a = self.call_with(Method::DELETE, &path, Bytes::new(), MEMBER_CHANGE_EXTRA, true, true).await?;
+        if a.status == StatusCode::NOT_FOUND {
+            return Ok((self.any_cluster_view().await?, Deleted::Already));
+        }
+        Ok((Self::json(&a.node, &a.bytes)?, Deleted::Now))
     }
 
     /// Subscribes to `stream` after `cursor` (the last seq fully processed; 0 for the start).
-    /// See [`Subscription`].
+    /// See [`Subscription`]; it retries without end and yields an availability error after each
+    /// [`RetryPolicy::give_up_after`] without a connection.
     pub fn subscribe(&self, stream: &str, cursor: u64) -> Subscription {
-        Subscription::new(self.clone(), stream.to_string(), cursor)
+        self.subscribe_with(stream, cursor, SubscribeOptions::default())
+    }
+
+    /// [`Client::subscribe`] with options: an outage limit, and a callback told of every
+    /// connection change.
+    pub fn subscribe_with(&self, stream: &str, cursor: u64, options: SubscribeOptions) -> Subscription {
+        Subscription::new(self.clone(), stream.to_string(), cursor, options)
     }
 }
 
@@ -518,5 +697,182 @@ pub(crate) fn api_error(node: &str, status: StatusCode, bytes: &[u8]) -> ClientE
             node: node.to_string(),
             what: format!("status {status} with body {:?}", String::from_utf8_lossy(bytes)),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The retry loop on tokio's paused clock, over a fake dialer: nodes that refuse, answer, or
+    //! take a request and lose the answer. Timings are virtual, so they are exact.
+
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use http_body_util::Full;
+    use hyper_util::rt::TokioIo;
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+    use crate::net::{BoxFuture, Io};
+
+    /// What a fake node does with its n-th request (from 0).
+    #[derive(Clone, Copy)]
+    enum Reply {
+        /// Refuses the connection.
+        Refuse,
+        /// Reads the request, then closes without answering (an answer lost on the way).
+        Lose,
+        /// Answers with this status and a SPEC error body of this code (or `{}` for 2xx).
+        Answer(u16, &'static str),
+    }
+
+    type Script = Arc<dyn Fn(&str, usize) -> Reply + Send + Sync>;
+
+    /// Dials in memory; each node follows `script`. Records every request it saw per node.
+    struct Fake {
+        script: Script,
+        seen: Arc<Mutex<HashMap<String, usize>>>,
+    }
+
+    impl Fake {
+        fn new(
+            script: impl Fn(&str, usize) -> Reply + Send + Sync + 'static,
+        ) -> (Arc<Fake>, Arc<Mutex<HashMap<String, usize>>>) {
+            let seen = Arc::new(Mutex::new(HashMap::new()));
+            (Arc::new(Fake { script: Arc::new(script), seen: seen.clone() }), seen)
+        }
+
+        /// Counts a request (or a connection attempt) to `addr`; returns its number.
+        fn count(seen: &Mutex<HashMap<String, usize>>, addr: &str) -> usize {
+            let mut seen = seen.lock().unwrap();
+            let n = seen.entry(addr.to_string()).or_insert(0);
+            *n += 1;
+            *n - 1
+        }
+    }
+
+    impl Dialer for Fake {
+        fn dial(&self, addr: String) -> BoxFuture<std::io::Result<Box<dyn Io>>> {
+            let (script, seen) = (self.script.clone(), self.seen.clone());
+            Box::pin(async move {
+                // The number the next request would get decides whether the connection is taken.
+                let next = *seen.lock().unwrap().get(&addr).unwrap_or(&0);
+                if matches!(script(&addr, next), Reply::Refuse) {
+                    Fake::count(&seen, &addr);
+                    return Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+                }
+                let (client, mut server) = tokio::io::duplex(64 * 1024);
+                tokio::spawn(async move {
+                    if matches!(script(&addr, next), Reply::Lose) {
+                        Fake::count(&seen, &addr);
+                        let mut buf = [0u8; 4096];
+                        let _ = server.read(&mut buf).await;
+                        return;
+                    }
+                    let svc = hyper::service::service_fn(move |_req: hyper::Request<hyper::body::Incoming>| {
+                        let n = Fake::count(&seen, &addr);
+                        let (status, code) = match script(&addr, n) {
+                            Reply::Answer(s, c) => (s, c),
+                            _ => (503, "no_leader"),
+                        };
+                        let body = if status < 300 {
+                            r#"{"streams":[]}"#.to_string()
+                        } else {
+                            format!(r#"{{"error":{{"code":"{code}","message":"said {addr}"}}}}"#)
+                        };
+                        let resp = hyper::Response::builder().status(status).body(Full::new(Bytes::from(body)));
+                        async move { resp }
+                    });
+                    let _ =
+                        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(server), svc).await;
+                });
+                Ok(Box::new(client) as Box<dyn Io>)
+            })
+        }
+    }
+
+    const NODES: [&str; 3] = ["http://a:1", "http://b:1", "http://c:1"];
+
+    fn client(dialer: Arc<Fake>) -> Client {
+        let nodes: Vec<String> = NODES.iter().map(|s| s.to_string()).collect();
+        Client::with_dialer(&nodes, dialer, RetryPolicy::default()).unwrap()
+    }
+
+    /// Every node refusing: the call ends as unreachable within `unreachable_after` (about a
+    /// second), after several full rounds over the nodes, not after `give_up_after`.
+    #[tokio::test(start_paused = true)]
+    async fn refused_everywhere_fails_fast_as_unreachable() {
+        let (fake, seen) = Fake::new(|_, _| Reply::Refuse);
+        let started = tokio::time::Instant::now();
+        let err = client(fake).streams().await.unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(err, ClientError::Unreachable { .. }), "{err}");
+        assert!(err.to_string().starts_with("no Runnev node reachable at http://a:1, http://b:1, http://c:1"), "{err}");
+        let policy = RetryPolicy::default();
+        assert!(took <= policy.unreachable_after, "gave up after {took:?}");
+        let seen = seen.lock().unwrap();
+        for node in ["a:1", "b:1", "c:1"] {
+            assert!(seen.get(node).copied().unwrap_or(0) >= 2, "{node} tried {seen:?}");
+        }
+    }
+
+    /// A node answering `503 no_leader` keeps the call going until `give_up_after`, and the
+    /// error says so in words, never as the server's JSON.
+    #[tokio::test(start_paused = true)]
+    async fn a_503_is_retried_until_the_deadline_and_told_in_words() {
+        let (fake, _) =
+            Fake::new(|addr, _| if addr == "b:1" { Reply::Answer(503, "no_leader") } else { Reply::Refuse });
+        let started = tokio::time::Instant::now();
+        let err = client(fake).streams().await.unwrap_err();
+        let policy = RetryPolicy::default();
+        assert!(started.elapsed() + policy.backoff_max >= policy.give_up_after, "{:?}", started.elapsed());
+        let text = err.to_string();
+        assert!(matches!(err, ClientError::Unavailable { .. }), "{text}");
+        assert!(
+            text.contains("no leader: a majority of nodes is down or partitioned (http://b:1 said: said b:1)"),
+            "{text}"
+        );
+        assert!(!text.contains('{'), "{text}");
+    }
+
+    /// A delete whose first answer was lost and whose retry finds nothing is done; a delete of
+    /// what never existed is refused.
+    #[tokio::test(start_paused = true)]
+    async fn a_delete_whose_answer_was_lost_counts_as_done() {
+        let (fake, _) = Fake::new(|addr, n| match (addr, n) {
+            ("a:1", 0) => Reply::Lose,
+            _ => Reply::Answer(404, "stream_not_found"),
+        });
+        assert_eq!(client(fake).delete_stream("s").await.unwrap(), Deleted::Already);
+        let (fake, _) = Fake::new(|_, _| Reply::Answer(404, "stream_not_found"));
+        let err = client(fake).delete_stream("s").await.unwrap_err();
+        assert_eq!(err.code(), Some("stream_not_found"), "{err}");
+        let (fake, _) = Fake::new(|_, _| Reply::Answer(204, ""));
+        assert_eq!(client(fake).delete_stream("s").await.unwrap(), Deleted::Now);
+    }
+
+    /// A publish without seq whose answer was lost is not retried: its outcome is unknown.
+    #[tokio::test(start_paused = true)]
+    async fn a_publish_without_seq_whose_answer_was_lost_is_unknown() {
+        let (fake, seen) = Fake::new(|addr, _| if addr == "a:1" { Reply::Lose } else { Reply::Answer(201, "") });
+        let err = client(fake).publish("s", None, &b"x"[..]).await.unwrap_err();
+        assert!(matches!(err, ClientError::OutcomeUnknown(_)), "{err}");
+        assert_eq!(seen.lock().unwrap().len(), 1, "not retried elsewhere");
+    }
+
+    /// Names are checked before anything is sent, in the server's words; node lists take
+    /// `HOST:PORT` without a scheme.
+    #[tokio::test(start_paused = true)]
+    async fn names_and_node_lists_are_checked_here() {
+        let (fake, seen) = Fake::new(|_, _| Reply::Answer(200, ""));
+        let err = client(fake).publish("bad name", None, &b"x"[..]).await.unwrap_err();
+        assert_eq!(err.to_string(), crate::stream::validate_name("bad name").unwrap_err().to_string());
+        assert!(seen.lock().unwrap().is_empty());
+        let c = Client::new(&["127.0.0.1:7001".to_string(), "http://h:2/".to_string()]).unwrap();
+        assert_eq!(c.nodes(), ["http://127.0.0.1:7001", "http://h:2"]);
+        for bad in ["https://h:1", "h", "http://h:1/x", ""] {
+            assert!(Client::new(&[bad.to_string()]).is_err(), "{bad:?}");
+        }
+        assert_eq!(segment("a.b_c-1").unwrap(), "a.b_c-1");
     }
 }

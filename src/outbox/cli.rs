@@ -15,11 +15,11 @@ use crate::client::{Client, DEFAULT_NODES};
 /// Flags of `runnev outbox-relay`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RelayArgs {
-    /// PostgreSQL URL, postgres://USER:PASSWORD@HOST:PORT/DB.
-    #[arg(long, env = "RUNNEV_POSTGRES_URL")]
+    /// PostgreSQL URL, postgres://USER:PASSWORD@HOST:PORT/DB (its value is never shown by --help).
+    #[arg(long, env = "RUNNEV_POSTGRES_URL", hide_env_values = true)]
     pub postgres: String,
-    /// Runnev nodes, comma-separated base URLs; the client fails over between them.
-    #[arg(long = "nodes", env = "RUNNEV_NODES", default_value = DEFAULT_NODES)]
+    /// Runnev nodes: HOST:PORT or http://HOST:PORT, comma-separated; the client fails over between them.
+    #[arg(long = "nodes", env = "RUNNEV_NODES", hide_env_values = true, default_value = DEFAULT_NODES)]
     pub nodes: String,
     /// The outbox table; its progress table is TABLE_progress. One active relay per table.
     #[arg(long, default_value = DEFAULT_TABLE)]
@@ -47,11 +47,11 @@ pub struct RelayArgs {
 /// Flags of `runnev sink-postgres`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SinkArgs {
-    /// PostgreSQL URL, postgres://USER:PASSWORD@HOST:PORT/DB.
-    #[arg(long, env = "RUNNEV_POSTGRES_URL")]
+    /// PostgreSQL URL, postgres://USER:PASSWORD@HOST:PORT/DB (its value is never shown by --help).
+    #[arg(long, env = "RUNNEV_POSTGRES_URL", hide_env_values = true)]
     pub postgres: String,
-    /// Runnev nodes, comma-separated base URLs; the client fails over between them.
-    #[arg(long = "nodes", env = "RUNNEV_NODES", default_value = DEFAULT_NODES)]
+    /// Runnev nodes: HOST:PORT or http://HOST:PORT, comma-separated; the client fails over between them.
+    #[arg(long = "nodes", env = "RUNNEV_NODES", hide_env_values = true, default_value = DEFAULT_NODES)]
     pub nodes: String,
     /// The stream to consume.
     #[arg(long)]

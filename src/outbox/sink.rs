@@ -316,7 +316,7 @@ impl<A: Apply> Sink<A> {
         loop {
             let first = match sub.next().await {
                 Some(Ok(d)) => d,
-                Some(Err(e @ ClientError::Unavailable { .. })) => {
+                Some(Err(e @ (ClientError::Unavailable { .. } | ClientError::Unreachable { .. }))) => {
                     tracing::warn!(stream = %stream, error = %e, "no node answers the subscription; still trying");
                     count_error("sink", &OutboxError::Cluster(e));
                     continue;

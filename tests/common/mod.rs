@@ -537,3 +537,140 @@ pub fn payload(tag: &str, i: u64) -> Vec<u8> {
     }
     p
 }
+
+// ---------------------------------------------------------------------------------------------
+// The `runnev` command line, run as a user runs it
+// ---------------------------------------------------------------------------------------------
+
+/// What one `runnev` invocation did.
+#[derive(Debug)]
+pub struct CliRun {
+    /// Its exit status (`None`: killed by a signal).
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    /// How long it ran (printed with failures; never a verdict).
+    pub took: Duration,
+}
+
+impl CliRun {
+    /// Panics, showing everything, unless it exited with `code`.
+    pub fn expect_code(&self, code: i32, what: &str) -> &CliRun {
+        assert_eq!(self.code, Some(code), "{what}: expected exit {code}; {self:#?}");
+        self
+    }
+
+    /// The stdout as JSON documents, one per line.
+    pub fn json_lines(&self) -> Vec<Value> {
+        self.stdout
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line {l:?}: {e}; {self:#?}")))
+            .collect()
+    }
+}
+
+/// How long one CLI invocation may run before the test calls it a hang.
+pub const CLI_HANG: Duration = Duration::from_secs(90);
+
+/// Runs `runnev ARGS` with `RUNNEV_NODES` unset, stdin empty and stdout piped (so output is
+/// JSON unless asked otherwise); `env` adds variables. Panics if it runs past [`CLI_HANG`].
+pub async fn cli(args: &[&str], env: &[(&str, &str)]) -> CliRun {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.args(args)
+        .env_remove("RUNNEV_NODES")
+        .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let started = Instant::now();
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("spawning {BIN} {args:?}: {e}"));
+    let out = tokio::time::timeout(CLI_HANG, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("`runnev {}` still ran after {CLI_HANG:?}", args.join(" ")))
+        .unwrap_or_else(|e| panic!("waiting for runnev {args:?}: {e}"));
+    CliRun {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        took: started.elapsed(),
+    }
+}
+
+/// A loopback port nothing listens on (bound, then released).
+pub fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A TCP proxy on loopback to `upstream` (`HOST:PORT`) that loses the answers of its first
+/// `lose` connections: it delivers the request, waits for the upstream's answer to begin (the
+/// request was processed), then closes the connection without passing it on. Later connections
+/// are forwarded both ways. Stops when dropped.
+pub struct LossyProxy {
+    /// Its address, `127.0.0.1:PORT`.
+    pub addr: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LossyProxy {
+    pub async fn start(upstream: &str, lose: usize) -> LossyProxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let upstream = upstream.to_string();
+        let task = tokio::spawn(async move {
+            let mut n = 0usize;
+            while let Ok((mut down, _)) = listener.accept().await {
+                n += 1;
+                let upstream = upstream.clone();
+                let lossy = n <= lose;
+                tokio::spawn(async move {
+                    let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await else { return };
+                    if !lossy {
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                        return;
+                    }
+                    // The whole request: its head, then Content-Length bytes of body.
+                    let mut req = Vec::new();
+                    let mut buf = [0u8; 8192];
+                    let head_end = loop {
+                        let Ok(k) = down.read(&mut buf).await else { return };
+                        if k == 0 {
+                            return;
+                        }
+                        req.extend_from_slice(&buf[..k]);
+                        if let Some(i) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&req[..head_end]).to_lowercase();
+                    let len = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap_or(0)))
+                        .unwrap_or(0);
+                    while req.len() < head_end + len {
+                        let Ok(k) = down.read(&mut buf).await else { return };
+                        if k == 0 {
+                            return;
+                        }
+                        req.extend_from_slice(&buf[..k]);
+                    }
+                    if up.write_all(&req).await.is_err() {
+                        return;
+                    }
+                    // The first bytes of the answer: the request was processed. Then drop both.
+                    let _ = up.read(&mut buf).await;
+                });
+            }
+        });
+        LossyProxy { addr, task }
+    }
+}
+
+impl Drop for LossyProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

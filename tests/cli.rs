@@ -1,0 +1,336 @@
+//! The `runnev` client commands as a user runs them, against a stopped cluster, a partial one (1
+//! of 3 nodes up) and a healthy one: what they print and the exit status scripts rely on
+//! (docs/cli.md): 0 success, 2 usage, 3 unreachable, 4 refused, 5 unknown outcome, 6 unavailable.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// `--nodes` for the cluster `c`, as `HOST:PORT` without a scheme.
+fn nodes_of(c: &Cluster) -> String {
+    c.nodes().iter().map(|n| n.addr()).collect::<Vec<_>>().join(",")
+}
+
+/// With no node listening, every client command fails at once with exit 3 and says where it
+/// looked; `status` too (it used to exit 0, saying "within 10s" of a refusal in 6 ms), and a
+/// subscription with `--max-outage` gives up (it retries for ever without it, see below).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_cluster_is_reported_unreachable_with_exit_3() {
+    let nodes = format!("127.0.0.1:{},127.0.0.1:{}", closed_port(), closed_port());
+    for args in [
+        vec!["streams", "--nodes", &nodes],
+        vec!["publish", "orders", "x", "--nodes", &nodes],
+        vec!["publish", "orders", "--seq", "1", "x", "--nodes", &nodes],
+        vec!["streams", "create", "orders", "--nodes", &nodes],
+    ] {
+        let r = cli(&args, &[]).await;
+        r.expect_code(3, &format!("{args:?}"));
+        assert!(r.stderr.starts_with("runnev: no Runnev node reachable at http://127.0.0.1:"), "{r:#?}");
+        assert!(r.stderr.contains("Connection refused"), "{r:#?}");
+        println!("{args:?}: exit 3 after {:?}", r.took);
+    }
+
+    let r = cli(&["status", "--nodes", &nodes, "-o", "text"], &[]).await;
+    r.expect_code(3, "status");
+    assert_eq!(r.stdout.matches("unreachable: Connection refused").count(), 2, "{r:#?}");
+    assert!(!r.stdout.contains("within"), "{r:#?}");
+    let r = cli(&["status", "--nodes", &nodes], &[]).await;
+    r.expect_code(3, "status, JSON");
+    for line in r.json_lines() {
+        assert!(line["error"].as_str().is_some_and(|e| e.contains("Connection refused")), "{line}");
+    }
+
+    let r = cli(&["subscribe", "orders", "--max-outage", "2s", "--nodes", &nodes], &[]).await;
+    r.expect_code(3, "subscribe --max-outage");
+    assert!(r.stderr.contains("runnev: no connection for"), "each retry is noted: {r:#?}");
+    assert!(r.stderr.contains("runnev: no Runnev node reachable at"), "{r:#?}");
+}
+
+/// With 1 of 3 nodes up there is no leader: a write ends with exit 6 and the reason in words
+/// with the server's message, never its raw JSON; reads and `status` still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_a_majority_says_no_leader_with_exit_6() {
+    let mut c = Cluster::start(3, &[]).await;
+    let nodes = nodes_of(&c);
+    cli(&["streams", "create", "orders", "--nodes", &nodes], &[]).await.expect_code(0, "create");
+    let survivor = c.followers().await[0];
+    for id in c.ids() {
+        if id != survivor {
+            c.stop(id).await;
+        }
+    }
+
+    let r = cli(&["publish", "orders", "--seq", "1", "x", "--nodes", &nodes], &[]).await;
+    r.expect_code(6, "publish without a majority");
+    assert!(r.stderr.contains("no leader: a majority of nodes is down or partitioned"), "{r:#?}");
+    assert!(r.stderr.contains(&format!("{} said: ", c.url(survivor))), "the server's message: {r:#?}");
+    assert!(!r.stderr.contains('{'), "no raw JSON: {r:#?}");
+
+    let r = cli(&["streams", "ls", "--nodes", &nodes], &[]).await;
+    r.expect_code(0, "a read from the survivor");
+    assert_eq!(r.json_lines()[0]["name"], "orders", "{r:#?}");
+
+    let r = cli(&["status", "-o", "text", "--nodes", &nodes], &[]).await;
+    r.expect_code(0, "status with one node answering");
+    assert_eq!(r.stdout.matches("unreachable: Connection refused").count(), 2, "{r:#?}");
+    assert!(r.stdout.contains("no leader among the nodes that answered"), "{r:#?}");
+}
+
+/// Flags where users put them, names checked with the server's words, durations and sizes as
+/// people write them, output for people on request and JSON otherwise, refusals in words with
+/// exit 4, and a clean start: no warning at formation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_take_flags_anywhere_units_and_names_on_a_healthy_cluster() {
+    let c = Cluster::start(3, &[]).await;
+    let nodes = nodes_of(&c);
+    let env = [("RUNNEV_NODES", nodes.as_str())];
+
+    // Formation logs no openraft "vote changed" warning (a benign race, filtered at its call site).
+    for n in c.nodes() {
+        let log = std::fs::read_to_string(&n.log_path).unwrap();
+        assert!(!log.contains("because vote changed"), "node {}: {log}", n.id);
+        assert!(!log.contains(" WARN "), "node {} warned at a clean start: {log}", n.id);
+    }
+
+    // --nodes and --output after the subcommand, before it, or between; HOST:PORT or a URL.
+    let first = c.url(1);
+    for args in [
+        vec!["streams", "create", "t1", "--nodes", nodes.as_str()],
+        vec!["--nodes", nodes.as_str(), "streams", "create", "t2"],
+        vec!["streams", "--nodes", nodes.as_str(), "create", "t3"],
+        vec!["-n", first.as_str(), "-o", "json", "streams", "create", "t4"],
+    ] {
+        let r = cli(&args, &[]).await;
+        r.expect_code(0, &format!("{args:?}"));
+        assert!(r.json_lines()[0]["name"].as_str().is_some_and(|n| n.starts_with('t')), "{r:#?}");
+    }
+    let r = cli(&["streams", "ls", "-o", "text"], &env).await;
+    r.expect_code(0, "ls");
+    for t in ["t1", "t2", "t3", "t4"] {
+        assert!(r.stdout.lines().any(|l| l.starts_with(t)), "{r:#?}");
+    }
+    let r = cli(&["--output", "text", "probe", &format!("{first}/healthz")], &[]).await;
+    r.expect_code(2, "client flags before a command that is not a client command");
+
+    // A bad name: refused before anything is sent, in the server's own words, exit 2.
+    let server = c.http.put(&format!("{}/v1/streams/bad%20name", c.url(1)), None).await.unwrap();
+    let server_says = server.json()["error"]["message"].as_str().unwrap().to_string();
+    let r = cli(&["streams", "create", "bad name"], &env).await;
+    r.expect_code(2, "a bad stream name");
+    assert!(r.stderr.contains(&server_says), "{server_says:?} in {r:#?}");
+    let r = cli(&["publish", "bad/name", "x"], &env).await;
+    r.expect_code(2, "a bad stream name in publish");
+
+    // Durations and sizes in, none to clear a limit, readable out.
+    let r =
+        cli(&["streams", "create", "r", "--max-age", "1h", "--max-bytes", "64MiB", "--max-batches", "10"], &env).await;
+    r.expect_code(0, "create with units");
+    assert_eq!(
+        r.json_lines()[0]["retention"],
+        serde_json::json!({"max_batches": 10, "max_bytes": 67_108_864, "max_age_ms": 3_600_000})
+    );
+    let r = cli(&["streams", "set", "r", "--max-age", "none", "--max-batches", "20"], &env).await;
+    r.expect_code(0, "set");
+    assert_eq!(
+        r.json_lines()[0]["retention"],
+        serde_json::json!({"max_batches": 20, "max_bytes": 67_108_864, "max_age_ms": null}),
+        "the limits not given are kept, none clears one"
+    );
+    let r = cli(&["streams", "info", "r", "-o", "text"], &env).await;
+    r.expect_code(0, "info");
+    assert!(r.stdout.contains("retention  max batches 20, max bytes 64.0 MiB"), "{r:#?}");
+    let r = cli(&["streams", "create", "r2", "--max-age-ms", "1h", "-o", "text"], &env).await;
+    r.expect_code(0, "the old flag takes a duration too");
+    assert!(r.stdout.contains("created r2 (retention: max age 1h)"), "{r:#?}");
+    for (flag, value) in [("--max-age", "60"), ("--max-bytes", "lots"), ("--max-batches", "0"), ("--max-age", "0s")] {
+        let r = cli(&["streams", "create", "r3", flag, value], &env).await;
+        r.expect_code(2, &format!("{flag} {value}"));
+    }
+    let r = cli(&["streams", "set", "r"], &env).await;
+    r.expect_code(2, "set without a limit");
+
+    // Publish: JSON when piped, words on request; refusals with exit 4 in words.
+    let r = cli(&["publish", "t1", "--seq", "41", "order 41"], &env).await;
+    r.expect_code(0, "publish");
+    let ack: &Value = &r.json_lines()[0];
+    assert_eq!((ack["seq"].as_u64(), ack["duplicate"].as_bool()), (Some(41), Some(false)), "{r:#?}");
+    let r = cli(&["publish", "t1", "-s", "41", "order 41", "-o", "text"], &env).await;
+    r.expect_code(0, "duplicate publish");
+    assert!(r.stdout.starts_with("seq 41 was already in t1: a duplicate, stored once"), "{r:#?}");
+    let r = cli(&["publish", "t1", "--seq", "41", "another payload"], &env).await;
+    r.expect_code(4, "seq conflict");
+    assert!(r.stderr.starts_with("runnev: refused by the cluster: seq_conflict (409): "), "{r:#?}");
+    let r = cli(&["publish", "missing", "x"], &env).await;
+    r.expect_code(4, "missing stream");
+    assert!(r.stderr.contains("create it with `runnev streams create missing`"), "{r:#?}");
+    assert!(!r.stderr.contains("PUT /v1"), "{r:#?}");
+    let r = cli(&["publish", "t1", "--seq", "0", "x"], &env).await;
+    r.expect_code(2, "seq 0");
+    let payload = std::env::temp_dir().join(format!("runnev-cli-payload-{}", std::process::id()));
+    std::fs::write(&payload, b"from a file").unwrap();
+    let r = cli(&["publish", "t1", "-f", payload.to_str().unwrap(), "-o", "text"], &env).await;
+    std::fs::remove_file(&payload).unwrap();
+    r.expect_code(0, "publish --file");
+    assert!(r.stdout.starts_with("published seq 42 to t1"), "{r:#?}");
+    let r = cli(&["publish", "t1", "-f", "/nonexistent/payload"], &env).await;
+    r.expect_code(1, "an unreadable file is a local problem");
+
+    // --after: -1 is the start, as for the server; other negative numbers are refused.
+    let r = cli(&["subscribe", "t1", "--after", "-5"], &env).await;
+    r.expect_code(2, "--after -5");
+    assert!(r.stderr.contains("must be a non-negative integer"), "{r:#?}");
+    let server = c.http.get(&format!("{}/v1/streams/t1/batches?after=-5", c.url(1))).await.unwrap();
+    assert_eq!(server.status, 400, "the server refuses it the same way: {}", server.describe());
+
+    // Delete, then a second delete is refused (it was not a lost answer).
+    cli(&["streams", "rm", "t4", "-o", "text"], &env).await.expect_code(0, "delete");
+    let r = cli(&["streams", "delete", "t4"], &env).await;
+    r.expect_code(4, "deleting a missing stream");
+    assert!(r.stderr.contains("does not exist (nothing to delete)"), "{r:#?}");
+}
+
+/// An answer lost on the way: a publish without seq may or may not be stored (exit 5); a delete
+/// whose retry finds the stream or member gone succeeded (exit 0, "already deleted").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_answers_are_unknown_for_a_publish_and_done_for_a_delete() {
+    let mut c = Cluster::start(3, &[]).await;
+    let nodes = nodes_of(&c);
+    let env = [("RUNNEV_NODES", nodes.as_str())];
+    cli(&["streams", "create", "lost"], &env).await.expect_code(0, "create");
+
+    // The proxy is first in the list, so it takes the first attempt; the others follow.
+    let rest = format!("{},{}", c.node(2).addr(), c.node(3).addr());
+    let via = |proxy: &LossyProxy| format!("{},{rest}", proxy.addr);
+    let proxy = LossyProxy::start(&c.node(1).addr(), 1).await;
+    let r = cli(&["publish", "lost", "maybe", "--nodes", &via(&proxy)], &[]).await;
+    r.expect_code(5, "publish without seq, answer lost");
+    assert!(r.stderr.contains("the outcome is unknown"), "{r:#?}");
+    let (http, leader_url) = (c.http.clone(), c.url(c.leader().await));
+    wait_for("the lost publish, stored once", Duration::from_secs(10), Duration::from_millis(50), || {
+        let (http, url) = (http.clone(), leader_url.clone());
+        async move {
+            match read_all(&http, &url, "lost", 0, Duration::from_secs(5)).await?.len() {
+                1 => Ok(()),
+                n => Err(format!("{n} batches")),
+            }
+        }
+    })
+    .await;
+
+    let proxy = LossyProxy::start(&c.node(1).addr(), 1).await;
+    let r = cli(&["streams", "delete", "lost", "--nodes", &via(&proxy), "-o", "text"], &[]).await;
+    r.expect_code(0, "delete, answer lost");
+    assert_eq!(r.stdout.trim(), "deleted lost (already deleted)", "{r:#?}");
+    assert!(r.stderr.contains("already deleted"), "{r:#?}");
+
+    c.add_node(4).await;
+    let addr4 = c.node(4).addr();
+    cli(&["cluster", "add", "4", &addr4], &env).await.expect_code(0, "add a learner");
+    let proxy = LossyProxy::start(&c.node(1).addr(), 1).await;
+    let r = cli(&["cluster", "rm", "4", "--nodes", &via(&proxy)], &[]).await;
+    r.expect_code(0, "remove, answer lost");
+    assert!(r.stderr.contains("already removed"), "{r:#?}");
+    let view = &r.json_lines()[0];
+    assert!(view["members"].as_array().unwrap().iter().all(|m| m["id"] != 4), "{view}");
+    let r = cli(&["cluster", "rm", "4"], &env).await;
+    r.expect_code(4, "removing a node that is not a member");
+}
+
+/// `cluster add` returns once the learner is added, and says so when the node does not answer;
+/// `--wait-voter` waits for the promotion, noting progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_add_returns_with_the_learner_and_waits_for_a_voter_on_request() {
+    let mut c = Cluster::start(3, &[]).await;
+    let nodes = nodes_of(&c);
+    let env = [("RUNNEV_NODES", nodes.as_str())];
+
+    // A node that is not running: added as a learner at once, with a note saying how to check.
+    let ghost = format!("127.0.0.1:{}", closed_port());
+    let r = cli(&["cluster", "add", "5", &ghost, "-o", "text"], &env).await;
+    r.expect_code(0, "add a node that is not running");
+    assert!(r.stdout.starts_with(&format!("added node 5 at {ghost} as a learner")), "{r:#?}");
+    assert!(r.stdout.contains(&format!("5 (learner, {ghost})")), "{r:#?}");
+    assert!(r.stderr.contains(&format!("node 5 does not answer at {ghost}")), "{r:#?}");
+    assert!(r.stderr.contains(&format!("runnev probe http://{ghost}/healthz")), "{r:#?}");
+    let r = cli(&["cluster", "add", "5", &ghost, "--wait-voter", "--timeout", "3s"], &env).await;
+    r.expect_code(6, "waiting for a node that is not running");
+    assert!(r.stderr.contains("is still a learner"), "{r:#?}");
+    cli(&["cluster", "remove", "5"], &env).await.expect_code(0, "remove the ghost");
+
+    // A running node: promoted, and --wait-voter returns with it a voter.
+    c.add_node(4).await;
+    let addr4 = c.node(4).addr();
+    let r = cli(&["cluster", "add", "4", &addr4, "--wait-voter"], &env).await;
+    r.expect_code(0, "add and wait for the voter");
+    assert!(r.stderr.contains("waiting for node 4 to catch up"), "{r:#?}");
+    let view = &r.json_lines()[0];
+    let m4 = view["members"].as_array().unwrap().iter().find(|m| m["id"] == 4).cloned().unwrap();
+    assert_eq!(m4["voter"], true, "{view}");
+    let r = cli(&["cluster", "add", "4", &addr4, "-o", "text"], &env).await;
+    r.expect_code(0, "adding a voter again");
+    assert!(r.stdout.starts_with("node 4 is already a voter"), "{r:#?}");
+    let r = cli(&["cluster", "add", "0", &addr4], &env).await;
+    r.expect_code(2, "node id 0");
+}
+
+/// A subscription outlives a full outage of the cluster (longer than the client's 30 s retry
+/// deadline, which used to end it with exit 1), noting each reconnection on stderr, and goes on
+/// after the restart; with `--max-outage` it gives up instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_outlives_a_full_outage_unless_given_a_max_outage() {
+    let mut c = Cluster::start(3, &[]).await;
+    let nodes = nodes_of(&c);
+    let env = [("RUNNEV_NODES", nodes.as_str())];
+    cli(&["streams", "create", "feed"], &env).await.expect_code(0, "create");
+    cli(&["publish", "feed", "--seq", "1", "one"], &env).await.expect_code(0, "publish 1");
+
+    let mut sub = tokio::process::Command::new(BIN)
+        .args(["subscribe", "feed", "--nodes", &nodes])
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(sub.stdout.take().unwrap()).lines();
+    let stderr = sub.stderr.take().unwrap();
+    let notes = tokio::spawn(async move {
+        let mut all = Vec::new();
+        let mut l = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = l.next_line().await {
+            all.push(line);
+        }
+        all
+    });
+    async fn next(lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) -> Value {
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await.expect("a line within 60 s");
+        serde_json::from_str::<Value>(&line.unwrap().expect("the subscriber is still printing")).unwrap()
+    }
+    assert_eq!(next(&mut lines).await["seq"], 1);
+
+    for id in c.ids() {
+        c.stop(id).await;
+    }
+    let giving_up = cli(&["subscribe", "feed", "--max-outage", "3s", "--after", "1", "--nodes", &nodes], &[]).await;
+    giving_up.expect_code(3, "subscribe --max-outage during the outage");
+    // Past the client's 30 s deadline, which used to end the subscription.
+    tokio::time::sleep(Duration::from_secs(33)).await;
+    assert!(sub.try_wait().unwrap().is_none(), "the subscriber exited during the outage");
+
+    for id in c.ids() {
+        c.restart(id).await;
+    }
+    c.wait_leader_agreed(Duration::from_secs(30)).await;
+    cli(&["publish", "feed", "--seq", "2", "two"], &env).await.expect_code(0, "publish 2 after the restart");
+    assert_eq!(next(&mut lines).await["seq"], 2);
+    sub.kill().await.unwrap();
+    let notes = notes.await.unwrap();
+    assert!(notes.iter().any(|l| l.starts_with("runnev: subscription connection lost")), "{notes:#?}");
+    assert!(notes.iter().filter(|l| l.starts_with("runnev: no connection for")).count() >= 5, "{notes:#?}");
+    assert!(notes.iter().any(|l| l.contains("still trying")), "the 30 s report, and on: {notes:#?}");
+    assert!(notes.iter().any(|l| l.starts_with("runnev: subscribed again at")), "{notes:#?}");
+}

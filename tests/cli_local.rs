@@ -1,0 +1,216 @@
+//! `runnev serve` and `runnev local` as a user starts them: refusals at start say what is wrong
+//! in one sentence and exit non-zero; `runnev local` never starts beside a node it did not
+//! start, and never exits 0 when its nodes could not run.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use runnev::launcher::port_holder;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// A base port with it and the next `n - 1` free on loopback now.
+fn free_base(n: u16) -> u16 {
+    loop {
+        let base = closed_port();
+        if base < 60_000 && (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return base;
+        }
+    }
+}
+
+fn peers(base: u16) -> String {
+    (0..3).map(|i| format!("{}=127.0.0.1:{}", i + 1, base + i)).collect::<Vec<_>>().join(",")
+}
+
+/// `runnev serve --id 2` on node 2's data dir under `dir`, listening on `port`, not a child of
+/// `runnev local` (a stray, as a user starts one by hand).
+fn stray_node(dir: &std::path::Path, base: u16, port: u16) -> tokio::process::Child {
+    let data = dir.join("node-2");
+    tokio::process::Command::new(BIN)
+        .args(["serve", "--id", "2", "--data-dir", data.to_str().unwrap()])
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--peers", &peers(base)])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// Starts `runnev local` on `base` under `dir`; returns it once its banner says the nodes run.
+async fn start_local(dir: &std::path::Path, base: u16) -> tokio::process::Child {
+    let mut local = tokio::process::Command::new(BIN)
+        .args(["local", "--base-port", &base.to_string(), "--dir", dir.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(local.stdout.take().unwrap()).lines();
+    let banner = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut seen = Vec::new();
+        while let Ok(Some(l)) = lines.next_line().await {
+            let done = l.starts_with("Ctrl-C stops the cluster.");
+            seen.push(l);
+            if done {
+                return seen;
+            }
+        }
+        panic!("runnev local ended before its banner: {seen:#?}");
+    })
+    .await
+    .expect("runnev local's banner within 60 s");
+    assert!(banner.iter().any(|l| l.starts_with("RUNNEV_NODES=http://127.0.0.1:")), "{banner:#?}");
+    local
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: a process of this test's own tree, identified just before.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0, "kill {pid}");
+}
+
+/// `serve --id 0` is refused; a second node on a data dir in use says so in one sentence (it
+/// used to print redb's "Database already open. Cannot acquire lock." twice); and a one-node
+/// cluster (`--peers 1=HOST:PORT`) serves the client commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_id_0_and_a_data_dir_in_use_in_one_sentence() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let r = cli(
+        &[
+            "serve",
+            "--id",
+            "0",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:1",
+            "--peers",
+            "0=127.0.0.1:1",
+        ],
+        &[],
+    )
+    .await;
+    r.expect_code(2, "serve --id 0");
+    assert!(r.stderr.contains("node ids start at 1; 0 is not a node id"), "{r:#?}");
+    let r = cli(
+        &[
+            "serve",
+            "--id",
+            "1",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:1",
+            "--peers",
+            "0=127.0.0.1:1",
+        ],
+        &[],
+    )
+    .await;
+    r.expect_code(2, "a peer with id 0");
+    assert!(!data.exists(), "nothing was created");
+
+    let c = Cluster::start(1, &[]).await;
+    let nodes = c.node(1).addr();
+    cli(&["streams", "create", "solo", "--nodes", &nodes], &[]).await.expect_code(0, "one node: create");
+    let r = cli(&["publish", "solo", "--seq", "1", "alone", "--nodes", &nodes], &[]).await;
+    r.expect_code(0, "one node: publish");
+
+    let data = c.data_dir(1);
+    let r = cli(
+        &[
+            "serve",
+            "--id",
+            "1",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            &format!("127.0.0.1:{}", closed_port()),
+            "--peers",
+            &format!("1={nodes}"),
+        ],
+        &[("RUST_LOG", "error")],
+    )
+    .await;
+    r.expect_code(1, "a second node on the same data dir");
+    let expected = format!(
+        "runnev: the data dir {} is in use: another runnev process holds the lock on its database",
+        data.display()
+    );
+    assert!(r.stderr.contains(&expected), "{r:#?}");
+    assert!(!r.stderr.contains("Database already open"), "{r:#?}");
+    assert_eq!(r.stderr.lines().count(), 1, "one sentence: {r:#?}");
+}
+
+/// The first hour's trap: a node started by hand beside `runnev local` survives its stop (it is
+/// not `runnev local`'s), and the next `runnev local` must refuse to start beside it, naming it
+/// and how to stop it, rather than let it lead. A clean stop exits 0; nodes that all died exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_refuses_a_stray_node_and_exits_non_zero_when_its_nodes_die() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("local");
+    let base = free_base(3);
+
+    let mut local = start_local(&root, base).await;
+    // Node 2 dies, and is started again by hand, as the README's tour does.
+    let node2 = port_holder(base + 1).expect("node 2 listens");
+    signal(node2.pid, libc::SIGKILL);
+    wait_for("node 2's port to be free", Duration::from_secs(20), Duration::from_millis(50), || async {
+        port_holder(base + 1).map_or(Ok(()), |h| Err(format!("held by {h:?}")))
+    })
+    .await;
+    let mut stray = stray_node(&root, base, base + 1);
+    wait_for("the hand-started node 2", Duration::from_secs(20), Duration::from_millis(50), || async {
+        port_holder(base + 1).map(|_| ()).ok_or_else(|| "not listening yet".to_string())
+    })
+    .await;
+
+    signal(local.id().unwrap(), libc::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(30), local.wait()).await.expect("local stops").unwrap();
+    assert_eq!(status.code(), Some(0), "a clean stop");
+    assert!(stray.try_wait().unwrap().is_none(), "the node started by hand is not runnev local's to stop");
+
+    let stray_pid = stray.id().unwrap();
+    let r = cli(&["local", "--base-port", &base.to_string(), "--dir", root.to_str().unwrap()], &[]).await;
+    r.expect_code(1, "runnev local beside a stray node");
+    assert!(r.stderr.contains(&format!("port {} is held by a runnev node", base + 1)), "{r:#?}");
+    assert!(r.stderr.contains(&format!("kill {stray_pid}")), "{r:#?}");
+    assert!(port_holder(base).is_none(), "nothing of its own was started");
+    stray.kill().await.unwrap();
+    stray.wait().await.unwrap();
+
+    // Every node dies: runnev local says so and exits 1.
+    let mut local = start_local(&root, base).await;
+    for i in 0..3 {
+        signal(port_holder(base + i).expect("a node listens").pid, libc::SIGKILL);
+    }
+    let status = tokio::time::timeout(Duration::from_secs(30), local.wait()).await.expect("local ends").unwrap();
+    assert_eq!(status.code(), Some(1), "every node died");
+}
+
+/// A node that cannot start (here its data dir is held by another process) stops `runnev local`
+/// with exit 1 and the node's own words, instead of a banner, "node N exited" and exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_exits_non_zero_naming_why_a_node_could_not_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("local");
+    let base = free_base(3);
+    let elsewhere = free_base(1);
+    let mut holder = stray_node(&root, base, elsewhere);
+    wait_for("the process holding node 2's data dir", Duration::from_secs(20), Duration::from_millis(50), || async {
+        port_holder(elsewhere).map(|_| ()).ok_or_else(|| "not listening yet".to_string())
+    })
+    .await;
+
+    let r = cli(&["local", "--base-port", &base.to_string(), "--dir", root.to_str().unwrap()], &[]).await;
+    r.expect_code(1, "runnev local with a node that cannot start");
+    assert!(r.stderr.contains("runnev: node 2 could not start: the data dir"), "{r:#?}");
+    assert!(r.stderr.contains("is in use: another runnev process holds the lock"), "{r:#?}");
+    assert!(!r.stdout.contains("Ctrl-C stops the cluster."), "no banner for a cluster that did not start: {r:#?}");
+    for i in [0, 2] {
+        assert!(port_holder(base + i).is_none(), "node {} was stopped", i + 1);
+    }
+    holder.kill().await.unwrap();
+}
