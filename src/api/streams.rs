@@ -282,6 +282,7 @@ pub(super) async fn read(
             if done {
                 return Err(ApiError::StreamNotFound(name));
             }
+            let _waiting = super::Waiting::start("read");
             tokio::select! {
                 _ = tokio::time::sleep(deadline - now) => {}
                 _ = applied.changed() => {}
@@ -294,6 +295,7 @@ pub(super) async fn read(
             return Ok(([(header::CONTENT_TYPE, "application/json")], read_answer_body(view, after)).into_response());
         }
         // Long poll: a node behind the cursor waits rather than answering a false "empty".
+        let _waiting = super::Waiting::start("read");
         tokio::select! {
             _ = tokio::time::sleep(deadline - now) => {}
             _ = applied.changed() => {}

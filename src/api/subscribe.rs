@@ -105,6 +105,7 @@ async fn wait_for_stream(s: &AppState, name: &str) -> Result<(), ApiError> {
         if blocking(move || store.stream(&n)).await?.is_some() {
             return Ok(());
         }
+        let _waiting = super::Waiting::start("subscribe");
         if tokio::time::timeout_at(deadline, applied.changed()).await.is_err() {
             return Err(ApiError::StreamNotFound(name.to_string()));
         }
