@@ -38,7 +38,9 @@ async fn batch_at(c: &Cluster, node: u64, stream: &str, seq: u64, min_index: u64
 
 /// SPEC §2.3: all five outcomes, and a retry of the same (stream, seq) on another node after the
 /// leader that took the first attempt was killed gives exactly one batch; `duplicate: true` is
-/// only ever answered for a batch that every node then serves.
+/// only ever answered for a batch that every node then serves. A leader that cannot reach a
+/// majority never acknowledges: it answers `503` outcome unknown, or dies with the publish in
+/// flight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotent_publish_holds_across_leader_failover() {
     let mut c = Cluster::start(3, &[]).await;
@@ -68,43 +70,57 @@ async fn idempotent_publish_holds_across_leader_failover() {
     // An acknowledged publish, then the leader dies: the retry elsewhere is a duplicate.
     let acked = publish(&c, leader, "orders", Some(20), b"twenty").await;
     assert_eq!(acked.status, 201, "{}", acked.describe());
-    // A publish certainly in flight when the leader dies: both followers are paused, so its
-    // entry cannot commit; once the leader has appended it (its last log index grew) the leader
-    // is killed. It must not have been acknowledged: the outcome is unknown to the client.
-    let before = c.cluster_info(leader).await.expect("leader view").last_log_index.unwrap_or(0);
+    // Both followers paused: nothing can commit. A publish then is appended by the leader and
+    // must be answered `503 no_leader` with `Runnev-Outcome: unknown` once the commit wait runs
+    // out, never acknowledged. A second one is certainly in flight when the leader is killed:
+    // appended (the leader's last log index grew), unanswered. Both outcomes are unknown to the
+    // client, and a retry with the same seq resolves them.
     c.pause_all(&f);
-    let url = format!("{}/v1/streams/orders/batches?seq=30", c.url(leader));
-    let http = c.http.clone();
-    let in_flight = tokio::spawn(async move { http.post(&url, b"thirty".to_vec()).await });
-    let appended = wait_for(
-        "the leader to append the in-flight publish (liveness bound)",
-        Duration::from_secs(20),
-        Duration::from_millis(5),
-        || {
-            let c = &c;
-            async move {
+    let appended = |after: u64| {
+        let c = &c;
+        wait_for(
+            "the leader to append the publish (liveness bound)",
+            Duration::from_secs(20),
+            Duration::from_millis(5),
+            move || async move {
                 match c.cluster_info(leader).await?.last_log_index {
-                    Some(i) if i > before => Ok(i),
-                    other => Err(format!("last_log_index {other:?}, was {before}")),
+                    Some(i) if i > after => Ok(i),
+                    other => Err(format!("last_log_index {other:?}, was {after}")),
                 }
-            }
-        },
-    )
-    .await;
-    let answered_before_kill = in_flight.is_finished();
+            },
+        )
+    };
+    let before = c.cluster_info(leader).await.expect("leader view").last_log_index.unwrap_or(0);
+    let url = format!("{}/v1/streams/orders/batches?seq=30", c.url(leader));
+    let no_quorum = c
+        .http
+        .request(hyper::Method::POST, &url, Some(b"thirty".to_vec().into()), &[], Duration::from_secs(60))
+        .await
+        .expect("an answer from the leader without a quorum");
+    assert_eq!(
+        (no_quorum.status, no_quorum.error_code().as_deref(), no_quorum.header("runnev-outcome").as_deref()),
+        (503, Some("no_leader"), Some("unknown")),
+        "a publish that cannot commit (both followers paused) is not acknowledged: {}",
+        no_quorum.describe()
+    );
+    let after_30 = appended(before).await;
+    let url = format!("{}/v1/streams/orders/batches?seq=31", c.url(leader));
+    let http = c.http.clone();
+    let in_flight = tokio::spawn(async move { http.post(&url, b"thirty-one".to_vec()).await });
+    let appended_31 = appended(after_30).await;
     c.kill_9(leader);
     c.resume_all(&f);
     match in_flight.await.expect("publish task") {
         Ok(r) if r.status == 200 || r.status == 201 => panic!(
-            "the leader acknowledged seq 30 (log index {appended}) while both followers were paused: \
-             acknowledged without a majority (answered before the kill: {answered_before_kill}): {}",
+            "the leader acknowledged seq 31 (log index {appended_31}) while both followers were paused: \
+             acknowledged without a majority: {}",
             r.describe()
         ),
         other => eprintln!("the in-flight publish ended without an acknowledgement: {other:?}"),
     }
 
     let other = f[1];
-    for (seq, body) in [(20u64, &b"twenty"[..]), (30, &b"thirty"[..])] {
+    for (seq, body) in [(20u64, &b"twenty"[..]), (30, &b"thirty"[..]), (31, &b"thirty-one"[..])] {
         let retry = wait_for("the retry to be answered", Duration::from_secs(20), Duration::from_millis(200), || {
             let c = &c;
             async move {
@@ -134,11 +150,11 @@ async fn idempotent_publish_holds_across_leader_failover() {
     let all = read_all(&c.http, &c.url(leader), "orders", 0, Duration::from_secs(20)).await.expect("read");
     let seqs: Vec<u64> = all.iter().map(|b| b.seq).collect();
     let wait_all =
-        wait_for("the restarted node to hold seq 30", Duration::from_secs(20), Duration::from_millis(200), || {
+        wait_for("the restarted node to hold seq 31", Duration::from_secs(20), Duration::from_millis(200), || {
             let c = &c;
             async move {
                 let b = read_all(&c.http, &c.url(leader), "orders", 0, Duration::from_secs(5)).await?;
-                if b.iter().any(|b| b.seq == 30) {
+                if b.iter().any(|b| b.seq == 31) {
                     Ok(b)
                 } else {
                     Err(format!("seqs {:?}", b.iter().map(|b| b.seq).collect::<Vec<_>>()))
@@ -146,7 +162,9 @@ async fn idempotent_publish_holds_across_leader_failover() {
             }
         })
         .await;
-    assert_eq!(wait_all.iter().map(|b| b.seq).collect::<Vec<_>>(), vec![10, 11, 20, 30], "before: {seqs:?}");
+    assert_eq!(wait_all.iter().map(|b| b.seq).collect::<Vec<_>>(), vec![10, 11, 20, 30, 31], "before: {seqs:?}");
+    let data: Vec<&[u8]> = wait_all.iter().map(|b| b.data.as_slice()).collect();
+    assert_eq!(data[3..], [&b"thirty"[..], &b"thirty-one"[..]], "each stored once, with its bytes");
 }
 
 /// SPEC §2.4, §2.6: a subscriber on a follower receives every batch in order while the leader
