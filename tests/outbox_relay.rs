@@ -269,7 +269,13 @@ async fn outbox_relay_standby_takes_over_when_the_active_relay_dies() {
     .await;
     let mut want = insert_rows(&pg, &table, &["standby"], "one", 100).await;
     let t = Instant::now();
-    wait_relayed(&pg, &table, Duration::from_secs(60), &r1).await;
+    until("the commit's NOTIFY to wake the idle relay (its poll is 1 h away)", Duration::from_secs(60), || async {
+        match unrelayed(&pg, &table).await {
+            0 => Ok(()),
+            n => Err(format!("{n} rows not relayed; relay 1 alive: {}", r1.alive())),
+        }
+    })
+    .await;
     eprintln!("100 rows relayed {:.0?} after the commit (woken by NOTIFY; a figure, not a verdict)", t.elapsed());
     assert!(r2.log_text().contains("hot standby"));
 

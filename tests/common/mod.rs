@@ -667,15 +667,17 @@ impl NodeState {
 /// Reads [`NodeState`] from one node after it has applied `min_index`.
 pub async fn node_state(http: &Http, base: &str, min_index: u64, timeout: Duration) -> Result<NodeState, String> {
     // A read with min_index first, so that the list below is of the applied state at min_index.
+    // The stream "-" does not exist: 404 once min_index is applied, 503 after the node's own
+    // wait (10 s) before; the request's deadline is longer than that wait.
     let deadline = Instant::now() + timeout;
+    let url = format!("{base}/v1/streams/-/batches?min_index={min_index}");
     loop {
-        let r = http.get(&format!("{base}/v1/streams/-/batches?min_index={min_index}")).await?;
-        // The stream "-" does not exist: 404 once min_index is applied, 503 before.
+        let r = http.request(Method::GET, &url, None, &[], Duration::from_secs(20)).await?;
         if r.status == 404 {
             break;
         }
         if r.status != 503 || Instant::now() >= deadline {
-            return Err(format!("{base}: waiting for min_index {min_index}: {}", r.describe()));
+            return Err(format!("{base} did not apply log index {min_index} within {timeout:?}: {}", r.describe()));
         }
     }
     let r = http.get(&format!("{base}/v1/streams")).await?;
@@ -687,9 +689,38 @@ pub async fn node_state(http: &Http, base: &str, min_index: u64, timeout: Durati
     for s in &streams {
         let name = s["name"].as_str().ok_or_else(|| format!("a stream without a name: {s}"))?;
         let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(5));
-        batches.insert(name.to_string(), read_stream(http, base, name, min_index, left).await?);
+        let read = read_stream(http, base, name, min_index, left).await?;
+        check_info_against_batches(s, &read).map_err(|e| format!("{base} stream {name}: {e}"))?;
+        batches.insert(name.to_string(), read);
     }
     Ok(NodeState { streams, batches })
+}
+
+/// A node's stream info must describe the batches it serves: the count, the bytes, the first
+/// seq (`last_seq + 1` when empty), a last seq at or after the newest batch, and a gap from 1 to
+/// `evicted_through` for a reader from 0 exactly when something was evicted.
+fn check_info_against_batches(info: &Value, (gap, batches): &StreamRead) -> Result<(), String> {
+    let field = |k: &str| info[k].as_u64().ok_or_else(|| format!("info without u64 {k}: {info}"));
+    let (first, last, evicted) = (field("first_seq")?, field("last_seq")?, field("evicted_through")?);
+    let bytes: u64 = batches.iter().map(|b| b.data.len() as u64).sum();
+    let want_first = batches.first().map_or(last + 1, |b| b.seq);
+    let want_gap = (evicted > 0).then_some((1, evicted));
+    let problems: Vec<String> = [
+        (field("batches")? != batches.len() as u64)
+            .then(|| format!("counts {} batches, serves {}", info["batches"], batches.len())),
+        (field("bytes")? != bytes).then(|| format!("counts {} bytes, serves {bytes}", info["bytes"])),
+        (first != want_first).then(|| format!("first_seq {first}, but the oldest batch served makes it {want_first}")),
+        batches.last().filter(|b| b.seq > last).map(|b| format!("last_seq {last} is below the newest batch {}", b.seq)),
+        (*gap != want_gap).then(|| format!("evicted_through {evicted}, but a reader from 0 is told the gap {gap:?}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("the info does not describe the batches served: {}; info {info}", problems.join("; ")))
+    }
 }
 
 /// Reads every node's [`NodeState`] after it applied `min_index` and asserts they are identical
