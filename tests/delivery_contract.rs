@@ -104,6 +104,11 @@ async fn idempotent_publish_holds_across_leader_failover() {
         no_quorum.describe()
     );
     let after_30 = appended(before).await;
+    // The leader holds seq 30 in its log, uncommitted: it must not serve it (SPEC §2.2).
+    let read = c.http.get(&format!("{}/v1/streams/orders/batches?after=11", c.url(leader))).await.expect("read");
+    let v = read.json();
+    let seqs: Vec<u64> = v["batches"].as_array().expect("batches").iter().filter_map(|b| b["seq"].as_u64()).collect();
+    assert_eq!((seqs, v["last_seq"].as_u64()), (vec![20], Some(20)), "the leader serves an uncommitted batch: {v}");
     let url = format!("{}/v1/streams/orders/batches?seq=31", c.url(leader));
     let http = c.http.clone();
     let in_flight = tokio::spawn(async move { http.post(&url, b"thirty-one".to_vec()).await });
