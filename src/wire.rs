@@ -151,7 +151,7 @@ pub struct PutStream {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AddMember {
-    /// The new node's id.
+    /// The new node's id, a positive integer (0 is refused).
     pub id: u64,
     /// Its address, `HOST:PORT`, as the other nodes reach it.
     pub addr: String,

@@ -1,6 +1,8 @@
 //! Bad input gets the SPEC's error answers (status, JSON error body, Runnev-Node header) on
-//! every node, never crashes a node and never changes state: one rule per test, each on a
-//! cluster of its own ([`Fixture`]).
+//! every node, never crashes a node and never changes state (streams, batches, leader, term,
+//! members): one rule per test, each on a cluster of its own ([`Fixture`]). The client routes,
+//! the membership routes, and the Raft routes between nodes (garbage, truncated postcard of
+//! requests that would change the term if they decoded, oversized bodies).
 
 mod common;
 
@@ -120,6 +122,8 @@ struct State {
     good: Value,
     long: Value,
     batches: Vec<Batch>,
+    /// The node's view of Raft: (leader, term, members as (id, addr, voter)).
+    raft: (Option<u64>, u64, Vec<(u64, String, bool)>),
 }
 
 impl State {
@@ -153,6 +157,9 @@ impl State {
                 if self.batches.len() == other.batches.len() { " (bytes differ)" } else { "" }
             ));
         }
+        if self.raft != other.raft {
+            d.push(format!("(leader, term, members): {:?} vs {:?}", self.raft, other.raft));
+        }
         if d.is_empty() {
             None
         } else {
@@ -161,7 +168,7 @@ impl State {
     }
 }
 
-/// The node's view of the streams, after it has applied `min_index`.
+/// The node's view of the streams, after it has applied `min_index`, and of Raft.
 async fn state_of(c: &Cluster, node: u64, long_name: &str, min_index: u64) -> State {
     let http = &c.http;
     let base = c.url(node);
@@ -186,7 +193,10 @@ async fn state_of(c: &Cluster, node: u64, long_name: &str, min_index: u64) -> St
     };
     let good = info("good".into()).await;
     let long = info(long_name.to_owned()).await;
-    State { list, good, long, batches }
+    let v = c.cluster_info(node).await.unwrap_or_else(|e| panic!("node {node}: /v1/cluster: {e}"));
+    let mut members: Vec<(u64, String, bool)> = v.members.iter().map(|m| (m.id, m.addr.clone(), m.voter)).collect();
+    members.sort();
+    State { list, good, long, batches, raft: (v.leader_id, v.term, members) }
 }
 
 /// A cluster with two streams and four batches (the last exactly `MAX_BATCH` bytes), every
@@ -670,6 +680,165 @@ async fn methods_a_path_does_not_serve_are_405_with_allow() {
     f.finish().await;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Membership routes
+// ---------------------------------------------------------------------------------------------
+
+/// Bad bodies, unknown ids, id 0 and oversized bodies on `POST /v1/cluster/members` and
+/// `DELETE /v1/cluster/members/{id}`: each gets its error, and the membership (and everything
+/// else) is unchanged on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_membership_requests_change_nothing() {
+    let mut f = Fixture::start().await;
+    let voter_addr = f.c.node(1).addr();
+    let bodies: Vec<(Vec<u8>, &str)> = vec![
+        (b"".to_vec(), "invalid_body"),
+        (b"{".to_vec(), "invalid_body"),
+        (b"not json".to_vec(), "invalid_body"),
+        (b"[4, \"127.0.0.1:1\"]".to_vec(), "invalid_body"),
+        (b"{}".to_vec(), "invalid_body"),
+        (br#"{"id": 4}"#.to_vec(), "invalid_body"),
+        (br#"{"addr": "127.0.0.1:1"}"#.to_vec(), "invalid_body"),
+        (br#"{"id": "four", "addr": "127.0.0.1:1"}"#.to_vec(), "invalid_body"),
+        (br#"{"id": -4, "addr": "127.0.0.1:1"}"#.to_vec(), "invalid_body"),
+        (br#"{"id": 4.5, "addr": "127.0.0.1:1"}"#.to_vec(), "invalid_body"),
+        (br#"{"id": 18446744073709551616, "addr": "127.0.0.1:1"}"#.to_vec(), "invalid_body"),
+        (br#"{"id": 4, "addr": "127.0.0.1:1", "voter": "yes"}"#.to_vec(), "invalid_body"),
+        (br#"{"id": 4, "addr": "127.0.0.1:1", "extra": 1}"#.to_vec(), "invalid_body"),
+        (br#"{"id": 4, "addr": ""}"#.to_vec(), "invalid_body"),
+        (br#"{"id": 4, "addr": "no-port"}"#.to_vec(), "invalid_body"),
+        (br#"{"id": 4, "addr": 7001}"#.to_vec(), "invalid_body"),
+        (b"\xff\xfe\x00".to_vec(), "invalid_body"),
+        // Node ids are positive: id 0 is refused before anything is proposed.
+        (br#"{"id": 0, "addr": "127.0.0.1:1"}"#.to_vec(), "invalid_body"),
+        (br#"{"id": 0, "addr": "127.0.0.1:1", "voter": false}"#.to_vec(), "invalid_body"),
+        // An existing voter at another address, or asked to become a learner.
+        (br#"{"id": 1, "addr": "127.0.0.1:1"}"#.to_vec(), "invalid_parameter"),
+        (format!(r#"{{"id": 1, "addr": "{voter_addr}", "voter": false}}"#).into_bytes(), "invalid_parameter"),
+    ];
+    for id in f.c.ids() {
+        let base = f.c.url(id);
+        for (body, code) in &bodies {
+            f.ck.expect_error(
+                id,
+                Method::POST,
+                &format!("{base}/v1/cluster/members"),
+                Some(Bytes::from(body.clone())),
+                Some("application/json"),
+                400,
+                code,
+            )
+            .await;
+        }
+        // Unknown ids, id 0 and ids that are not u64 on DELETE.
+        for (path, status, code) in [
+            ("/v1/cluster/members/42", 404, "not_found"),
+            ("/v1/cluster/members/0", 404, "not_found"),
+            ("/v1/cluster/members/18446744073709551615", 404, "not_found"),
+            ("/v1/cluster/members/abc", 400, "invalid_parameter"),
+            ("/v1/cluster/members/-1", 400, "invalid_parameter"),
+            ("/v1/cluster/members/1.5", 400, "invalid_parameter"),
+            ("/v1/cluster/members/18446744073709551616", 400, "invalid_parameter"),
+        ] {
+            f.ck.expect_error(id, Method::DELETE, &format!("{base}{path}"), None, None, status, code).await;
+        }
+        // A body over 64 KiB (valid JSON inside), on a client of its own: the server closes the
+        // connection after a 413.
+        let huge = format!(r#"{{"id": 4, "addr": "127.0.0.1:1", "pad": "{}"}}"#, "x".repeat(70 * 1024));
+        let shared = std::mem::take(&mut f.ck.http);
+        f.ck.expect_error(
+            id,
+            Method::POST,
+            &format!("{base}/v1/cluster/members"),
+            Some(Bytes::from(huge)),
+            Some("application/json"),
+            413,
+            "payload_too_large",
+        )
+        .await;
+        f.ck.http = shared;
+    }
+    f.finish().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raft routes
+// ---------------------------------------------------------------------------------------------
+
+/// POSTs `body` to `path` on a node and checks it gets `400 invalid_body`.
+async fn expect_raft_refusal(f: &mut Fixture, node: u64, path: &str, body: Vec<u8>, what: &str) {
+    let url = format!("{}{path}", f.c.url(node));
+    f.ck.checked += 1;
+    let r =
+        f.ck.http
+            .request(
+                Method::POST,
+                &url,
+                Some(Bytes::from(body)),
+                &[("content-type", "application/octet-stream")],
+                Duration::from_secs(10),
+            )
+            .await;
+    match r {
+        Ok(r) => {
+            if let Some(problem) = error_problem(&r, 400, "invalid_body") {
+                f.ck.failures.push(format!("node {node}: POST {path} ({what}): {problem}; got {}", r.describe()));
+            }
+        }
+        Err(e) => f.ck.failures.push(format!("node {node}: POST {path} ({what}): transport error {e}")),
+    }
+}
+
+/// Requests that would move every node to a term far ahead if they decoded (a vote request, an
+/// append and an install-snapshot from node 2 as leader at `term`), postcard-encoded as the
+/// nodes send them: (path, bytes).
+fn raft_requests(term: u64) -> Vec<(&'static str, Vec<u8>)> {
+    use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+    use openraft::{LogId, SnapshotMeta, Vote};
+    use runnev::raft::TypeConfig;
+    let vote = Vote::new_committed(term, 2);
+    let last = Some(LogId::new(openraft::CommittedLeaderId::new(term, 2), 1_000_000));
+    let v = VoteRequest::new(Vote::new(term, 2), last);
+    let a = AppendEntriesRequest::<TypeConfig> { vote, prev_log_id: last, entries: vec![], leader_commit: last };
+    let meta = SnapshotMeta { last_log_id: last, snapshot_id: "forged".into(), ..Default::default() };
+    let s = InstallSnapshotRequest::<TypeConfig> { vote, meta, offset: 0, data: vec![7; 64], done: true };
+    vec![
+        ("/raft/vote", postcard::to_stdvec(&v).expect("encode")),
+        ("/raft/append", postcard::to_stdvec(&a).expect("encode")),
+        ("/raft/snapshot", postcard::to_stdvec(&s).expect("encode")),
+    ]
+}
+
+/// Garbage and truncated requests on `/raft/append`, `/raft/vote` and `/raft/snapshot`: each is
+/// answered `400 invalid_body` and reaches no Raft state (the truncated ones would, whole, have
+/// moved the term 1000 ahead); leader, term, members and streams are unchanged everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_raft_rpcs_change_nothing() {
+    let mut f = Fixture::start().await;
+    let term = f.before[0].raft.1;
+    let garbage: Vec<(&str, Vec<u8>)> = vec![
+        ("an empty body", vec![]),
+        ("text", b"not postcard".to_vec()),
+        ("an overlong varint", vec![0xff; 16]),
+        ("JSON", br#"{"vote":{"leader_id":{"term":99,"node_id":2},"committed":true}}"#.to_vec()),
+    ];
+    let forged = raft_requests(term + 1000);
+    for id in f.c.ids() {
+        for path in ["/raft/append", "/raft/vote", "/raft/snapshot"] {
+            for (what, body) in &garbage {
+                expect_raft_refusal(&mut f, id, path, body.clone(), what).await;
+            }
+        }
+        for (path, whole) in &forged {
+            for cut in [1, whole.len() / 2, whole.len() - 1] {
+                let what = format!("a request of {} bytes cut to {cut}", whole.len());
+                expect_raft_refusal(&mut f, id, path, whole[..cut].to_vec(), &what).await;
+            }
+        }
+    }
+    f.finish().await;
+}
+
 /// Sends `head` (then `body`) on a new connection and reads one answer: (status line and
 /// headers, body by Content-Length).
 async fn raw_exchange(addr: &str, head: &str, body: &[u8]) -> Result<(String, Vec<u8>), String> {
@@ -750,6 +919,68 @@ async fn transfer_codings_other_than_chunked_are_501() {
                     }
                 }
             }
+        }
+    }
+    f.finish().await;
+}
+
+/// A Raft RPC body over the 256 MiB limit, declared by its Content-Length: `413
+/// payload_too_large` (and `Connection: close`) before the node buffers it, on every Raft route;
+/// nothing changes. Raw TCP, so no client library hides how the connection ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_raft_rpcs_are_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const RAFT_RPC_BYTES_MAX: u64 = 256 * 1024 * 1024;
+    let mut f = Fixture::start().await;
+    let target = f.c.followers().await[0];
+    let addr = f.c.node(target).addr();
+    for path in ["/raft/append", "/raft/vote", "/raft/snapshot"] {
+        f.ck.checked += 1;
+        let sock = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+        let (mut rd, mut wr) = sock.into_split();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+            RAFT_RPC_BYTES_MAX + 1
+        );
+        wr.write_all(head.as_bytes()).await.expect("write the head");
+        // Send the body too, as a real client would, until the node answers or stops reading.
+        let writer = tokio::spawn(async move {
+            let chunk = vec![0u8; 1 << 20];
+            let mut sent = 0u64;
+            while sent <= RAFT_RPC_BYTES_MAX {
+                if wr.write_all(&chunk).await.is_err() {
+                    break;
+                }
+                sent += chunk.len() as u64;
+            }
+            sent
+        });
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(60), async {
+            let mut buf = [0u8; 4096];
+            loop {
+                match rd.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => answer.extend_from_slice(&buf[..n]),
+                }
+                if answer.windows(4).any(|w| w == b"\r\n\r\n") && answer.ends_with(b"}") {
+                    break;
+                }
+            }
+        })
+        .await;
+        writer.abort();
+        let text = String::from_utf8_lossy(&answer).to_string();
+        let ok = read.is_ok()
+            && text.starts_with("HTTP/1.1 413")
+            && text.contains("payload_too_large")
+            && text.to_ascii_lowercase().contains("connection: close");
+        if !ok {
+            f.ck.failures.push(format!(
+                "node {target}: POST {path} with {} bytes: {}",
+                RAFT_RPC_BYTES_MAX + 1,
+                truncate(&text, 400)
+            ));
         }
     }
     f.finish().await;

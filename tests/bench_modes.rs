@@ -1,5 +1,6 @@
-//! `runnev bench failover | restart | catchup`, run as the real binary in small configurations:
-//! each finishes, prints sane JSON summaries, loses nothing, and leaves no directory behind.
+//! `runnev bench failover | restart | catchup | membership`, run as the real binary in small
+//! configurations: each finishes, prints sane JSON summaries, loses nothing, and leaves no
+//! directory behind.
 //!
 //! `runnev bench` runs the `runnev-bench` executable from beside `runnev` (another workspace
 //! member, which cargo builds for these tests only when asked): the tests build it first, for the
@@ -148,4 +149,26 @@ async fn catchup_reads_the_whole_stream_from_a_follower() {
     .await;
     assert_eq!(again.len(), 1, "{again:?}");
     assert_eq!(again[0]["batches"], 2000, "{}", again[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_one_round_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let lines = bench(&["bench", "membership", "--rounds", "1", "--json", "--dir", d], Duration::from_secs(120)).await;
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let v = &lines[0];
+    assert_eq!(v["mode"], "membership");
+    assert_eq!(v["changes"], 4, "two adds and two removes: {v}");
+    assert_eq!(v["lost"], 0, "{v}");
+    assert!(v["acked"].as_u64().unwrap() > 0, "{v}");
+    let details = v["change_details"].as_array().unwrap();
+    let actions: Vec<(&str, u64)> =
+        details.iter().map(|c| (c["action"].as_str().unwrap(), c["node"].as_u64().unwrap())).collect();
+    assert_eq!(actions, vec![("add", 4), ("add", 5), ("remove", 4), ("remove", 5)], "{v}");
+    for c in details {
+        // Non-negative figures; their size is what the benchmark reports, not a verdict.
+        assert!(c["change_ms"].as_f64().unwrap() >= 0.0 && c["longest_pause_ms"].as_f64().unwrap() >= 0.0, "{v}");
+    }
+    assert_empty(dir.path());
 }

@@ -128,7 +128,15 @@ async fn three_nodes_elect_a_leader_and_replicate_a_stream() {
     assert_eq!(r.status, 404, "{}", r.describe());
     assert_eq!(r.error_code().as_deref(), Some("stream_not_found"), "{}", r.describe());
 
-    // Still the same leader and term (nothing above should have caused an election).
+    // Still the same leader and term: nothing above may cause an election.
     let (leader2, term2) = c.wait_leader_agreed(Duration::from_secs(10)).await;
-    println!("after stream creation: leader {leader2}, term {term2}");
+    assert_eq!(
+        (leader2, term2),
+        (leader, term),
+        "creating a stream through followers changed the leader or the term (leader, term)"
+    );
+    for id in c.ids() {
+        let v = c.cluster_info(id).await.expect("view");
+        assert_eq!((v.leader_id, v.term), (Some(leader), term), "node {id}: {v}");
+    }
 }

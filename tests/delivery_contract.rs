@@ -38,7 +38,9 @@ async fn batch_at(c: &Cluster, node: u64, stream: &str, seq: u64, min_index: u64
 
 /// SPEC §2.3: all five outcomes, and a retry of the same (stream, seq) on another node after the
 /// leader that took the first attempt was killed gives exactly one batch; `duplicate: true` is
-/// only ever answered for a batch that every node then serves.
+/// only ever answered for a batch that every node then serves. A leader that cannot reach a
+/// majority never acknowledges: it answers `503` outcome unknown, or dies with the publish in
+/// flight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotent_publish_holds_across_leader_failover() {
     let mut c = Cluster::start(3, &[]).await;
@@ -68,16 +70,62 @@ async fn idempotent_publish_holds_across_leader_failover() {
     // An acknowledged publish, then the leader dies: the retry elsewhere is a duplicate.
     let acked = publish(&c, leader, "orders", Some(20), b"twenty").await;
     assert_eq!(acked.status, 201, "{}", acked.describe());
-    // A publish whose answer is lost with the leader: the outcome is unknown to the client.
+    // Both followers paused: nothing can commit. A publish then is appended by the leader and
+    // must be answered `503 no_leader` with `Runnev-Outcome: unknown` once the commit wait runs
+    // out, never acknowledged. A second one is certainly in flight when the leader is killed:
+    // appended (the leader's last log index grew), unanswered. Both outcomes are unknown to the
+    // client, and a retry with the same seq resolves them.
+    c.pause_all(&f);
+    let appended = |after: u64| {
+        let c = &c;
+        wait_for(
+            "the leader to append the publish (liveness bound)",
+            Duration::from_secs(20),
+            Duration::from_millis(5),
+            move || async move {
+                match c.cluster_info(leader).await?.last_log_index {
+                    Some(i) if i > after => Ok(i),
+                    other => Err(format!("last_log_index {other:?}, was {after}")),
+                }
+            },
+        )
+    };
+    let before = c.cluster_info(leader).await.expect("leader view").last_log_index.unwrap_or(0);
     let url = format!("{}/v1/streams/orders/batches?seq=30", c.url(leader));
+    let no_quorum = c
+        .http
+        .request(hyper::Method::POST, &url, Some(b"thirty".to_vec().into()), &[], Duration::from_secs(60))
+        .await
+        .expect("an answer from the leader without a quorum");
+    assert_eq!(
+        (no_quorum.status, no_quorum.error_code().as_deref(), no_quorum.header("runnev-outcome").as_deref()),
+        (503, Some("no_leader"), Some("unknown")),
+        "a publish that cannot commit (both followers paused) is not acknowledged: {}",
+        no_quorum.describe()
+    );
+    let after_30 = appended(before).await;
+    // The leader holds seq 30 in its log, uncommitted: it must not serve it (SPEC §2.2).
+    let read = c.http.get(&format!("{}/v1/streams/orders/batches?after=11", c.url(leader))).await.expect("read");
+    let v = read.json();
+    let seqs: Vec<u64> = v["batches"].as_array().expect("batches").iter().filter_map(|b| b["seq"].as_u64()).collect();
+    assert_eq!((seqs, v["last_seq"].as_u64()), (vec![20], Some(20)), "the leader serves an uncommitted batch: {v}");
+    let url = format!("{}/v1/streams/orders/batches?seq=31", c.url(leader));
     let http = c.http.clone();
-    let in_flight = tokio::spawn(async move { http.post(&url, b"thirty".to_vec()).await });
-    tokio::time::sleep(Duration::from_millis(2)).await;
+    let in_flight = tokio::spawn(async move { http.post(&url, b"thirty-one".to_vec()).await });
+    let appended_31 = appended(after_30).await;
     c.kill_9(leader);
-    let _ = in_flight.await;
+    c.resume_all(&f);
+    match in_flight.await.expect("publish task") {
+        Ok(r) if r.status == 200 || r.status == 201 => panic!(
+            "the leader acknowledged seq 31 (log index {appended_31}) while both followers were paused: \
+             acknowledged without a majority: {}",
+            r.describe()
+        ),
+        other => eprintln!("the in-flight publish ended without an acknowledgement: {other:?}"),
+    }
 
     let other = f[1];
-    for (seq, body) in [(20u64, &b"twenty"[..]), (30, &b"thirty"[..])] {
+    for (seq, body) in [(20u64, &b"twenty"[..]), (30, &b"thirty"[..]), (31, &b"thirty-one"[..])] {
         let retry = wait_for("the retry to be answered", Duration::from_secs(20), Duration::from_millis(200), || {
             let c = &c;
             async move {
@@ -107,11 +155,11 @@ async fn idempotent_publish_holds_across_leader_failover() {
     let all = read_all(&c.http, &c.url(leader), "orders", 0, Duration::from_secs(20)).await.expect("read");
     let seqs: Vec<u64> = all.iter().map(|b| b.seq).collect();
     let wait_all =
-        wait_for("the restarted node to hold seq 30", Duration::from_secs(20), Duration::from_millis(200), || {
+        wait_for("the restarted node to hold seq 31", Duration::from_secs(20), Duration::from_millis(200), || {
             let c = &c;
             async move {
                 let b = read_all(&c.http, &c.url(leader), "orders", 0, Duration::from_secs(5)).await?;
-                if b.iter().any(|b| b.seq == 30) {
+                if b.iter().any(|b| b.seq == 31) {
                     Ok(b)
                 } else {
                     Err(format!("seqs {:?}", b.iter().map(|b| b.seq).collect::<Vec<_>>()))
@@ -119,7 +167,9 @@ async fn idempotent_publish_holds_across_leader_failover() {
             }
         })
         .await;
-    assert_eq!(wait_all.iter().map(|b| b.seq).collect::<Vec<_>>(), vec![10, 11, 20, 30], "before: {seqs:?}");
+    assert_eq!(wait_all.iter().map(|b| b.seq).collect::<Vec<_>>(), vec![10, 11, 20, 30, 31], "before: {seqs:?}");
+    let data: Vec<&[u8]> = wait_all.iter().map(|b| b.data.as_slice()).collect();
+    assert_eq!(data[3..], [&b"thirty"[..], &b"thirty-one"[..]], "each stored once, with its bytes");
 }
 
 /// SPEC §2.4, §2.6: a subscriber on a follower receives every batch in order while the leader
@@ -259,55 +309,75 @@ async fn curl_consumes_and_resumes_with_last_event_id() {
         assert_eq!(publish(&c, leader, "sse", None, format!("e{i}").as_bytes()).await.status, 201);
     }
     let node = c.followers().await[0];
-    let curl = |headers: Vec<String>, query: &str| {
-        let mut cmd = std::process::Command::new("curl");
-        cmd.args(["-sN", "--max-time", "3"]);
-        for h in headers {
-            cmd.args(["-H", &h]);
-        }
-        cmd.arg(format!("{}/v1/streams/sse/subscribe{query}", c.url(node)));
-        let out = cmd.output().expect("curl is installed");
-        String::from_utf8(out.stdout).expect("utf-8 event stream")
-    };
+    let url = format!("{}/v1/streams/sse/subscribe?after=0", c.url(node));
     let ids = |text: &str| -> Vec<u64> {
         text.lines().filter_map(|l| l.strip_prefix("id: ")).filter_map(|v| v.trim().parse().ok()).collect()
     };
-    let full = curl(vec![], "?after=0");
+    // Read until the last event is complete (its blank line), with a liveness bound only.
+    let through_5 = |t: &str| t.contains("id: 5\n") && t.split("id: 5\n").nth(1).is_some_and(|r| r.contains("\n\n"));
+    let full = curl_until(&url, &[], Duration::from_secs(30), through_5).await;
     assert_eq!(ids(&full), vec![1, 2, 3, 4, 5], "stream:\n{full}");
     assert!(full.contains("event: batch"), "{full}");
     let first_data = full.lines().find_map(|l| l.strip_prefix("data: ")).expect("a data line");
     let v: Value = serde_json::from_str(first_data).expect("JSON data");
     assert_eq!(unb64(v["data"].as_str().expect("data")).expect("b64"), b"e1");
-    let resumed = curl(vec!["Last-Event-ID: 3".into()], "?after=0");
+    let resumed = curl_until(&url, &["Last-Event-ID: 3"], Duration::from_secs(30), through_5).await;
     assert_eq!(ids(&resumed), vec![4, 5], "Last-Event-ID takes precedence over after:\n{resumed}");
 }
 
+/// Holds `lagging` (stopped while the others went on) behind them: the leader and the other
+/// follower are paused (SIGSTOP), then `lagging` is started again on its data, so it runs and
+/// serves HTTP but nothing new reaches it until the others are resumed. (A node paused rather
+/// than stopped would, once resumed, still process the appends the leader had left in its
+/// socket buffers, and catch up without any leader.) Returns the paused nodes.
+async fn hold_behind(c: &mut Cluster, lagging: u64) -> Vec<u64> {
+    let others: Vec<u64> = c.ids().into_iter().filter(|i| *i != lagging).collect();
+    c.pause_all(&others);
+    c.restart(lagging).await;
+    others
+}
+
+/// The stream info `node` serves now (its applied state), as (status, last_seq).
+async fn info_on(c: &Cluster, node: u64, stream: &str) -> (u16, Option<u64>) {
+    let r = c.http.get(&format!("{}/v1/streams/{stream}", c.url(node))).await.expect("GET info");
+    (r.status, r.try_json().and_then(|v| v["last_seq"].as_u64()))
+}
+
 /// SPEC §2.6: a node behind the cursor waits (long poll) rather than answering empty or
-/// announcing a false gap; once it catches up it serves the batches.
+/// announcing a false gap; once it catches up it serves the batches. The node is held behind
+/// (the others paused) until the read is seen parked in its wait, so the waiting path runs
+/// every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_node_waits_for_the_cursor() {
     let mut c = Cluster::start(3, &[]).await;
     let leader = c.leader().await;
     let lagging = c.followers().await[0];
     create_stream(&c.http, &c.url(leader), "lag").await;
-    assert_eq!(publish(&c, leader, "lag", None, b"1").await.status, 201);
-    c.pause(lagging);
+    let first = publish(&c, leader, "lag", None, b"1").await;
+    let index = first.json()["index"].as_u64().expect("index");
+    c.wait_applied(lagging, index, Duration::from_secs(20)).await.expect("the lagging node applies seq 1");
+    c.stop(lagging).await;
     for i in 2..=10 {
         assert_eq!(publish(&c, leader, "lag", None, format!("{i}").as_bytes()).await.status, 201);
     }
+    let paused = hold_behind(&mut c, lagging).await;
+    assert_eq!(info_on(&c, lagging, "lag").await, (200, Some(1)), "node {lagging} is behind: it has seq 1 only");
     // The consumer already processed seq 8 elsewhere and asks the lagging node for more.
-    let url = format!("{}/v1/streams/lag/batches?after=8&wait_ms=10000", c.url(lagging));
+    let url = format!("{}/v1/streams/lag/batches?after=8&wait_ms=60000", c.url(lagging));
     let http = c.http.clone();
     let read =
-        tokio::spawn(async move { http.request(hyper::Method::GET, &url, None, &[], Duration::from_secs(20)).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    c.resume(lagging);
+        tokio::spawn(async move { http.request(hyper::Method::GET, &url, None, &[], Duration::from_secs(90)).await });
+    c.wait_parked(lagging, "read", 1.0, Duration::from_secs(20)).await;
+    assert!(!read.is_finished(), "the read parked in its wait and the node is still behind");
+    assert_eq!(info_on(&c, lagging, "lag").await, (200, Some(1)), "still behind while the read waits");
+    c.resume_all(&paused);
     let r = read.await.expect("task").expect("answer");
-    assert_eq!(r.status, 200, "a node behind the stream's creation waits too: {}", r.describe());
+    assert_eq!(r.status, 200, "{}", r.describe());
     let v = r.json();
     assert!(v["gap"].is_null(), "no false gap: {v}");
     let seqs: Vec<u64> = v["batches"].as_array().expect("batches").iter().filter_map(|b| b["seq"].as_u64()).collect();
     assert_eq!(seqs, vec![9, 10], "the lagging node waited and then served the batches: {v}");
+    assert_eq!(v["next_after"], 10, "{v}");
 }
 
 /// SPEC §2.7: `max_age_ms` evicts from an idle stream through the leader's tick entries (and
@@ -365,31 +435,51 @@ async fn age_and_byte_retention_evict_deterministically() {
 /// Regression: a follower that had not yet applied a stream's creation answered a long-poll
 /// read `404 stream_not_found` (seen as a flaky `a_lagging_node_waits_for_the_cursor`). A node
 /// behind the creation now waits like a node behind the cursor, for reads and subscriptions.
+/// The node is held behind (the others paused) until both requests are seen parked in their
+/// waits: the read then serves seq 1 once the node catches up, and the subscription, whose
+/// wait for an unknown stream is 2 s, answers `404` only after it (still held behind).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_behind_a_streams_creation_waits_instead_of_404() {
     let mut c = Cluster::start(3, &[]).await;
     let leader = c.leader().await;
     let lagging = c.followers().await[0];
-    c.pause(lagging);
+    c.stop(lagging).await;
     create_stream(&c.http, &c.url(leader), "late").await;
     assert_eq!(publish(&c, leader, "late", None, b"first").await.status, 201);
-    let read_url = format!("{}/v1/streams/late/batches?after=0&wait_ms=10000", c.url(lagging));
+    let paused = hold_behind(&mut c, lagging).await;
+    assert_eq!(info_on(&c, lagging, "late").await.0, 404, "node {lagging} has not applied the creation");
+    let read_url = format!("{}/v1/streams/late/batches?after=0&wait_ms=60000", c.url(lagging));
     let http = c.http.clone();
     let read =
         tokio::spawn(
-            async move { http.request(hyper::Method::GET, &read_url, None, &[], Duration::from_secs(20)).await },
+            async move { http.request(hyper::Method::GET, &read_url, None, &[], Duration::from_secs(90)).await },
         );
+    c.wait_parked(lagging, "read", 1.0, Duration::from_secs(20)).await;
     let sub_url = format!("{}/v1/streams/late/subscribe?after=0", c.url(lagging));
-    let curl = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("curl").args(["-sN", "--max-time", "4", &sub_url]).output().expect("curl")
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    c.resume(lagging);
+    let http = c.http.clone();
+    let sub =
+        tokio::spawn(
+            async move { http.request(hyper::Method::GET, &sub_url, None, &[], Duration::from_secs(30)).await },
+        );
+    c.wait_parked(lagging, "subscribe", 1.0, Duration::from_secs(20)).await;
+    let s = sub.await.expect("task").expect("the subscription is answered after its wait");
+    assert_eq!(
+        (s.status, s.error_code().as_deref()),
+        (404, Some("stream_not_found")),
+        "a subscription that parked in its wait for the stream, on a node held behind: {}",
+        s.describe()
+    );
+    assert!(!read.is_finished(), "the read still waits: its wait_ms is 60 s");
+    assert_eq!(info_on(&c, lagging, "late").await.0, 404, "still behind while the read waits");
+    c.resume_all(&paused);
     let r = read.await.expect("task").expect("answer");
     assert_eq!(r.status, 200, "{}", r.describe());
     assert_eq!(r.json()["batches"][0]["seq"], 1, "{}", r.describe());
-    let out = String::from_utf8(curl.await.expect("curl task").stdout).expect("utf-8");
-    assert!(out.contains("id: 1"), "the subscription waited for the stream and delivered seq 1:\n{out}");
+    assert_eq!(unb64(r.json()["batches"][0]["data"].as_str().unwrap_or_default()).expect("b64"), b"first");
+    // Caught up, the node serves the subscription.
+    let sub_url = format!("{}/v1/streams/late/subscribe?after=0", c.url(lagging));
+    let out = curl_until(&sub_url, &[], Duration::from_secs(30), |t| t.contains("id: 1\n")).await;
+    assert!(out.contains("event: batch"), "{out}");
 }
 
 /// Regressions from a new user's trial: a publish without seq whose outcome is unknown (the

@@ -1,5 +1,8 @@
-//! Publish load while the leader is killed with SIGKILL: publishing resumes within 10 s, and
-//! every acknowledged batch survives on the survivors and on the restarted node, byte for byte.
+//! Publish load while the leader is killed with SIGKILL: publishing resumes, and every
+//! acknowledged batch survives on the survivors and on the restarted node, byte for byte; once
+//! the killed node is back, all three serve the same history. How long publishing stops is a
+//! figure of `runnev bench failover`, not a verdict here: every bound below is a liveness
+//! deadline that only catches a hang.
 
 mod common;
 
@@ -93,13 +96,24 @@ async fn acknowledged_batches_survive_leader_kill() {
         }));
     }
 
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let acks_before_kill = load.lock().unwrap().acks.len();
-    assert!(
-        acks_before_kill > 0,
-        "no publish succeeded in the first second: {:?}",
-        load.lock().unwrap().errors.iter().take(5).collect::<Vec<_>>()
-    );
+    // Publishing flows before the kill (liveness bound: only a cluster that serves nothing fails).
+    let acks_before_kill = wait_for(
+        "the first acknowledged publishes before the kill",
+        Duration::from_secs(30),
+        Duration::from_millis(10),
+        || {
+            let load = load.clone();
+            async move {
+                let l = load.lock().unwrap();
+                if l.acks.len() as u64 >= PUBLISHERS {
+                    Ok(l.acks.len())
+                } else {
+                    Err(format!("{} acks, last error {:?}", l.acks.len(), l.errors.last()))
+                }
+            }
+        },
+    )
+    .await;
 
     let old_leader = c.leader().await;
     let kill_at = Instant::now();
@@ -125,10 +139,29 @@ async fn acknowledged_batches_survive_leader_kill() {
         },
     )
     .await;
-    let recovery = first_after.duration_since(kill_at);
-    println!("kill -9 of the leader to first successful publish: {recovery:?}");
+    // A figure, not a verdict (`runnev bench failover` measures it over many trials).
+    println!("kill -9 of the leader to first successful publish: {:?}", first_after.duration_since(kill_at));
 
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Some more load on the new leader before stopping (a count, not a duration).
+    let more = PUBLISHERS * 10;
+    wait_for(
+        &format!("{more} publishes sent after the kill to be acknowledged"),
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || {
+            let load = load.clone();
+            async move {
+                let l = load.lock().unwrap();
+                let n = l.acks.iter().filter(|a| a.sent >= kill_at).count() as u64;
+                if n >= more {
+                    Ok(())
+                } else {
+                    Err(format!("{n} so far, last error {:?}", l.errors.last()))
+                }
+            }
+        },
+    )
+    .await;
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         tokio::time::timeout(Duration::from_secs(10), t)
@@ -151,10 +184,6 @@ async fn acknowledged_batches_survive_leader_kill() {
         println!("  {n} x {e}");
     }
 
-    assert!(
-        recovery <= Duration::from_secs(10),
-        "publishing resumed {recovery:?} after the leader was killed (limit 10 s)"
-    );
     let acks_after_kill = load.acks.iter().filter(|a| a.sent >= kill_at).count();
     println!("acknowledged after the kill: {acks_after_kill}");
     assert!(acks_after_kill > 0, "no publish acknowledged after the kill");
@@ -177,13 +206,11 @@ async fn acknowledged_batches_survive_leader_kill() {
     let max_index = load.acks.iter().map(|a| a.index).max().unwrap();
 
     let survivors: Vec<u64> = c.ids().into_iter().filter(|i| *i != old_leader).collect();
-    let mut survivor_reads = Vec::new();
     for id in &survivors {
         let batches = read_all(&http, &c.url(*id), STREAM, max_index, Duration::from_secs(20))
             .await
             .unwrap_or_else(|e| panic!("reading from survivor {id}: {e}"));
         check_acks(*id, &batches, &by_seq);
-        survivor_reads.push((*id, batches));
     }
 
     // The two survivors serve one history. Unacknowledged publishes may still commit after
@@ -214,20 +241,16 @@ async fn acknowledged_batches_survive_leader_kill() {
     assert!(ra == rb, "survivors {a} and {b} serve different (seq, ts, bytes) histories");
     assert!(ra.len() >= by_seq.len(), "stream has {} batches but {} were acknowledged", ra.len(), by_seq.len());
 
-    // Restart the killed node on its data dir: it must catch up and hold every acked batch.
+    // Restart the killed node on its data dir: it must catch up and hold every acked batch, and
+    // then all three serve exactly the same streams, metadata and batches.
     c.restart(old_leader).await;
     let restarted = read_all(&http, &c.url(old_leader), STREAM, max_index, Duration::from_secs(30))
         .await
         .unwrap_or_else(|e| panic!("reading from restarted node {old_leader}: {e}"));
     check_acks(old_leader, &restarted, &by_seq);
-    // Its history is a prefix-consistent copy of the survivors' (same seq -> same batch).
-    let survivor_map: BTreeMap<u64, &Batch> = ra.iter().map(|x| (x.seq, x)).collect();
-    for x in &restarted {
-        if let Some(s) = survivor_map.get(&x.seq) {
-            assert!(*s == x, "restarted node {old_leader} and survivors differ at seq {}", x.seq);
-        }
-    }
-    let _ = survivor_reads;
+    let commit = c.leader_commit_index().await;
+    let all = assert_identical(&c, &c.ids(), commit, "after the killed leader's restart").await;
+    assert_eq!(all.batches[STREAM].1, ra, "the three nodes serve the survivors' history");
 }
 
 fn check_acks(node: u64, batches: &[Batch], acks: &BTreeMap<u64, &Ack>) {

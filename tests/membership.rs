@@ -3,8 +3,8 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -25,16 +25,19 @@ async fn remove(c: &Cluster, via: u64, id: u64) -> Resp {
 /// Acknowledged (seq, payload) pairs.
 type Acked = Vec<(u64, Vec<u8>)>;
 
-/// A publisher with its own seqs; records every acknowledged (seq, payload) and the longest
-/// stretch without a successful publish.
+/// A publisher with its own seqs; records every acknowledged (seq, payload), counts them as it
+/// goes (so a test can wait for progress after each change), and notes the longest stretch
+/// without a successful publish (printed: a figure of `runnev bench membership`, not a verdict).
 struct Load {
     stop: Arc<AtomicBool>,
+    acks: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<(Acked, Duration)>,
 }
 
 fn start_load(urls: Vec<String>, stream: &'static str) -> Load {
     let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
+    let acks = Arc::new(AtomicU64::new(0));
+    let (s, n) = (stop.clone(), acks.clone());
     let task = tokio::spawn(async move {
         let client = Client::new(&urls).expect("client");
         let mut acked = Vec::new();
@@ -44,18 +47,45 @@ fn start_load(urls: Vec<String>, stream: &'static str) -> Load {
         while !s.load(Ordering::Relaxed) {
             seq += 1;
             let body = format!("load {seq}").into_bytes();
+            // A failed publish moves on to the next seq: the failed one may still commit, and
+            // the acknowledged ones are what the test checks.
             if client.publish(stream, Some(seq), body.clone()).await.is_ok() {
                 longest = longest.max(last_ok.elapsed());
                 last_ok = Instant::now();
                 acked.push((seq, body));
+                n.fetch_add(1, Ordering::Relaxed);
             }
         }
         (acked, longest)
     });
-    Load { stop, task }
+    Load { stop, acks, task }
 }
 
 impl Load {
+    /// Waits until the publisher has had `more` further publishes acknowledged (liveness
+    /// bound: only a cluster that stopped taking writes fails it).
+    async fn progress(&self, more: u64, after: &str) {
+        let from = self.acks.load(Ordering::Relaxed);
+        let acks = self.acks.clone();
+        wait_for(
+            &format!("{more} more acknowledged publishes after {after}"),
+            Duration::from_secs(60),
+            Duration::from_millis(10),
+            || {
+                let acks = acks.clone();
+                async move {
+                    let now = acks.load(Ordering::Relaxed);
+                    if now >= from + more {
+                        Ok(())
+                    } else {
+                        Err(format!("{} since, {now} in all", now - from))
+                    }
+                }
+            },
+        )
+        .await
+    }
+
     async fn finish(self) -> (Acked, Duration) {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.expect("load task")
@@ -72,8 +102,9 @@ async fn assert_holds(c: &Cluster, node: u64, stream: &str, acked: &[(u64, Vec<u
     }
 }
 
-/// Grow 3 → 5 voters and shrink back to 3 while a publisher runs: nothing acknowledged is lost
-/// and the publisher sees at most a short pause.
+/// Grow 3 → 5 voters and shrink back to 3 while a publisher runs: nothing acknowledged is lost,
+/// and publishing goes on after every change. (How long it pauses during a change is a figure
+/// of `runnev bench membership`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grow_to_five_and_shrink_to_three_under_load() {
     let mut c = Cluster::start(3, &[]).await;
@@ -81,29 +112,29 @@ async fn grow_to_five_and_shrink_to_three_under_load() {
     c.add_node(4).await;
     c.add_node(5).await;
     let load = start_load(c.urls()[..3].to_vec(), "m");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    load.progress(5, "the start").await;
     let follower = c.followers().await[0];
     for id in [4, 5] {
         let r = add(&c, follower, id, &c.node(id).addr(), true).await;
         assert_eq!(r.status, 200, "add {id}: {}", r.describe());
+        load.progress(5, &format!("adding node {id}")).await;
     }
     let view = c.cluster_info(c.leader().await).await.expect("view");
     assert_eq!(view.voters(), vec![1, 2, 3, 4, 5], "{view}");
-    tokio::time::sleep(Duration::from_millis(500)).await;
     for id in [4, 5] {
         let r = remove(&c, 1, id).await;
         assert_eq!(r.status, 200, "remove {id}: {}", r.describe());
+        load.progress(5, &format!("removing node {id}")).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let (acked, longest) = load.finish().await;
     let view = c.cluster_info(c.leader().await).await.expect("view");
     assert_eq!(view.voters(), vec![1, 2, 3], "{view}");
-    assert!(acked.len() > 20, "the publisher made progress: {} acks", acked.len());
-    eprintln!("membership changes: {} publishes acknowledged, longest pause {longest:?}", acked.len());
-    assert!(longest < Duration::from_secs(5), "publisher paused {longest:?}");
+    eprintln!("membership changes: {} publishes acknowledged, longest pause {longest:?} (a figure)", acked.len());
     for id in [1, 2, 3] {
         assert_holds(&c, id, "m", &acked).await;
     }
+    let commit = c.leader_commit_index().await;
+    assert_identical(&c, &[1, 2, 3], commit, "after growing and shrinking").await;
 }
 
 /// A node killed for good is replaced by a fresh node with another id; the cluster keeps
@@ -115,14 +146,14 @@ async fn a_dead_node_is_replaced_by_a_fresh_one() {
     let victim = c.followers().await[0];
     c.kill_9(victim);
     let load = start_load(c.running_ids().iter().map(|i| c.url(*i)).collect(), "r");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    load.progress(5, "killing a node for good").await;
     c.add_node(4).await;
     let via = c.running_ids()[0];
     let r = add(&c, via, 4, &c.node(4).addr(), true).await;
     assert_eq!(r.status, 200, "add 4: {}", r.describe());
     let r = remove(&c, via, victim).await;
     assert_eq!(r.status, 200, "remove {victim}: {}", r.describe());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    load.progress(5, &format!("removing node {victim}")).await;
     let (acked, _) = load.finish().await;
     let view = c.cluster_info(4).await.expect("view");
     let mut expected: Vec<u64> = [1, 2, 3, 4].into_iter().filter(|i| *i != victim).collect();
@@ -148,25 +179,45 @@ async fn unsafe_changes_are_refused_and_the_leader_can_leave() {
     assert_eq!((r.status, r.error_code().as_deref()), (404, Some("not_found")), "{}", r.describe());
 
     // A node that never answers: it stays a learner, the answer says so, writes keep working.
+    // The writes go out while the add waits for node 9 to catch up (node 9 is seen a learner
+    // first), and every one of them is acknowledged and stored.
     let silent_addr = format!("127.0.0.1:{}", runnev::launcher::free_ports(1).expect("a free port")[0]);
-    let published = Arc::new(Mutex::new(0u32));
-    let p = published.clone();
-    let urls = c.urls();
-    let writer = tokio::spawn(async move {
-        let client = Client::new(&urls).expect("client");
-        for i in 0..30 {
-            if client.publish("x", None, format!("w{i}").into_bytes()).await.is_ok() {
-                *p.lock().expect("lock") += 1;
+    let adding = {
+        let (http, url) = (c.http.clone(), format!("{}/v1/cluster/members", c.url(2)));
+        let body = json!({"id": 9, "addr": silent_addr, "voter": true}).to_string();
+        tokio::spawn(async move {
+            http.request(hyper::Method::POST, &url, Some(body.into()), &[], Duration::from_secs(40)).await
+        })
+    };
+    wait_for("node 9 to be added as a learner", Duration::from_secs(20), Duration::from_millis(20), || {
+        let c = &c;
+        async move {
+            let v = c.cluster_info(c.leader().await).await?;
+            if v.members.iter().any(|m| m.id == 9 && !m.voter) {
+                Ok(())
+            } else {
+                Err(v.to_string())
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-    });
-    let r = add(&c, 2, 9, &silent_addr, true).await;
+    })
+    .await;
+    let client = Client::new(&c.urls()).expect("client");
+    let mut last_index = 0;
+    for i in 1..=30u64 {
+        let ack = client
+            .publish("x", Some(i), format!("w{i}").into_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("publish {i} while node 9 is an unreachable learner: {e}"));
+        assert_eq!((ack.seq, ack.duplicate), (i, false), "publish {i}");
+        last_index = ack.index;
+    }
+    let r = adding.await.expect("add task").expect("add answer");
     assert_eq!((r.status, r.error_code().as_deref()), (503, Some("not_ready")), "{}", r.describe());
-    writer.await.expect("writer");
-    assert!(*published.lock().expect("lock") >= 25, "writes kept working while node 9 was unreachable");
+    let stored = read_all(&c.http, &c.url(3), "x", last_index, Duration::from_secs(20)).await.expect("read x");
+    assert_eq!(stored.iter().map(|b| b.seq).collect::<Vec<_>>(), (1..=30).collect::<Vec<_>>(), "every write stored");
     let view = c.cluster_info(c.leader().await).await.expect("view");
     assert_eq!(view.voters(), vec![1, 2, 3], "node 9 was not promoted: {view}");
+    assert!(view.members.iter().any(|m| m.id == 9 && !m.voter), "node 9 stays a learner: {view}");
     let r = remove(&c, 3, 9).await;
     assert_eq!(r.status, 200, "removing the learner: {}", r.describe());
 

@@ -59,16 +59,22 @@ async fn outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once() {
     let sink = Proc::start("sink", &sink_args, &[]);
 
     // The application: WRITERS connections, each running transactions that insert an order and
-    // its outbox row; about one in six rolls back, one in ten writes two orders.
+    // its outbox row; about one in six rolls back, one in ten writes two orders. Each writer
+    // stops halfway at a barrier the test opens only once the leader is dead, so the second half
+    // of the transactions certainly runs while the cluster replaces its leader.
     let seed = test_seed("outbox writers");
+    let halfway = std::sync::Arc::new(tokio::sync::Barrier::new(WRITERS as usize + 1));
     let mut writers = Vec::new();
     for w in 0..WRITERS {
-        let (url, outbox, orders) = (url.clone(), outbox.clone(), orders.clone());
+        let (url, outbox, orders, halfway) = (url.clone(), outbox.clone(), orders.clone(), halfway.clone());
         writers.push(tokio::spawn(async move {
             let mut pg = connect(&url).await;
             let mut rng = rng(seed, w);
             let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
             for t in 0..TXS_PER_WRITER {
+                if t == TXS_PER_WRITER / 2 {
+                    halfway.wait().await;
+                }
                 let tx = pg.transaction().await.unwrap();
                 let n = if rng.random_range(0..10) == 0 { 2 } else { 1 };
                 let ids: Vec<String> = (0..n).map(|k| format!("w{w}-t{t}-{k}")).collect();
@@ -91,14 +97,15 @@ async fn outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once() {
                     tx.commit().await.unwrap();
                     committed.extend(ids);
                 }
-                // Paced, so that transactions are still running when the leader is killed.
+                // Paced (seeded), so the relay and the sink work while transactions commit.
                 tokio::time::sleep(Duration::from_millis(rng.random_range(0..30))).await;
             }
             (committed, rolled_back)
         }));
     }
 
-    // Kill the leader once some rows have gone through, restart it later.
+    // Kill the leader once some rows have gone through and every writer is halfway; open the
+    // barrier; restart the old leader once every writer is done.
     until("the first rows in the sink", Duration::from_secs(60), || async {
         let n: i64 = pg.query_one(&format!("SELECT count(*) FROM {sunk}"), &[]).await.unwrap().get(0);
         if n >= 50 {
@@ -109,12 +116,10 @@ async fn outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once() {
     })
     .await;
     let leader = c.leader().await;
-    let writing = writers.iter().filter(|w| !w.is_finished()).count();
     c.kill_9(leader);
     let killed = Instant::now();
-    eprintln!("killed leader {leader} while {writing} of {WRITERS} writers were still running");
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    c.restart(leader).await;
+    tokio::time::timeout(Duration::from_secs(60), halfway.wait()).await.expect("liveness bound: writers reach halfway");
+    eprintln!("killed leader {leader}; the writers' second halves run from now on");
 
     let mut committed = BTreeSet::new();
     let mut rolled_back = BTreeSet::new();
@@ -123,6 +128,7 @@ async fn outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once() {
         committed.extend(c);
         rolled_back.extend(r);
     }
+    c.restart(leader).await;
     assert!(!rolled_back.is_empty() && committed.len() > 1000);
 
     let want = committed.len() as i64;
@@ -141,8 +147,29 @@ async fn outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once() {
         rolled_back.len(),
         killed.elapsed()
     );
-    // Let any stray duplicate show up before counting.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Count once the sink has processed the whole stream (its cursor is the stream's last seq
+    // and the relay has nothing left): a duplicate application would be in the table by then.
+    until("the sink's cursor at the stream's last seq", Duration::from_secs(120), || async {
+        if unrelayed(&pg, &outbox).await != 0 {
+            return Err("the relay has rows left".to_string());
+        }
+        let info = c.http.get(&format!("{}/v1/streams/{STREAM}", c.url(1))).await?;
+        let last = info.try_json().and_then(|v| v["last_seq"].as_u64()).ok_or_else(|| info.describe())?;
+        let cursor: Option<i64> = pg
+            .query_opt(
+                "SELECT cursor FROM runnev_sink_cursor WHERE consumer = $1 AND stream = $2",
+                &[&consumer, &STREAM],
+            )
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|r| r.get(0));
+        if cursor == Some(last as i64) {
+            Ok(())
+        } else {
+            Err(format!("cursor {cursor:?}, last_seq {last}"))
+        }
+    })
+    .await;
 
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut seqs = BTreeSet::new();

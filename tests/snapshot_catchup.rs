@@ -1,5 +1,6 @@
-//! A follower that was down while the leader snapshotted and purged the log entries it lacks
-//! catches up by installing a snapshot, and then serves exactly the leader's stream.
+//! A follower that was down (stopped, or paused while publishes went on) while the leader
+//! snapshotted and purged the log entries it lacks catches up by installing a snapshot, and then
+//! serves exactly what the others serve.
 
 mod common;
 
@@ -11,6 +12,9 @@ use futures::StreamExt;
 use serde_json::Value;
 
 const STREAM: &str = "snap";
+
+/// Acknowledged (seq, payload) pairs.
+type Acked = Vec<(u64, Vec<u8>)>;
 
 /// Publishes `count` batches (tag/ids from `from`) with some concurrency, round-robin over `urls`;
 /// every answer must be 201. Returns the highest Raft index seen.
@@ -190,4 +194,120 @@ async fn lagging_follower_catches_up_by_snapshot() {
     let fi: Value = info(lagger).await;
     assert_eq!(fi, li, "stream info on restarted follower vs leader");
     assert_eq!(li["last_seq"].as_u64(), Some(520), "{li}");
+}
+
+/// A follower paused (SIGSTOP) while publishes go on, until the leader has purged its log past
+/// what the follower holds, then resumed while they still go on: it installs a snapshot (its
+/// `runnev_snapshots_installed_total` goes up), catches up, and then holds exactly what the
+/// other nodes hold: the same streams, metadata and batches, every acknowledged batch among them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_follower_installs_a_snapshot_while_publishes_continue() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let mut c = Cluster::start(3, &["--snapshot-logs", "50", "--snapshot-keep-logs", "10"]).await;
+    let leader = c.leader().await;
+    let lagger = c.followers().await[0];
+    let other = c.ids().into_iter().find(|i| *i != leader && *i != lagger).expect("a third node");
+    create_stream(&c.http, &c.url(leader), STREAM).await;
+    let installed = |c: &Cluster| {
+        let (http, url) = (c.http.clone(), format!("{}/metrics", c.url(lagger)));
+        async move {
+            let r = http.get(&url).await?;
+            Ok::<f64, String>(prom_value(&r.text(), "runnev_snapshots_installed_total").unwrap_or(0.0))
+        }
+    };
+    let installed_before = installed(&c).await.expect("metrics");
+
+    // A publisher through the two nodes that stay up, with its own seqs, until told to stop.
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked: Arc<Mutex<Acked>> = Arc::default();
+    let publisher = {
+        let (stop, acked) = (stop.clone(), acked.clone());
+        let client = runnev::client::Client::new(&[c.url(leader), c.url(other)]).expect("client");
+        tokio::spawn(async move {
+            let mut seq = 0;
+            while !stop.load(Ordering::Relaxed) {
+                seq += 1;
+                let body = payload("live", seq);
+                let ack =
+                    client.publish(STREAM, Some(seq), body.clone()).await.expect("publish through the live nodes");
+                assert_eq!(ack.seq, seq);
+                acked.lock().unwrap().push((seq, body));
+            }
+        })
+    };
+    let acks_now = || acked.lock().unwrap().len();
+    let wait_acks = |n: usize, what: &'static str| {
+        let acked = acked.clone();
+        async move {
+            wait_for(what, Duration::from_secs(60), Duration::from_millis(10), || {
+                let acked = acked.clone();
+                async move {
+                    let k = acked.lock().unwrap().len();
+                    if k >= n {
+                        Ok(())
+                    } else {
+                        Err(format!("{k} acknowledged"))
+                    }
+                }
+            })
+            .await
+        }
+    };
+    wait_acks(20, "the first publishes").await;
+
+    c.pause(lagger);
+    // The leader reports how far it knows the paused follower's log matches its own; wait until
+    // it has purged its log past that point, so only a snapshot can bring the follower back.
+    let (matched, purged) = wait_for(
+        "the leader to purge its log past the paused follower (liveness bound)",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || {
+            let c = &c;
+            async move {
+                let v = c.cluster_info(leader).await?;
+                let matched = v.members.iter().find(|m| m.id == lagger).and_then(|m| m.matched_index).unwrap_or(0);
+                match v.purged_index {
+                    Some(p) if p > matched + 1 => Ok((matched, p)),
+                    p => Err(format!("follower matched {matched}, leader purged {p:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    eprintln!("node {lagger} paused at matched index {matched}; leader {leader} purged through {purged}");
+    let at_resume = acks_now();
+    c.resume(lagger);
+    wait_for("the resumed follower to install a snapshot", Duration::from_secs(60), Duration::from_millis(50), || {
+        let c = &c;
+        async move {
+            let now = installed(c).await?;
+            if now > installed_before {
+                Ok(())
+            } else {
+                Err(format!("runnev_snapshots_installed_total {now}"))
+            }
+        }
+    })
+    .await;
+    // Publishing went on across the install; a few more, then stop.
+    wait_acks(acks_now().max(at_resume) + 20, "publishes after the install").await;
+    stop.store(true, Ordering::Relaxed);
+    tokio::time::timeout(Duration::from_secs(30), publisher)
+        .await
+        .expect("liveness bound: the publisher stops")
+        .expect("publisher task");
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
+    eprintln!("{} publishes acknowledged, {} of them after the resume", acked.len(), acked.len() - at_resume);
+    let commit = c.leader_commit_index().await;
+    let state = assert_identical(&c, &c.ids(), commit, "after the snapshot install").await;
+    let (gap, batches) = &state.batches[STREAM];
+    assert_eq!(*gap, None);
+    let want: Acked = acked;
+    let got: Vec<(u64, Vec<u8>)> = batches.iter().map(|b| (b.seq, b.data.clone())).collect();
+    assert!(got == want, "the stream holds exactly the acknowledged batches ({} vs {})", got.len(), want.len());
+    let view = c.cluster_info(lagger).await.expect("view");
+    assert!(view.snapshot_index.is_some(), "node {lagger} installed a snapshot: {view}");
 }

@@ -37,6 +37,8 @@ enum Cmd {
     Failover(crate::failover::FailoverArgs),
     /// Fill a cluster it starts, then restart a follower; time until it is ready.
     Restart(crate::restart::RestartArgs),
+    /// Add and remove voters of a cluster it starts under publish load; the pause publishers see.
+    Membership(crate::membership::MembershipArgs),
     /// Publish load against a NATS JetStream stream; each publish waits for its PubAck.
     Nats(crate::nats::NatsArgs),
 }
@@ -73,6 +75,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Catchup(a) => crate::catchup::run(a).await?,
         Cmd::Failover(a) => crate::failover::run(a).await?,
         Cmd::Restart(a) => crate::restart::run(a).await?,
+        Cmd::Membership(a) => crate::membership::run(a).await?,
         Cmd::Nats(a) => crate::nats::run(a).await?,
     }
     Ok(())

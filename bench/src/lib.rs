@@ -4,8 +4,9 @@
 //!
 //! Owns: driving load and faults against a cluster and summarising them: [`publish`] (the
 //! publish load generator, generic over the system under load, and its Runnev target),
-//! [`catchup`], [`failover`] and [`restart`] (the modes that read a whole stream or kill and
-//! restart nodes of a cluster they start through `runnev::launcher`), [`nats`] (NATS JetStream as
+//! [`catchup`], [`failover`], [`membership`] and [`restart`] (the modes that read a whole stream,
+//! change the membership, or kill and restart nodes of a cluster they start through
+//! `runnev::launcher`), [`nats`] (NATS JetStream as
 //! a target), [`stats`] (percentiles) and [`cli`] (the command line). Must never: be on the
 //! serving path, or be linked into the `runnev` binary (its dependencies, such as the NATS client,
 //! stay out of the product).
@@ -15,6 +16,7 @@ pub mod catchup;
 pub mod cli;
 pub mod cluster;
 pub mod failover;
+pub mod membership;
 pub mod nats;
 pub mod publish;
 pub mod restart;

@@ -250,10 +250,39 @@ async fn refuse_transfer_codings(req: axum::extract::Request, next: axum::middle
 ///
 /// Errors: `413 payload_too_large` past the limit; `400 invalid_body` if the body breaks off.
 pub(crate) async fn read_body(body: Body, limit_bytes: usize) -> Result<bytes::Bytes, ApiError> {
+    // A declared length (Content-Length) over the limit is refused before any of the body is
+    // read or buffered.
+    if axum::body::HttpBody::size_hint(&body).lower() > limit_bytes as u64 {
+        return Err(ApiError::PayloadTooLarge { limit_bytes });
+    }
     match Limited::new(body, limit_bytes).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::PayloadTooLarge { limit_bytes }),
         Err(e) => Err(ApiError::InvalidBody(format!("reading the body failed: {e}"))),
+    }
+}
+
+/// Counts one request in the gauge `runnev_waiting_requests{kind}` while it is alive, and once
+/// in the counter `runnev_request_waits_total{kind}`: a read or subscription parked to wait for
+/// this node to apply what it needs (a stream's creation, a batch after the cursor; SPEC §2.6,
+/// a node that is behind waits instead of answering wrongly). Operators see how many long polls
+/// are parked; the tests see that a request they sent to a node held behind did park in its
+/// wait (the counter cannot be missed between two scrapes), rather than being unanswered by
+/// chance.
+pub(crate) struct Waiting(&'static str);
+
+impl Waiting {
+    /// Counts a waiting request of `kind` (`read` or `subscribe`) until the guard is dropped.
+    pub(crate) fn start(kind: &'static str) -> Waiting {
+        metrics::counter!("runnev_request_waits_total", "kind" => kind).increment(1);
+        metrics::gauge!("runnev_waiting_requests", "kind" => kind).increment(1.0);
+        Waiting(kind)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        metrics::gauge!("runnev_waiting_requests", "kind" => self.0).decrement(1.0);
     }
 }
 

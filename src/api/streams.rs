@@ -292,6 +292,7 @@ pub(super) async fn read(
             if done {
                 return Err(ApiError::StreamNotFound(name));
             }
+            let _waiting = super::Waiting::start("read");
             tokio::select! {
                 _ = tokio::time::sleep(deadline - now) => {}
                 _ = applied.changed() => {}
@@ -306,6 +307,7 @@ pub(super) async fn read(
         }
         // Long poll: a node behind the cursor waits rather than answering a false "empty"; a
         // node whose Raft core stopped will never catch up, and says so at once.
+        let _waiting = super::Waiting::start("read");
         tokio::select! {
             _ = tokio::time::sleep(deadline - now) => {}
             _ = applied.changed() => {}

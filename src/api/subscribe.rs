@@ -144,6 +144,7 @@ async fn wait_for_stream(s: &AppState, name: &str) -> Result<(), ApiError> {
         if blocking(move || store.stream(&n)).await?.is_some() {
             return Ok(());
         }
+        let _waiting = super::Waiting::start("subscribe");
         tokio::select! {
             waited = tokio::time::timeout_at(deadline, applied.changed()) => if waited.is_err() {
                 return Err(ApiError::StreamNotFound(name.to_string()));

@@ -438,8 +438,24 @@ pub async fn read_all(
     min_index: u64,
     timeout: Duration,
 ) -> Result<Vec<Batch>, String> {
+    match read_stream(http, base, stream, min_index, timeout).await? {
+        (None, batches) => Ok(batches),
+        (Some(gap), _) => Err(format!("{base} {stream}: unexpected gap {gap:?}")),
+    }
+}
+
+/// Like [`read_all`] for a stream that may have evicted: the gap the first page announces (as
+/// `(from, to)`), then every retained batch. A gap on a later page is an error.
+pub async fn read_stream(
+    http: &Http,
+    base: &str,
+    stream: &str,
+    min_index: u64,
+    timeout: Duration,
+) -> Result<StreamRead, String> {
     let deadline = Instant::now() + timeout;
     let mut out: Vec<Batch> = Vec::new();
+    let mut first_gap = None;
     let mut after = 0u64;
     loop {
         let url = format!("{base}/v1/streams/{stream}/batches?after={after}&limit=1000&min_index={min_index}");
@@ -453,7 +469,21 @@ pub async fn read_all(
         }
         let v = r.try_json().ok_or_else(|| format!("GET {url}: not JSON: {}", r.describe()))?;
         if !v["gap"].is_null() {
-            return Err(format!("GET {url}: unexpected gap {}", v["gap"]));
+            if after != 0 || first_gap.is_some() {
+                return Err(format!("GET {url}: a gap {} after the first page", v["gap"]));
+            }
+            let (from, to) = (v["gap"]["from"].as_u64(), v["gap"]["to"].as_u64());
+            let (Some(from), Some(to)) = (from, to) else {
+                return Err(format!("GET {url}: a gap without from/to: {}", v["gap"]));
+            };
+            first_gap = Some((from, to));
+            if v["batches"].as_array().is_some_and(|b| b.is_empty()) {
+                if v["next_after"].as_u64() != Some(to) {
+                    return Err(format!("GET {url}: gap to {to} but next_after={}", v["next_after"]));
+                }
+                after = to;
+                continue;
+            }
         }
         let batches =
             v["batches"].as_array().ok_or_else(|| format!("GET {url}: no batches array: {}", r.describe()))?;
@@ -462,7 +492,7 @@ pub async fn read_all(
             if na != Some(after) {
                 return Err(format!("GET {url}: empty page but next_after={} (expected {after})", v["next_after"]));
             }
-            return Ok(out);
+            return Ok((first_gap, out));
         }
         for b in batches {
             let seq = b["seq"].as_u64().ok_or_else(|| format!("batch without u64 seq: {b}"))?;
@@ -487,11 +517,18 @@ pub async fn read_all(
 /// prometheus-parse; `None` when the text has no sample of it (histograms and summaries count
 /// as none).
 pub fn prom_value(text: &str, name: &str) -> Option<f64> {
+    prom_value_where(text, name, None)
+}
+
+/// Like [`prom_value`], counting only the samples whose label `label.0` is `label.1` (all of
+/// them with `None`).
+pub fn prom_value_where(text: &str, name: &str, label: Option<(&str, &str)>) -> Option<f64> {
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).ok()?;
     let values: Vec<f64> = scrape
         .samples
         .iter()
         .filter(|s| s.metric == name)
+        .filter(|s| label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
         .filter_map(|s| match s.value {
             prometheus_parse::Value::Counter(v)
             | prometheus_parse::Value::Gauge(v)
@@ -672,5 +709,213 @@ impl LossyProxy {
 impl Drop for LossyProxy {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metrics, whole-node state, curl
+// ---------------------------------------------------------------------------------------------
+
+impl Cluster {
+    /// `GET /metrics` on node `id`: the sum of `name`'s samples whose label matches `label`
+    /// (all with `None`); `Ok(None)` when the node exports no such sample yet.
+    pub async fn metric(&self, id: u64, name: &str, label: Option<(&str, &str)>) -> Result<Option<f64>, String> {
+        let r = self.http.get(&format!("{}/metrics", self.url(id))).await?;
+        if r.status != 200 {
+            return Err(format!("node {id} /metrics: {}", r.describe()));
+        }
+        Ok(prom_value_where(&r.text(), name, label))
+    }
+
+    /// Waits until node `id` has parked at least `n` requests of `kind` (`read`, `subscribe`) in
+    /// their wait for it to apply what they need (`runnev_request_waits_total`, which counts
+    /// every park and so cannot be missed between two scrapes). The witness that a request sent
+    /// to a node held behind is in its waiting path, not merely unanswered yet.
+    pub async fn wait_parked(&self, id: u64, kind: &str, n: f64, timeout: Duration) {
+        let what = format!("node {id} to park {n} {kind} request(s) in their wait");
+        wait_for(&what, timeout, Duration::from_millis(5), || async move {
+            match self.metric(id, "runnev_request_waits_total", Some(("kind", kind))).await? {
+                Some(v) if v >= n => Ok(()),
+                other => Err(format!("runnev_request_waits_total{{kind={kind:?}}} = {other:?}")),
+            }
+        })
+        .await
+    }
+
+    /// Pauses (SIGSTOP) every node in `ids`.
+    pub fn pause_all(&mut self, ids: &[u64]) {
+        for id in ids {
+            self.pause(*id);
+        }
+    }
+
+    /// Resumes (SIGCONT) every node in `ids`.
+    pub fn resume_all(&mut self, ids: &[u64]) {
+        for id in ids {
+            self.resume(*id);
+        }
+    }
+
+    /// The commit index of the leader the running nodes agree on, once they agree (bounded).
+    pub async fn leader_commit_index(&mut self) -> u64 {
+        let (leader, _) = self.wait_leader_agreed(Duration::from_secs(30)).await;
+        self.cluster_info(leader).await.unwrap_or_else(|e| panic!("leader {leader} view: {e}")).commit_index
+    }
+}
+
+/// A whole stream as a reader from 0 sees it: the gap announced first (`(from, to)`), then every
+/// retained batch.
+pub type StreamRead = (Option<(u64, u64)>, Vec<Batch>);
+
+/// Everything one node serves, read from that node alone: every stream's info in name order
+/// (`GET /v1/streams`) and, per stream, the gap a reader from 0 is told and every retained batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeState {
+    /// `GET /v1/streams`, as JSON values.
+    pub streams: Vec<Value>,
+    /// Per stream name: the gap a read from 0 announces, then the retained batches.
+    pub batches: std::collections::BTreeMap<String, StreamRead>,
+}
+
+impl NodeState {
+    /// What differs between `self` (node `a`) and `other` (node `b`), if anything.
+    pub fn diff(&self, a: u64, other: &NodeState, b: u64) -> Option<String> {
+        if self.streams != other.streams {
+            return Some(format!(
+                "streams differ: node {a} {} vs node {b} {}",
+                Value::Array(self.streams.clone()),
+                Value::Array(other.streams.clone())
+            ));
+        }
+        for (name, (gap, batches)) in &self.batches {
+            let Some((ogap, obatches)) = other.batches.get(name) else {
+                return Some(format!("stream {name}: read on node {a} but not on node {b}"));
+            };
+            if gap != ogap {
+                return Some(format!("stream {name}: gap {gap:?} on node {a} vs {ogap:?} on node {b}"));
+            }
+            if batches != obatches {
+                let seqs = |bs: &[Batch]| bs.iter().map(|x| x.seq).collect::<Vec<_>>();
+                let first = batches.iter().zip(obatches).find(|(x, y)| x != y).map(|(x, _)| x.seq);
+                return Some(format!(
+                    "stream {name}: batches differ (first differing seq {first:?}): node {a} seqs {:?} vs node {b} seqs {:?}",
+                    truncate(&format!("{:?}", seqs(batches)), 300),
+                    truncate(&format!("{:?}", seqs(obatches)), 300)
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// Reads [`NodeState`] from one node after it has applied `min_index`.
+pub async fn node_state(http: &Http, base: &str, min_index: u64, timeout: Duration) -> Result<NodeState, String> {
+    // A read with min_index first, so that the list below is of the applied state at min_index.
+    // The stream "-" does not exist: 404 once min_index is applied, 503 after the node's own
+    // wait (10 s) before; the request's deadline is longer than that wait.
+    let deadline = Instant::now() + timeout;
+    let url = format!("{base}/v1/streams/-/batches?min_index={min_index}");
+    loop {
+        let r = http.request(Method::GET, &url, None, &[], Duration::from_secs(20)).await?;
+        if r.status == 404 {
+            break;
+        }
+        if r.status != 503 || Instant::now() >= deadline {
+            return Err(format!("{base} did not apply log index {min_index} within {timeout:?}: {}", r.describe()));
+        }
+    }
+    let r = http.get(&format!("{base}/v1/streams")).await?;
+    if r.status != 200 {
+        return Err(format!("{base} GET /v1/streams: {}", r.describe()));
+    }
+    let streams = r.try_json().and_then(|v| v["streams"].as_array().cloned()).ok_or_else(|| r.describe())?;
+    let mut batches = std::collections::BTreeMap::new();
+    for s in &streams {
+        let name = s["name"].as_str().ok_or_else(|| format!("a stream without a name: {s}"))?;
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(5));
+        let read = read_stream(http, base, name, min_index, left).await?;
+        check_info_against_batches(s, &read).map_err(|e| format!("{base} stream {name}: {e}"))?;
+        batches.insert(name.to_string(), read);
+    }
+    Ok(NodeState { streams, batches })
+}
+
+/// A node's stream info must describe the batches it serves: the count, the bytes, the first
+/// seq (`last_seq + 1` when empty), a last seq at or after the newest batch, and a gap from 1 to
+/// `evicted_through` for a reader from 0 exactly when something was evicted.
+fn check_info_against_batches(info: &Value, (gap, batches): &StreamRead) -> Result<(), String> {
+    let field = |k: &str| info[k].as_u64().ok_or_else(|| format!("info without u64 {k}: {info}"));
+    let (first, last, evicted) = (field("first_seq")?, field("last_seq")?, field("evicted_through")?);
+    let bytes: u64 = batches.iter().map(|b| b.data.len() as u64).sum();
+    let want_first = batches.first().map_or(last + 1, |b| b.seq);
+    let want_gap = (evicted > 0).then_some((1, evicted));
+    let problems: Vec<String> = [
+        (field("batches")? != batches.len() as u64)
+            .then(|| format!("counts {} batches, serves {}", info["batches"], batches.len())),
+        (field("bytes")? != bytes).then(|| format!("counts {} bytes, serves {bytes}", info["bytes"])),
+        (first != want_first).then(|| format!("first_seq {first}, but the oldest batch served makes it {want_first}")),
+        batches.last().filter(|b| b.seq > last).map(|b| format!("last_seq {last} is below the newest batch {}", b.seq)),
+        (*gap != want_gap).then(|| format!("evicted_through {evicted}, but a reader from 0 is told the gap {gap:?}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("the info does not describe the batches served: {}; info {info}", problems.join("; ")))
+    }
+}
+
+/// Reads every node's [`NodeState`] after it applied `min_index` and asserts they are identical
+/// (same streams, same metadata, same gap, same batches byte for byte); returns the state.
+pub async fn assert_identical(c: &Cluster, ids: &[u64], min_index: u64, what: &str) -> NodeState {
+    let mut states = Vec::new();
+    for &id in ids {
+        let s = node_state(&c.http, &c.url(id), min_index, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("{what}: reading node {id}: {e}"));
+        states.push((id, s));
+    }
+    let (id0, first) = &states[0];
+    for (id, s) in &states[1..] {
+        if let Some(d) = first.diff(*id0, s, *id) {
+            panic!("{what}: nodes are not identical: {d}");
+        }
+    }
+    states.swap_remove(0).1
+}
+
+/// Runs `curl -sN URL` (with `headers`) and reads its output as it comes, until `done` says the
+/// text so far is complete; then stops curl and returns the text. Panics with the text so far
+/// when `deadline` (a liveness bound: only a hang reaches it) passes first or curl exits early.
+pub async fn curl_until(url: &str, headers: &[&str], deadline: Duration, done: impl Fn(&str) -> bool) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut cmd = tokio::process::Command::new("curl");
+    cmd.arg("-sN");
+    for h in headers {
+        cmd.args(["-H", h]);
+    }
+    cmd.arg(url).stdout(std::process::Stdio::piped()).kill_on_drop(true);
+    let mut child = cmd.spawn().expect("curl is installed");
+    let mut out = child.stdout.take().expect("curl's stdout");
+    let mut text = Vec::new();
+    let until = Instant::now() + deadline;
+    loop {
+        if done(&String::from_utf8_lossy(&text)) {
+            let _ = child.kill().await;
+            return String::from_utf8(text).expect("utf-8 event stream");
+        }
+        let mut buf = [0u8; 4096];
+        let left = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, out.read(&mut buf)).await {
+            Ok(Ok(0)) => panic!("curl {url} ended before the expected events:\n{}", String::from_utf8_lossy(&text)),
+            Ok(Ok(n)) => text.extend_from_slice(&buf[..n]),
+            Ok(Err(e)) => panic!("reading curl's output: {e}"),
+            Err(_) => panic!(
+                "liveness bound: curl {url} did not show the expected events within {deadline:?}:\n{}",
+                String::from_utf8_lossy(&text)
+            ),
+        }
     }
 }

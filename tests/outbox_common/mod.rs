@@ -13,21 +13,30 @@ use runnev::launcher::{free_ports, log_tail, open_log, spawn_child, Signal};
 
 use crate::common::{prom_value, wait_for, Http, BIN};
 
-/// The test database URL, or `None` after printing why the test is skipped.
+/// The variable that opts out of the outbox tests on a machine without PostgreSQL: with it set
+/// to `1` they print `SKIPPED` and return; without it, a missing database fails them.
+pub const SKIP_ENV: &str = "RUNNEV_SKIP_POSTGRES";
+
+/// The test database URL. Panics (the test fails, loudly) when `RUNNEV_TEST_POSTGRES_URL` is
+/// not set, saying how to start one; `None` (after printing that the test is skipped) only when
+/// [`SKIP_ENV`]`=1` says so explicitly.
 pub fn pg_url(test: &str) -> Option<String> {
     match std::env::var("RUNNEV_TEST_POSTGRES_URL") {
         Ok(u) if !u.trim().is_empty() => Some(u),
-        _ => {
-            eprintln!(
-                "skipped: {test}: RUNNEV_TEST_POSTGRES_URL is not set (start a server with \
-                 `eval \"$(scripts/postgres env)\"`; scripts/test does this)"
-            );
+        _ if std::env::var(SKIP_ENV).is_ok_and(|v| v == "1") => {
+            eprintln!("SKIPPED: {test}: no PostgreSQL, and {SKIP_ENV}=1 opts out of the outbox tests");
             None
         }
+        _ => panic!(
+            "{test} needs PostgreSQL and RUNNEV_TEST_POSTGRES_URL is not set: start a throwaway server \
+             with `eval \"$(scripts/postgres env)\"` (scripts/test does this), or set {SKIP_ENV}=1 to \
+             skip the outbox tests on purpose"
+        ),
     }
 }
 
-/// Returns from the test (skipping it) when no PostgreSQL is configured.
+/// The test's database URL; fails the test when there is none, returns from it (skipped) only
+/// when [`SKIP_ENV`] opts out.
 #[macro_export]
 macro_rules! require_pg {
     ($name:expr) => {

@@ -78,6 +78,22 @@ mod tests {
     }
 
     #[test]
+    fn a_vanished_stream_is_flagged() {
+        // n2 no longer has stream `s` at all, though batches of it were acknowledged.
+        let mut h = good();
+        h.finals[1].streams.as_mut().unwrap().remove("s");
+        let b = broken(&h);
+        assert!(b.contains(&"acked_durable"), "{b:?}");
+        let gone: Vec<String> = crate::invariants::check(&h)
+            .into_iter()
+            .filter(|v| v.invariant == "acked_durable")
+            .map(|v| v.detail)
+            .collect();
+        assert!(gone.iter().all(|d| d.starts_with("n2: stream s is gone")), "{gone:?}");
+        assert_eq!(gone.len(), 3, "one per acknowledged batch of `s`: {gone:?}");
+    }
+
+    #[test]
     fn an_acknowledged_batch_with_other_bytes_is_flagged() {
         let mut h = good();
         on_all_nodes(&mut h, "s", |s| s.batches[0].data = b"other".to_vec());

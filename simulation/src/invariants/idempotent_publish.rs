@@ -79,7 +79,7 @@ pub(super) fn check(h: &History, obs: &Observations, out: &mut Vec<Violation>) {
 
 #[cfg(test)]
 mod tests {
-    use crate::history::{Attempt, Outcome};
+    use crate::history::{Attempt, Outcome, Seen};
     use crate::invariants::fixtures::*;
 
     #[test]
@@ -115,6 +115,29 @@ mod tests {
         h.publishes[0].seq = None;
         h.publishes[0].attempts = vec![ack(1, true)];
         assert_eq!(broken(&h), vec!["idempotent_publish"]);
+    }
+
+    #[test]
+    fn an_ack_naming_another_seq_is_flagged() {
+        // Publish #0 asked for s/1; suppose the answer named seq 3 (and the nodes agree that
+        // its payload sits at 3): the publisher's own seq was not honoured.
+        let mut h = good();
+        h.publishes[0].attempts = vec![ack(3, false)];
+        on_all_nodes(&mut h, "s", |s| {
+            s.batches.retain(|b| b.seq != 1);
+            s.batches.insert(1, batch(3, "a"));
+            s.first_seq = 2;
+        });
+        h.subscribers[0].events =
+            vec![(2, Seen::Batch(batch(2, "b"))), (3, Seen::Batch(batch(3, "a"))), (4, Seen::Batch(batch(4, "d")))];
+        let details: Vec<String> = crate::invariants::check(&h).into_iter().map(|v| v.to_string()).collect();
+        assert!(
+            details.iter().any(
+                |d| d.contains("[idempotent_publish] publish #0 asked for s/Some(1) but was acknowledged as seq 3")
+            ),
+            "{details:?}"
+        );
+        assert_eq!(broken(&h), vec!["idempotent_publish"], "{details:?}");
     }
 
     #[test]

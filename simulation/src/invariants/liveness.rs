@@ -84,4 +84,35 @@ mod tests {
         h.publishes[0].attempts.last_mut().unwrap().at_ms = 500;
         assert_eq!(broken(&h), Vec::<&str>::new());
     }
+
+    #[test]
+    fn problems_the_run_reported_are_forwarded() {
+        let mut h = good();
+        h.liveness.problems.push("the heal publish to h timed out".into());
+        let v = crate::invariants::check(&h);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].to_string(), "[liveness] the heal publish to h timed out");
+        // A run that never converged and said why reports the why, not a second line.
+        h.liveness.converged_at_ms = None;
+        assert_eq!(crate::invariants::check(&h).len(), 1);
+    }
+
+    #[test]
+    fn no_final_state_or_an_unreadable_node_is_flagged() {
+        let mut h = good();
+        h.finals.clear();
+        let b = broken(&h);
+        assert!(b.contains(&"liveness"), "{b:?}");
+        let mut h = good();
+        h.finals[2].streams = Err("connection refused".into());
+        assert_eq!(broken(&h), vec!["liveness"]);
+    }
+
+    #[test]
+    fn a_publish_never_sent_is_flagged() {
+        let mut h = good();
+        h.publishes[2].attempts.clear();
+        let b = broken(&h);
+        assert!(b.contains(&"liveness"), "{b:?}");
+    }
 }

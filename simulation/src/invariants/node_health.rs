@@ -37,4 +37,13 @@ mod tests {
         h.node_errors.push("n2 incarnation 1: store did not open".into());
         assert_eq!(broken(&h), vec!["node_health"]);
     }
+
+    #[test]
+    fn a_failed_simulation_is_flagged() {
+        let mut h = good();
+        h.sim_error = Some("host n1 returned an error".into());
+        let v = crate::invariants::check(&h);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].to_string(), "[node_health] the simulation failed: host n1 returned an error");
+    }
 }

@@ -107,6 +107,26 @@ mod tests {
     }
 
     #[test]
+    fn a_payload_nobody_published_is_flagged() {
+        // Every node agrees on s/3, but nobody ever published its bytes.
+        let mut h = good();
+        on_all_nodes(&mut h, "s", |s| {
+            s.batches.insert(2, batch(3, "made up"));
+            s.batches_counted += 1;
+        });
+        h.subscribers[0].events.insert(2, (3, Seen::Batch(batch(3, "made up"))));
+        assert_eq!(broken(&h), vec!["one_history"]);
+        // A payload published to another stream is not one published to this one.
+        let mut h = good();
+        on_all_nodes(&mut h, "s", |s| {
+            s.batches.insert(2, batch(3, "r3"));
+            s.batches_counted += 1;
+        });
+        h.subscribers[0].events.insert(2, (3, Seen::Batch(batch(3, "r3"))));
+        assert_eq!(broken(&h), vec!["one_history"]);
+    }
+
+    #[test]
     fn a_different_ts_is_a_different_history() {
         let mut h = good();
         on_node(&mut h, 1, "s", |s| s.batches[0].ts += 1);

@@ -49,4 +49,21 @@ mod tests {
         h.read_checks[0].answer = Err("503 not_ready".into());
         assert_eq!(broken(&h), Vec::<&str>::new(), "a node that could not answer is allowed");
     }
+
+    #[test]
+    fn a_wrong_first_batch_is_flagged() {
+        // The read after seq 1 with min_index 12 started at seq 4: seq 2 was skipped.
+        let mut h = good();
+        h.read_checks[0].answer = Ok((None, vec![batch(4, "d")]));
+        assert_eq!(broken(&h), vec!["read_your_writes"]);
+        // Seq 2 first, but with bytes that are not the acknowledged ones (also two histories).
+        let mut h = good();
+        h.read_checks[0].answer = Ok((None, vec![batch(2, "a")]));
+        let b = broken(&h);
+        assert!(b.contains(&"read_your_writes"), "{b:?}");
+        // A gap that covers the seq excuses it only on a stream that may evict.
+        let mut h = good();
+        h.read_checks[0].answer = Ok((Some((1, 2)), vec![batch(4, "d")]));
+        assert_eq!(broken(&h), vec!["read_your_writes"]);
+    }
 }

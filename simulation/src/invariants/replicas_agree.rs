@@ -14,6 +14,22 @@ const NAME: &str = "replicas_agree";
 
 pub(super) fn check(h: &History, out: &mut Vec<Violation>) {
     let readable: Vec<_> = h.finals.iter().filter_map(|f| f.streams.as_ref().ok().map(|s| (f.node, s))).collect();
+    // Each node's own metadata against what it stores, the first node's included (comparing
+    // the others with it would miss a miscount that every node shares).
+    for (n, streams) in &readable {
+        for (name, s) in streams.iter() {
+            if s.batches.len() as u64 != s.batches_counted {
+                out.push(Violation {
+                    invariant: NAME,
+                    detail: format!(
+                        "{name} on n{n}: metadata counts {} batches but {} are stored",
+                        s.batches_counted,
+                        s.batches.len()
+                    ),
+                });
+            }
+        }
+    }
     let Some((n0, first)) = readable.first() else { return };
     for (n, streams) in &readable[1..] {
         let names: Vec<&String> = streams.keys().collect();
@@ -45,22 +61,13 @@ pub(super) fn check(h: &History, out: &mut Vec<Violation>) {
                     detail: format!("{name}: retained batches differ: n{n0} has seqs {seqs0:?}, n{n} has {seqs:?}"),
                 });
             }
-            if s.batches.len() as u64 != s.batches_counted {
-                out.push(Violation {
-                    invariant: NAME,
-                    detail: format!(
-                        "{name} on n{n}: metadata counts {} batches but {} are stored",
-                        s.batches_counted,
-                        s.batches.len()
-                    ),
-                });
-            }
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use crate::history::FinalStream;
     use crate::invariants::fixtures::*;
 
     #[test]
@@ -87,5 +94,31 @@ mod tests {
         let mut h = good();
         on_node(&mut h, 2, "r", |s| s.evicted_through = 3);
         assert!(broken(&h).contains(&"replicas_agree"));
+    }
+
+    #[test]
+    fn different_stream_sets_are_flagged() {
+        // n3 also has a stream nobody else has (empty, so no batch observation is involved).
+        let mut h = good();
+        let extra = FinalStream { first_seq: 1, last_seq: 0, evicted_through: 0, batches_counted: 0, batches: vec![] };
+        h.finals[2].streams.as_mut().unwrap().insert("x".into(), extra);
+        assert_eq!(broken(&h), vec!["replicas_agree"]);
+    }
+
+    /// Regression: the count was compared with the stored batches on every node but the first,
+    /// so a miscount shared by every node, or on the only readable node, went unseen.
+    #[test]
+    fn a_count_that_does_not_match_the_stored_batches_is_flagged() {
+        // Every node agrees with every other, and every one of them miscounts.
+        let mut h = good();
+        on_all_nodes(&mut h, "s", |s| s.batches_counted = 4);
+        assert_eq!(broken(&h), vec!["replicas_agree"]);
+        let details: Vec<String> = crate::invariants::check(&h).into_iter().map(|v| v.detail).collect();
+        assert_eq!(details.len(), 3, "one per node, the first included: {details:?}");
+        // The only readable node miscounts.
+        let mut h = good();
+        on_node(&mut h, 1, "s", |s| s.batches_counted = 2);
+        h.finals.truncate(1);
+        assert_eq!(broken(&h), vec!["replicas_agree"]);
     }
 }

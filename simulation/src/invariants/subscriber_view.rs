@@ -47,7 +47,10 @@ pub(super) fn check(h: &History, obs: &Observations, out: &mut Vec<Violation>) {
                 v(format!("at {at} ms got {e:?} after reaching {pos}: not strictly increasing"));
                 continue;
             }
-            let skipped: Vec<u64> = known.range(pos + 1..next_start).copied().collect();
+            // A gap may (wrongly) start at or before the cursor: then nothing lies between the
+            // cursor and it, and the range must not be built backwards (it would panic).
+            let skipped: Vec<u64> =
+                if next_start > pos + 1 { known.range(pos + 1..next_start).copied().collect() } else { Vec::new() };
             if !skipped.is_empty() {
                 v(format!("at {at} ms jumped from {pos} to {e:?}, silently skipping existing seqs {skipped:?}"));
             }
@@ -106,5 +109,40 @@ mod tests {
         let mut h = good();
         h.subscribers[1].events[1].1 = Seen::Gap { from: 2, to: 3 };
         assert_eq!(broken(&h), vec!["subscriber_view"], "gap past evicted_through over a retained batch");
+    }
+
+    #[test]
+    fn a_restart_from_another_cursor_is_flagged() {
+        // sub1 had processed up to 2 (the gap's end) but resumed from 1: it would see 2 again.
+        let mut h = good();
+        h.subscribers[1].events[2].1 = Seen::Restart { cursor: 1 };
+        assert_eq!(broken(&h), vec!["subscriber_view"]);
+        // Resuming past the cursor would skip what it never processed.
+        let mut h = good();
+        h.subscribers[1].events[2].1 = Seen::Restart { cursor: 3 };
+        assert_eq!(broken(&h), vec!["subscriber_view"]);
+    }
+
+    /// Regression: a gap starting at or before the cursor made the checker build a backwards
+    /// range and panic instead of reporting the misplaced gap.
+    #[test]
+    fn a_gap_that_does_not_start_right_after_the_cursor_is_flagged() {
+        // After batch 1 the gap must be 2..=2; one announced as 1..=2 overlaps what was delivered.
+        let mut h = good();
+        h.subscribers[1].events[1].1 = Seen::Gap { from: 1, to: 2 };
+        assert_eq!(broken(&h), vec!["subscriber_view"]);
+        // One that leaves room after the cursor: 3..=2 is empty, so use a subscriber from 0 that
+        // is told 2..=2 while seq 1 was never delivered (and is known to exist).
+        let mut h = good();
+        h.subscribers[1].events.remove(0);
+        assert_eq!(broken(&h), vec!["subscriber_view"]);
+    }
+
+    #[test]
+    fn a_gap_on_a_stream_without_retention_is_flagged() {
+        // sub0 on `s` (no retention) is told 1..=1 was evicted; the nodes still hold it.
+        let mut h = good();
+        h.subscribers[0].events[0].1 = Seen::Gap { from: 1, to: 1 };
+        assert_eq!(broken(&h), vec!["subscriber_view"]);
     }
 }
