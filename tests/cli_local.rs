@@ -214,3 +214,35 @@ async fn local_exits_non_zero_naming_why_a_node_could_not_start() {
     }
     holder.kill().await.unwrap();
 }
+
+/// A data directory written in another data format is refused at start, with both format
+/// numbers, and left as it was: nothing in it is opened or created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_a_data_dir_of_another_format_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("FORMAT"), "runnev data format 9\n").unwrap();
+    let port = closed_port();
+    let r = cli(
+        &[
+            "serve",
+            "--id",
+            "1",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--peers",
+            &format!("1=127.0.0.1:{port}"),
+        ],
+        &[("RUST_LOG", "error")],
+    )
+    .await;
+    r.expect_code(1, "a data dir of format 9");
+    assert!(r.stderr.contains("data format 9; this runnev reads format 1"), "{r:#?}");
+    let names: Vec<String> =
+        std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, vec!["FORMAT".to_string()], "nothing else was created");
+    assert_eq!(std::fs::read_to_string(data.join("FORMAT")).unwrap(), "runnev data format 9\n");
+}
