@@ -14,6 +14,7 @@
 //! durably every [`crate::limits::SM_DURABLE_EVERY_ENTRIES`] entries or
 //! [`crate::limits::SM_DURABLE_EVERY_BYTES`] bytes, which bounds the replay after a crash.
 
+pub mod backup;
 pub mod format;
 pub mod io;
 pub mod log_store;
@@ -91,6 +92,10 @@ pub enum StoreError {
         /// The one format this build reads.
         supported: u32,
     },
+    /// A backup file is not a complete, undamaged backup, or a restore cannot lay out its
+    /// directory (see [`backup::restore`]).
+    #[error("{0}")]
+    Backup(String),
 }
 
 impl StoreError {
