@@ -256,3 +256,7 @@ const _: () = assert!(MAX_CLOCK_OFFSET_MS_MIN <= MAX_CLOCK_OFFSET_MS_DEFAULT);
 const _: () = assert!(LEADER_WAIT_MS + CLOCK_VERIFY_WAIT_MS + COMMIT_WAIT_MS < FORWARD_TIMEOUT_MS);
 // A stream name fits a forwarded answer many times over (answers name the stream).
 const _: () = assert!(ADMIN_BODY_BYTES_MAX <= FORWARDED_ANSWER_BYTES_MAX);
+
+/// Segments of the Raft log start at this size, in bytes, and double up to
+/// [`crate::storage::segments::SEGMENT_BYTES`]: a fresh node needs no 64 MiB at once.
+pub const SEGMENT_BYTES_MIN: u64 = 1024 * 1024;
