@@ -328,6 +328,30 @@ mod tests {
         }
     }
 
+    /// A follower's "disk low" answer holds for PEER_DISK_LOW_FRESH_MS and one answer without it
+    /// clears it; while it holds, entries go to that follower once per PEER_DISK_LOW_RETRY_MS
+    /// (heartbeats in between), and other followers are not affected.
+    #[tokio::test(start_paused = true)]
+    async fn a_low_follower_gets_entries_once_a_second_until_it_has_room() {
+        let disks = PeerDisks::default();
+        assert!(!disks.is_low(2) && disks.entries_due(2) && disks.entries_due(2));
+        disks.record(2, true);
+        assert!(disks.is_low(2) && !disks.is_low(3));
+        assert!(disks.entries_due(2), "the first try after the report");
+        assert!(!disks.entries_due(2) && !disks.entries_due(2));
+        assert!(disks.entries_due(3));
+        tokio::time::advance(Duration::from_millis(PEER_DISK_LOW_RETRY_MS)).await;
+        disks.record(2, true);
+        assert!(disks.entries_due(2), "a retry a second later");
+        assert!(!disks.entries_due(2));
+        // A report goes stale when the follower stops answering.
+        tokio::time::advance(Duration::from_millis(PEER_DISK_LOW_FRESH_MS)).await;
+        assert!(!disks.is_low(2) && disks.entries_due(2));
+        disks.record(2, true);
+        disks.record(2, false);
+        assert!(!disks.is_low(2) && disks.entries_due(2));
+    }
+
     #[test]
     fn appends_are_cut_to_the_byte_budget_but_never_to_nothing() {
         let e: Vec<_> = (1..=4).map(|i| publish(i, 400)).collect();
