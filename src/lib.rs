@@ -13,6 +13,10 @@
 //! The `ts` the leader stamps is the median of the voters' wall clocks ([`clock`]), and the state
 //! machine never lets it go backwards.
 //!
+//! Before any write reaches openraft, [`disk`] checks that this node's data directory has room
+//! for it (a leader answers `507 storage_full`, a follower answers the leader's entries as
+//! heartbeats), so a full disk never stops a Raft core.
+//!
 //! Reads and subscriptions are served by any node from its applied state in [`storage`].
 //! [`node`] wires one node together; [`launcher`] starts `runnev serve` processes on one machine,
 //! for [`local`] (a three-node cluster), the benchmark and the tests.
@@ -21,6 +25,7 @@
 pub mod api;
 pub mod client;
 pub mod clock;
+pub mod disk;
 pub mod error;
 pub mod launcher;
 pub mod limits;

@@ -263,3 +263,33 @@ const _: () = assert!(MAX_CLOCK_OFFSET_MS_MIN <= MAX_CLOCK_OFFSET_MS_DEFAULT);
 const _: () = assert!(LEADER_WAIT_MS + CLOCK_VERIFY_WAIT_MS + COMMIT_WAIT_MS < FORWARD_TIMEOUT_MS);
 // A stream name fits a forwarded answer many times over (answers name the stream).
 const _: () = assert!(ADMIN_BODY_BYTES_MAX <= FORWARDED_ANSWER_BYTES_MAX);
+
+/// Default `--min-free-disk-bytes`: free bytes below which a node takes no new writes
+/// ([`crate::disk`]; at most a quarter of the file system). Room for one full segment of the
+/// log ([`crate::storage::segments::SEGMENT_BYTES`]) and the state machine's growth meanwhile.
+pub const MIN_FREE_DISK_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+
+/// Largest ballast file a node keeps in its data directory to recover from a full disk, in
+/// bytes ([`crate::disk`]; at most half of what it keeps free).
+pub const DISK_RESERVE_BYTES_MAX: u64 = 4 * 1024 * 1024;
+
+/// How often a node measures its data directory's free space even without traffic, in ms
+/// ([`crate::disk`]; writes measure it themselves).
+pub const DISK_CHECK_MS: u64 = 500;
+
+/// How long a leader takes a follower's "my disk is low" answer as current, in ms: a follower
+/// says it on every append answer while low (heartbeats every [`RAFT_HEARTBEAT_MS`]), so an
+/// older report means it stopped answering, not that its disk is still low.
+pub const PEER_DISK_LOW_FRESH_MS: u64 = 1_000;
+
+/// How often a leader still sends its entries to a follower whose disk is low, in ms; in
+/// between it sends heartbeats only (the follower would refuse the entries).
+pub const PEER_DISK_LOW_RETRY_MS: u64 = 1_000;
+
+/// Segments of the Raft log start at this size, in bytes, and double up to
+/// [`crate::storage::segments::SEGMENT_BYTES`]: a fresh node needs no 64 MiB at once.
+pub const SEGMENT_BYTES_MIN: u64 = 1024 * 1024;
+
+/// One repeated warning or error line of openraft's replication is logged at most once per
+/// call site in this many ms; the rest are counted in `runnev_log_lines_suppressed_total`.
+pub const LOG_REPEAT_MS: u64 = 10_000;

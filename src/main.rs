@@ -11,7 +11,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use runnev::limits::{
-    BATCH_BYTES_DEFAULT, MAX_CLOCK_OFFSET_MS_DEFAULT, SNAPSHOT_KEEP_LOGS_DEFAULT, SNAPSHOT_LOGS_DEFAULT,
+    BATCH_BYTES_DEFAULT, MAX_CLOCK_OFFSET_MS_DEFAULT, MIN_FREE_DISK_BYTES_DEFAULT, SNAPSHOT_KEEP_LOGS_DEFAULT,
+    SNAPSHOT_LOGS_DEFAULT,
 };
 use runnev::node::{self, NodeConfig};
 use runnev::units::{self, Limit};
@@ -280,6 +281,12 @@ enum Cmd {
         /// past it the node does not lead.
         #[arg(long, default_value_t = MAX_CLOCK_OFFSET_MS_DEFAULT)]
         max_clock_offset_ms: u64,
+        /// Free space the node keeps on its data directory's file system: bytes, or with a unit
+        /// (64MiB); at most a quarter of the file system is kept. Below it the node takes no new
+        /// writes (a leader answers 507 storage_full) and goes on by itself once space is freed.
+        /// 0 turns the guard off.
+        #[arg(long, value_name = "SIZE", default_value_t = MIN_FREE_DISK_BYTES_DEFAULT, value_parser = units::parse_bytes)]
+        min_free_disk_bytes: u64,
     },
     /// Start a local cluster of child processes on 127.0.0.1; Ctrl-C stops it.
     Local {
@@ -496,6 +503,7 @@ async fn run(args: Cli) -> Result<()> {
             snapshot_logs,
             snapshot_keep_logs,
             max_clock_offset_ms,
+            min_free_disk_bytes,
         } => {
             let peers = parse_peers(&peers).map_err(|e| cli::usage(&format!("--peers: {e:#}")))?;
             let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("binding {listen}"))?;
@@ -517,6 +525,7 @@ async fn run(args: Cli) -> Result<()> {
                 snapshot_logs,
                 snapshot_keep_logs,
                 max_clock_offset_ms,
+                min_free_disk_bytes,
             };
             let store =
                 runnev::storage::Store::open(&cfg.data_dir).map_err(|e| cli::store_open_error(&cfg.data_dir, e))?;

@@ -16,7 +16,7 @@ use openraft::SnapshotPolicy;
 use crate::api::{self, AppState, Clock};
 use crate::limits::*;
 use crate::net::{self, Dialer};
-use crate::raft::network::{Network, RpcFaults};
+use crate::raft::network::{Network, PeerDisks, RpcFaults};
 use crate::raft::{formation, Command, NodeId, Raft};
 use crate::storage::log_store::LogStore;
 use crate::storage::state_machine::StateMachine;
@@ -44,7 +44,7 @@ pub const LOG_DEFAULT: &str = "info,openraft=warn";
 /// term 1 at once. openraft offers no way to lower it to debug, so it is filtered out at its one
 /// call site; the election itself is still logged at info by openraft (`RUST_LOG=openraft=info`).
 pub fn init_logging_or(default: &str) {
-    use tracing_subscriber::filter::{filter_fn, FilterExt};
+    use tracing_subscriber::filter::{dynamic_filter_fn, filter_fn, FilterExt};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
@@ -54,8 +54,40 @@ pub fn init_logging_or(default: &str) {
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_filter(env.and(filter_fn(|meta| !is_benign_vote_race(meta))));
+        .with_filter(
+            env.and(filter_fn(|meta| !is_benign_vote_race(meta)))
+                // Dynamic: a plain `filter_fn` is asked once per call site and its answer cached.
+                .and(dynamic_filter_fn(|meta, _| !is_repeated_replication_error(meta))),
+        );
     tracing_subscriber::registry().with(layer).init();
+}
+
+/// Whether `meta` is a warning or error of openraft's replication (a follower that cannot be
+/// reached, or refuses, is reported on every retry, several times a second, at error level)
+/// whose call site already logged within [`LOG_REPEAT_MS`]: the first line of each kind is kept,
+/// and what is dropped is counted in `runnev_log_lines_suppressed_total`. Runnev's own lines say
+/// when a node's state changes (its disk is low, its Raft core stopped).
+fn is_repeated_replication_error(meta: &tracing::Metadata<'_>) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    use std::time::{Duration, Instant};
+    static LAST: OnceLock<Mutex<HashMap<tracing::callsite::Identifier, Instant>>> = OnceLock::new();
+    if *meta.level() > tracing::Level::WARN || !meta.target().starts_with("openraft::replication") || !meta.is_event() {
+        return false;
+    }
+    let site = meta.callsite();
+    let mut last = LAST.get_or_init(Mutex::default).lock().unwrap_or_else(|p| p.into_inner());
+    let now = Instant::now();
+    match last.get(&site) {
+        Some(t) if now.duration_since(*t) < Duration::from_millis(LOG_REPEAT_MS) => {
+            metrics::counter!("runnev_log_lines_suppressed_total").increment(1);
+            true
+        }
+        _ => {
+            last.insert(site, now);
+            false
+        }
+    }
 }
 
 /// Whether `meta` is openraft 0.9.25's "message will be ignored because vote changed" warning
@@ -88,6 +120,9 @@ pub struct NodeConfig {
     /// stops leading, in ms (`--max-clock-offset-ms`, at least
     /// [`MAX_CLOCK_OFFSET_MS_MIN`]).
     pub max_clock_offset_ms: u64,
+    /// Free bytes below which the node takes no new writes (`--min-free-disk-bytes`, 0: off;
+    /// at most a quarter of the file system, [`crate::disk`]).
+    pub min_free_disk_bytes: u64,
 }
 
 /// Why a node could not start or stopped abnormally.
@@ -102,6 +137,9 @@ pub enum NodeError {
     /// Raft failed to start.
     #[error("starting raft: {0}")]
     Raft(String),
+    /// The data directory's file system could not be measured ([`crate::disk`]).
+    #[error("measuring the data directory's free space: {0}")]
+    Disk(std::io::Error),
     /// The listener failed.
     #[error("serving: {0}")]
     Serve(#[from] std::io::Error),
@@ -149,12 +187,21 @@ pub struct Environment {
     pub prometheus: Option<PrometheusHandle>,
     /// Injects duplicated and replayed Raft RPCs (simulation only).
     pub rpc_faults: Option<Arc<dyn RpcFaults>>,
+    /// Whether the data directory's free space is guarded ([`crate::disk`]); off in the
+    /// simulation, whose storage lives in memory.
+    pub disk_guard: bool,
 }
 
 impl Environment {
     /// TCP, the wall clock, no faults.
     pub fn production(prometheus: Option<PrometheusHandle>) -> Self {
-        Environment { dialer: Arc::new(net::TcpDialer), clock: api::system_clock(), prometheus, rpc_faults: None }
+        Environment {
+            dialer: Arc::new(net::TcpDialer),
+            clock: api::system_clock(),
+            prometheus,
+            rpc_faults: None,
+            disk_guard: true,
+        }
     }
 }
 
@@ -172,7 +219,7 @@ where
     L: axum::serve::Listener,
     L::Addr: std::fmt::Debug,
 {
-    let Environment { dialer, clock, prometheus, rpc_faults } = env;
+    let Environment { dialer, clock, prometheus, rpc_faults, disk_guard } = env;
     let http = net::http_client(dialer);
     let config = Arc::new(raft_config(&cfg)?);
     formation::guard_wiped_node(&store, cfg.id, &cfg.peers, &http).await?;
@@ -180,7 +227,14 @@ where
     crate::storage::blocking(move || crate::storage::snapshot::restore_state_machine(&restore)).await?;
     let sm = StateMachine::new(store.clone());
     metrics::counter!("runnev_snapshots_installed_total").absolute(0);
-    let raft = Raft::new(cfg.id, config, Network::new(http.clone(), rpc_faults), LogStore::new(store.clone()), sm)
+    let disk = Arc::new(match disk_guard {
+        true => crate::disk::DiskGuard::open(&cfg.data_dir, cfg.min_free_disk_bytes, store.disk_low_flag())
+            .map_err(NodeError::Disk)?,
+        false => crate::disk::DiskGuard::off(),
+    });
+    let peer_disks = Arc::new(PeerDisks::default());
+    let network = Network::new(http.clone(), rpc_faults, peer_disks.clone());
+    let raft = Raft::new(cfg.id, config, network, LogStore::new(store.clone()), sm)
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
 
@@ -204,15 +258,21 @@ where
         proposer: api::proposer::Proposer::start(raft.clone()),
         stopping,
         contact: Arc::default(),
+        disk: disk.clone(),
+        peer_disks,
     };
     let formation = tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http.clone()));
     let clocks = tokio::spawn(crate::clock::run(cluster_clock.clone(), raft.clone(), http, cfg.id));
     let ticker = tokio::spawn(retention_ticks(raft.clone(), store.clone(), cfg.id, cluster_clock));
     let joint = tokio::spawn(finish_joint_changes(raft.clone(), cfg.id, membership_lock));
     let watch = tokio::spawn(report_raft_stop(raft.clone()));
+    let disk_watch = disk_guard.then(|| tokio::spawn(watch_disk(disk)));
     tracing::info!(id = cfg.id, data_dir = %cfg.data_dir.display(), "node serving");
     let served = axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown).await;
     watch.abort();
+    if let Some(w) = disk_watch {
+        w.abort();
+    }
     formation.abort();
     clocks.abort();
     ticker.abort();
@@ -230,6 +290,18 @@ where
 async fn report_raft_stop(raft: Raft) {
     let why = api::raft_stops(&raft).await;
     tracing::error!(reason = %why, "the raft core has stopped: this node serves no reads or writes and /healthz answers 503 until the process is restarted");
+}
+
+/// Measures the data directory's free space every [`DISK_CHECK_MS`], so the ballast is deleted
+/// or restored and the verdict kept current without traffic ([`crate::disk`]).
+async fn watch_disk(disk: Arc<crate::disk::DiskGuard>) {
+    let mut every = tokio::time::interval(Duration::from_millis(DISK_CHECK_MS));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let d = disk.clone();
+        let _ = crate::storage::blocking(move || Ok::<_, StoreError>(d.check())).await;
+    }
 }
 
 /// While leader, proposes the cluster's clock (the median of the voters', [`crate::clock`]) every
@@ -403,6 +475,7 @@ mod tests {
             snapshot_logs: 1000,
             snapshot_keep_logs: 100,
             max_clock_offset_ms: crate::limits::MAX_CLOCK_OFFSET_MS_DEFAULT,
+            min_free_disk_bytes: 0,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let node = tokio::spawn(run(cfg, store, listener, Environment::production(None), async {

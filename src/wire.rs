@@ -179,6 +179,10 @@ pub struct Member {
     /// (0 for the answering node itself); `null` when unknown (no measurement in the last 5 s).
     #[serde(default)]
     pub clock_offset_ms: Option<i64>,
+    /// On the leader: whether its disk is low, as its latest append answers said (it then takes
+    /// no new entries); `null` elsewhere.
+    #[serde(default)]
+    pub disk_low: Option<bool>,
 }
 
 /// A node's wall clock against the cluster's, in a [`ClusterView`].
@@ -227,6 +231,23 @@ pub struct ClusterView {
     /// Its wall clock against the cluster's (absent from nodes of older builds).
     #[serde(default)]
     pub clock: Option<ClockView>,
+    /// Its data directory's free space against what it keeps free (absent from nodes of older
+    /// builds).
+    #[serde(default)]
+    pub disk: Option<DiskView>,
+}
+
+/// A node's data directory's free space, in a [`ClusterView`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskView {
+    /// Bytes free on the file system, as last measured.
+    pub free_bytes: u64,
+    /// What the node keeps free (`--min-free-disk-bytes`, at most a quarter of the file
+    /// system; 0: not guarded).
+    pub min_free_bytes: u64,
+    /// Whether the node takes no new writes for lack of space: a leader answers `507
+    /// storage_full`, a follower takes no new entries, until space is freed.
+    pub low: bool,
 }
 
 impl ClusterView {

@@ -37,6 +37,7 @@ pub fn node_config(shared: &Shared, id: NodeId, data_dir: PathBuf) -> NodeConfig
         snapshot_logs: shared.plan.snapshot_logs,
         snapshot_keep_logs: shared.plan.snapshot_keep_logs,
         max_clock_offset_ms: runnev::limits::MAX_CLOCK_OFFSET_MS_DEFAULT,
+        min_free_disk_bytes: 0,
     }
 }
 
@@ -69,6 +70,7 @@ pub fn node_software(
                 clock: sim_clock(),
                 prometheus: None,
                 rpc_faults: Some(Arc::new(SimRpcFaults::new(shared.clone(), id, incarnation))),
+                disk_guard: false,
             };
             if let Err(e) = runnev::node::run(cfg, store, listener, env, std::future::pending()).await {
                 let why = format!("n{id} incarnation {incarnation} at {} ms: node stopped: {e}", now_ms());

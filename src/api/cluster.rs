@@ -34,6 +34,11 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
             voter: voters.contains(id),
             matched_index: matched(id),
             clock_offset_ms: if *id == s.node_id { Some(0) } else { offsets.get(id).copied() },
+            disk_low: match (m.current_leader == Some(s.node_id), *id == s.node_id) {
+                (false, _) => None,
+                (true, true) => Some(s.disk.last().low),
+                (true, false) => Some(s.peer_disks.is_low(*id)),
+            },
         })
         .collect();
     let a = s.clock.assess(s.node_id, &voters);
@@ -64,6 +69,10 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
         raft_stopped,
         members,
         clock: Some(clock),
+        disk: Some({
+            let d = s.disk.last();
+            crate::wire::DiskView { free_bytes: d.free_bytes, min_free_bytes: d.min_free_bytes, low: d.low }
+        }),
     }
 }
 

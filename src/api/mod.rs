@@ -81,6 +81,10 @@ pub struct AppState {
     pub stopping: tokio::sync::watch::Receiver<bool>,
     /// When this node last heard from a leader (subscriptions end when it is cut off).
     pub contact: Arc<contact::LeaderContact>,
+    /// Whether this node's data directory has room for new writes.
+    pub disk: Arc<crate::disk::DiskGuard>,
+    /// Which followers said their disk is low (read when leading).
+    pub peer_disks: Arc<crate::raft::network::PeerDisks>,
 }
 
 /// Why this node's Raft core has stopped for good, if it has. openraft reports the fatal error

@@ -6,7 +6,7 @@
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::{read_body, AppState};
 use crate::error::ApiError;
 use crate::limits::{PROTOCOL_WARN_EVERY_MS, RAFT_RPC_BYTES_MAX};
-use crate::raft::network::{PROTOCOL_HEADER, PROTOCOL_VERSION};
+use crate::raft::network::{DISK_LOW_HEADER, PROTOCOL_HEADER, PROTOCOL_VERSION};
 
 /// When a protocol mismatch was last logged.
 static MISMATCH_WARNED: std::sync::Mutex<Option<tokio::time::Instant>> = std::sync::Mutex::new(None);
@@ -60,14 +60,41 @@ fn encode_answer<T: Serialize>(answer: &T) -> Response {
 
 /// `POST /raft/append`: append-entries (Raft paper §5.3). One this node accepts (any answer but
 /// "higher vote") counts as hearing from a leader ([`super::contact`]).
+///
+/// While this node's disk is low ([`crate::disk`]) it takes no new entries, and never lets
+/// them reach openraft (whose core would stop for good on the `ENOSPC` they would meet): it
+/// hands openraft the request without its entries, a heartbeat, so the leader's term, the
+/// log's consistency check and the commit index still apply, and answers that it matched up to
+/// the request's `prev_log_id` only (`PartialSuccess`), with [`DISK_LOW_HEADER`]. Every answer
+/// while low carries the header, heartbeats too, so the leader knows ([`PeerDisks`]).
+///
+/// [`DISK_LOW_HEADER`]: crate::raft::network::DISK_LOW_HEADER
+/// [`PeerDisks`]: crate::raft::network::PeerDisks
 pub async fn append(State(s): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    use openraft::raft::AppendEntriesResponse;
     check_protocol(&headers)?;
-    let req = decode_rpc(body).await?;
-    let answer = s.raft.append_entries(req).await;
-    if matches!(&answer, Ok(r) if !matches!(r, openraft::raft::AppendEntriesResponse::HigherVote(_))) {
+    let mut req: openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig> = decode_rpc(body).await?;
+    let low = s.disk.refusal().is_some();
+    let refused = low && !req.entries.is_empty();
+    if refused {
+        metrics::counter!("runnev_appends_refused_disk_low_total").increment(1);
+        req.entries.clear();
+    }
+    let prev = req.prev_log_id;
+    let mut answer = s.raft.append_entries(req).await;
+    if matches!(&answer, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
         s.contact.heard();
     }
-    Ok(encode_answer(&answer))
+    if refused {
+        if let Ok(r @ AppendEntriesResponse::Success) = &mut answer {
+            *r = AppendEntriesResponse::PartialSuccess(prev);
+        }
+    }
+    let mut resp = encode_answer(&answer);
+    if low {
+        resp.headers_mut().insert(DISK_LOW_HEADER, HeaderValue::from_static("1"));
+    }
+    Ok(resp)
 }
 
 /// `POST /raft/vote`: request-vote (Raft paper §5.2).
@@ -79,9 +106,20 @@ pub async fn vote(State(s): State<AppState>, headers: HeaderMap, body: Body) -> 
 
 /// `POST /raft/snapshot`: one chunk of install-snapshot (Raft paper §7). One this node accepts
 /// (its vote is not above the sender's) counts as hearing from a leader.
+///
+/// While this node's disk is low it refuses every chunk with `507 storage_full` and
+/// [`DISK_LOW_HEADER`], before openraft sees it: installing writes the whole snapshot.
+///
+/// [`DISK_LOW_HEADER`]: crate::raft::network::DISK_LOW_HEADER
 pub async fn snapshot(State(s): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     check_protocol(&headers)?;
     let req: openraft::raft::InstallSnapshotRequest<crate::raft::TypeConfig> = decode_rpc(body).await?;
+    if let Some(low) = s.disk.refusal() {
+        let mut resp =
+            ApiError::StorageFull(format!("this node takes no snapshot now: {}", low.describe())).into_response();
+        resp.headers_mut().insert(DISK_LOW_HEADER, HeaderValue::from_static("1"));
+        return Ok(resp);
+    }
     let vote = req.vote;
     let answer = s.raft.install_snapshot(req).await;
     if matches!(&answer, Ok(r) if r.vote <= vote) {

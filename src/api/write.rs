@@ -93,7 +93,10 @@ enum ForwardError {
 /// voters' clocks ([`crate::clock`]). See [`on_leader`] for the waiting and errors.
 ///
 /// Errors: also `503 not_ready` from a leader whose clock is out of bounds (or that could not
-/// measure a majority's clocks in time): it stamps nothing and proposes nothing.
+/// measure a majority's clocks in time): it stamps nothing and proposes nothing; `507
+/// storage_full` from a leader that cannot store the write or have it stored by a majority
+/// ([`storage_refusal`]); a follower forwards whatever its own disk holds, since the leader
+/// decides.
 pub(crate) async fn write(
     s: &AppState,
     req: &Forwardable,
@@ -101,11 +104,42 @@ pub(crate) async fn write(
 ) -> Result<Led<(Outcome, u64)>, ApiError> {
     let make = &make;
     on_leader(s, req, || async move {
+        if let Some(full) = storage_refusal(s) {
+            return Err(OpError::Fail(full));
+        }
         let ts =
             s.clock.stamp(&s.raft, s.node_id).await.map_err(|e| OpError::Fail(ApiError::NotReady(e.to_string())))?;
         s.proposer.propose(make(ts)).await
     })
     .await
+}
+
+/// Why the leader cannot take a write for lack of disk, if it cannot: `507 storage_full` when
+/// its own disk is low ([`crate::disk`]: the entry would be appended to its log first), or when
+/// the voters that did not report a low disk ([`crate::raft::network::PeerDisks`]) are not a
+/// majority of every configuration (a joint one has two): the entry could not commit, and the
+/// client would wait for nothing. Checked before anything reaches openraft.
+fn storage_refusal(s: &AppState) -> Option<ApiError> {
+    if let Some(low) = s.disk.refusal() {
+        metrics::counter!("runnev_writes_refused_disk_low_total").increment(1);
+        return Some(ApiError::StorageFull(format!(
+            "the leader, node {}, takes no writes: {}",
+            s.node_id,
+            low.describe()
+        )));
+    }
+    let configs = s.raft.metrics().borrow().membership_config.membership().get_joint_config().clone();
+    for voters in configs {
+        let low: Vec<NodeId> = voters.iter().copied().filter(|v| *v != s.node_id && s.peer_disks.is_low(*v)).collect();
+        if !low.is_empty() && voters.len() - low.len() <= voters.len() / 2 {
+            metrics::counter!("runnev_writes_refused_disk_low_total").increment(1);
+            return Some(ApiError::StorageFull(format!(
+                "a majority of the voters {voters:?} cannot store the write: nodes {low:?} report a low disk; \
+                 free space on them (the cluster takes writes again by itself)"
+            )));
+        }
+    }
+    None
 }
 
 /// Runs `op` if this node is leader, else forwards `req` to the leader, waiting up to

@@ -10,6 +10,8 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
@@ -23,7 +25,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{NodeId, TypeConfig};
-use crate::limits::{RAFT_APPEND_BYTES_MAX, RAFT_RPC_BYTES_MAX};
+use crate::limits::{PEER_DISK_LOW_FRESH_MS, PEER_DISK_LOW_RETRY_MS, RAFT_APPEND_BYTES_MAX, RAFT_RPC_BYTES_MAX};
 use crate::net::HttpClient;
 
 /// The version of the Raft RPC protocol this build speaks: the paths, the postcard encoding of
@@ -42,6 +44,65 @@ pub const APPEND_PATH: &str = "/raft/append";
 pub const VOTE_PATH: &str = "/raft/vote";
 /// Path of the install-snapshot RPC (Raft paper §7), one chunk per call.
 pub const SNAPSHOT_PATH: &str = "/raft/snapshot";
+
+/// Header on a node's answer to `/raft/append` or `/raft/snapshot` while its disk is low
+/// ([`crate::disk`]): it took none of the entries (it answered the append as a heartbeat), or
+/// refused the snapshot chunk. Value `1`.
+pub const DISK_LOW_HEADER: &str = "runnev-disk-low";
+
+/// What a leader knows of its followers' disks: which of them said, in their latest append
+/// answers, that their disk is low. Shared by the transport (which records it, and spares a
+/// low follower entries it would refuse) and the write path (which refuses with `507` when a
+/// majority of voters cannot store a write).
+///
+/// A report is current for [`PEER_DISK_LOW_FRESH_MS`]: a low follower repeats it on every
+/// heartbeat answer, and one answer without it clears it.
+#[derive(Debug, Default)]
+pub struct PeerDisks {
+    /// Node id → (when it last said its disk is low, when it was last sent entries).
+    low: std::sync::Mutex<std::collections::BTreeMap<NodeId, (Instant, Option<Instant>)>>,
+}
+
+impl PeerDisks {
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<NodeId, (Instant, Option<Instant>)>> {
+        self.low.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records an append or snapshot answer of `peer`: with the low-disk header or without.
+    pub fn record(&self, peer: NodeId, low: bool) {
+        let mut m = self.map();
+        match low {
+            true => {
+                let sent = m.get(&peer).and_then(|(_, sent)| *sent);
+                m.insert(peer, (Instant::now(), sent));
+            }
+            false => {
+                m.remove(&peer);
+            }
+        }
+    }
+
+    /// Whether `peer` said its disk is low within [`PEER_DISK_LOW_FRESH_MS`].
+    pub fn is_low(&self, peer: NodeId) -> bool {
+        let fresh = Duration::from_millis(PEER_DISK_LOW_FRESH_MS);
+        self.map().get(&peer).is_some_and(|(at, _)| at.elapsed() < fresh)
+    }
+
+    /// Whether entries should go to `peer` now: its disk is not known to be low, or they were
+    /// last tried more than [`PEER_DISK_LOW_RETRY_MS`] ago (then this counts as a try).
+    fn entries_due(&self, peer: NodeId) -> bool {
+        if !self.is_low(peer) {
+            return true;
+        }
+        let mut m = self.map();
+        let Some((_, sent)) = m.get_mut(&peer) else { return true };
+        let due = sent.is_none_or(|t| t.elapsed() >= Duration::from_millis(PEER_DISK_LOW_RETRY_MS));
+        if due {
+            *sent = Some(Instant::now());
+        }
+        due
+    }
+}
 
 /// What happens to one outgoing Raft RPC, as a fault injector decides (simulation only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,12 +128,14 @@ pub trait RpcFaults: Send + Sync + 'static {
 pub struct Network {
     http: HttpClient,
     faults: Option<Arc<dyn RpcFaults>>,
+    disks: Arc<PeerDisks>,
 }
 
 impl Network {
-    /// A transport over `http`, with an optional fault injector.
-    pub fn new(http: HttpClient, faults: Option<Arc<dyn RpcFaults>>) -> Self {
-        Network { http, faults }
+    /// A transport over `http`, with an optional fault injector, recording the peers' disk
+    /// reports in `disks`.
+    pub fn new(http: HttpClient, faults: Option<Arc<dyn RpcFaults>>, disks: Arc<PeerDisks>) -> Self {
+        Network { http, faults, disks }
     }
 }
 
@@ -80,7 +143,13 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerConnection {
-        PeerConnection { target, addr: node.addr.clone(), http: self.http.clone(), faults: self.faults.clone() }
+        PeerConnection {
+            target,
+            addr: node.addr.clone(),
+            http: self.http.clone(),
+            faults: self.faults.clone(),
+            disks: self.disks.clone(),
+        }
     }
 }
 
@@ -90,6 +159,7 @@ pub struct PeerConnection {
     addr: String,
     http: HttpClient,
     faults: Option<Arc<dyn RpcFaults>>,
+    disks: Arc<PeerDisks>,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
@@ -126,6 +196,8 @@ impl PeerConnection {
         });
     }
 
+    /// Sends one RPC and decodes the answer; records whether the peer said its disk is low
+    /// ([`DISK_LOW_HEADER`]) when `path` is an append or a snapshot chunk.
     async fn call<Req, Resp, E>(&self, path: &'static str, req: &Req, ttl: Duration) -> RpcResult<Resp, E>
     where
         Req: Serialize,
@@ -151,6 +223,9 @@ impl PeerConnection {
                 }
             })?;
             let status = resp.status();
+            if path != VOTE_PATH {
+                self.disks.record(self.target, resp.headers().contains_key(DISK_LOW_HEADER));
+            }
             let bytes = Limited::new(resp.into_body(), RAFT_RPC_BYTES_MAX)
                 .collect()
                 .await
@@ -194,6 +269,20 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
         let mut rpc = rpc;
+        if !rpc.entries.is_empty() && !self.disks.entries_due(self.target) {
+            // The peer's disk is low: it would answer the entries as a heartbeat. Send it the
+            // heartbeat only (it keeps its leader and its commit index), paced so openraft's
+            // immediate resend of what is still unmatched does not spin; it matched up to
+            // prev_log_id, no further.
+            let pause = option.hard_ttl() / 2;
+            tokio::time::sleep(pause).await;
+            rpc.entries.clear();
+            let prev = rpc.prev_log_id;
+            return match self.call(APPEND_PATH, &rpc, option.hard_ttl() - pause).await? {
+                AppendEntriesResponse::Success => Ok(AppendEntriesResponse::PartialSuccess(prev)),
+                other => Ok(other),
+            };
+        }
         let keep = entries_within(&rpc.entries, RAFT_APPEND_BYTES_MAX);
         if keep == rpc.entries.len() {
             return self.call(APPEND_PATH, &rpc, option.hard_ttl()).await;
@@ -212,6 +301,13 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        if !self.disks.entries_due(self.target) {
+            let what = format!("node {}'s disk is low: it takes no snapshot until space is freed", self.target);
+            return Err(RPCError::Network(NetworkError::new(&TransportError::Protocol {
+                addr: self.addr.clone(),
+                what,
+            })));
+        }
         self.call(SNAPSHOT_PATH, &rpc, option.hard_ttl()).await
     }
 
@@ -241,6 +337,30 @@ mod tests {
                 data: vec![0; bytes],
             }),
         }
+    }
+
+    /// A follower's "disk low" answer holds for PEER_DISK_LOW_FRESH_MS and one answer without it
+    /// clears it; while it holds, entries go to that follower once per PEER_DISK_LOW_RETRY_MS
+    /// (heartbeats in between), and other followers are not affected.
+    #[tokio::test(start_paused = true)]
+    async fn a_low_follower_gets_entries_once_a_second_until_it_has_room() {
+        let disks = PeerDisks::default();
+        assert!(!disks.is_low(2) && disks.entries_due(2) && disks.entries_due(2));
+        disks.record(2, true);
+        assert!(disks.is_low(2) && !disks.is_low(3));
+        assert!(disks.entries_due(2), "the first try after the report");
+        assert!(!disks.entries_due(2) && !disks.entries_due(2));
+        assert!(disks.entries_due(3));
+        tokio::time::advance(Duration::from_millis(PEER_DISK_LOW_RETRY_MS)).await;
+        disks.record(2, true);
+        assert!(disks.entries_due(2), "a retry a second later");
+        assert!(!disks.entries_due(2));
+        // A report goes stale when the follower stops answering.
+        tokio::time::advance(Duration::from_millis(PEER_DISK_LOW_FRESH_MS)).await;
+        assert!(!disks.is_low(2) && disks.entries_due(2));
+        disks.record(2, true);
+        disks.record(2, false);
+        assert!(!disks.is_low(2) && disks.entries_due(2));
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub mod snapshot;
 pub mod state_machine;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -186,6 +186,7 @@ pub struct Store {
     applied_tx: watch::Sender<u64>,
     committed_index: AtomicU64,
     snapshot_files: std::sync::Mutex<()>,
+    disk_low: Arc<AtomicBool>,
 }
 
 impl Store {
@@ -248,6 +249,7 @@ impl Store {
             applied_tx: watch::Sender::new(0),
             committed_index: AtomicU64::new(0),
             snapshot_files: std::sync::Mutex::new(()),
+            disk_low: Arc::default(),
         };
         let applied = store.last_applied()?.map(|l| l.index).unwrap_or(0);
         store.applied_tx.send_replace(applied);
@@ -294,6 +296,19 @@ impl Store {
             *cur = index;
             advanced
         });
+    }
+
+    /// The flag the disk guard ([`crate::disk`]) sets while the data directory is low on space:
+    /// the state machine then defers its periodic durable commit, which would write out every
+    /// batch applied since the last one at once (up to
+    /// [`crate::limits::SM_DURABLE_EVERY_BYTES`]) and stop the Raft core on `ENOSPC`. The log
+    /// holds those entries durably meanwhile; the commit happens once space is back.
+    pub fn disk_low_flag(&self) -> Arc<AtomicBool> {
+        self.disk_low.clone()
+    }
+
+    pub(crate) fn disk_low(&self) -> bool {
+        self.disk_low.load(Ordering::Relaxed)
     }
 
     /// The highest log index this node knows to be committed (0 before any).

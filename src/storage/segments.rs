@@ -9,8 +9,9 @@
 //! Why not a redb table: a redb durable commit rewrites B-tree pages all over its file and costs
 //! several times an `fdatasync` of an append into preallocated space (0.07–0.1 ms here), and the
 //! state machine's commits would queue behind it on redb's single writer. The layout is the
-//! classic write-ahead log (etcd's WAL, LevelDB's log): segments preallocated to
-//! [`SEGMENT_BYTES`], so an fsync flushes data, not file-size metadata.
+//! classic write-ahead log (etcd's WAL, LevelDB's log): segments preallocated (from
+//! [`SEGMENT_BYTES_MIN`], doubling up to [`SEGMENT_BYTES`], so a fresh node on a small disk can
+//! start), so an fsync flushes data, not file-size metadata.
 //!
 //! Layout of a segment named by the log index of its first record (`log/<index:020>.seg`):
 //! records back to back from offset 0, then zeros. A record is a 16-byte header — body length
@@ -43,8 +44,19 @@ use openraft::RaftLogId;
 use super::{decode, encode, Entry, StoreError};
 use crate::raft::LogId;
 
-/// Bytes preallocated for a segment; a record larger than this gets a segment of its own size.
+/// Most bytes preallocated for a segment (segments grow to it from
+/// [`SEGMENT_BYTES_MIN`]); a record larger than this gets a segment of its own size.
 pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+
+pub use crate::limits::SEGMENT_BYTES_MIN;
+
+/// The size of the next segment after one of `newest` bytes (none: the log has no segment), for
+/// a record of `need` bytes: double, within [`SEGMENT_BYTES_MIN`]..=[`SEGMENT_BYTES`], and at
+/// least `need`.
+fn next_segment_bytes(newest: Option<u64>, need: u64) -> u64 {
+    let grown = newest.map_or(SEGMENT_BYTES_MIN, |c| c.saturating_mul(2)).clamp(SEGMENT_BYTES_MIN, SEGMENT_BYTES);
+    grown.max(need)
+}
 
 /// Encoded bytes of the newest entries kept in memory for readers.
 pub const CACHE_BYTES: u64 = 64 * 1024 * 1024;
@@ -535,7 +547,7 @@ impl SegmentLog {
                         seg.file.sync_data()?;
                     }
                 }
-                let file = self.dir.create(id.index, SEGMENT_BYTES.max(need))?;
+                let file = self.create_segment(id.index, need)?;
                 let capacity = file.capacity()?;
                 self.segments.insert(id.index, Segment { file, capacity, end: 0 });
             }
@@ -560,6 +572,29 @@ impl SegmentLog {
         }
         debug_assert_eq!(self.invariant_violation(), None, "segment log after append");
         Ok(PendingSync(touched.iter().filter_map(|n| self.segments.get(n)).map(|s| s.file.clone()).collect()))
+    }
+
+    /// Creates the segment starting at log index `first` for a record of `need` bytes: twice
+    /// the newest segment's size, from [`SEGMENT_BYTES_MIN`] up to [`SEGMENT_BYTES`] (a fresh
+    /// node needs no 64 MiB at once), and at least `need`. On a full disk, one of `need` bytes
+    /// is tried before giving up: the file system may have room for the record, if not for a
+    /// whole preallocated segment.
+    ///
+    /// Errors: I/O, `ENOSPC` when not even `need` bytes fit.
+    fn create_segment(&self, first: u64, need: u64) -> Result<Arc<dyn SegmentFile>, StoreError> {
+        let bytes = next_segment_bytes(self.segments.values().next_back().map(|s| s.capacity), need);
+        match self.dir.create(first, bytes) {
+            Err(e) if e.kind() == io::ErrorKind::StorageFull && bytes > need => {
+                tracing::warn!(
+                    first,
+                    bytes,
+                    need,
+                    "raft log: no room for a preallocated segment; making one the size of the record"
+                );
+                Ok(self.dir.create(first, need)?)
+            }
+            r => Ok(r?),
+        }
     }
 
     /// Writes the pending run into the newest segment at `start`.
@@ -959,17 +994,80 @@ mod tests {
     fn purge_removes_whole_segments_and_reopen_skips_purged_entries() {
         let dir = tempfile::tempdir().unwrap();
         let mut log = open(&dir, None);
-        // Entries of half a segment each: two per segment.
+        // Entries of half a full segment each: the first segment is made the size of one (it
+        // starts small), then they double to the full size, two entries each.
         let big = (SEGMENT_BYTES / 2 - 64) as usize;
         log.append((1..=5).map(|i| entry(1, i, big)).collect()).unwrap().sync().unwrap();
         assert_eq!(log.segment_count(), 3);
+        assert_eq!(log.locs.iter().map(|l| l.segment).collect::<Vec<_>>(), vec![1, 2, 2, 4, 4]);
         log.purge(id(1, 3)).unwrap();
-        assert_eq!(log.segment_count(), 2, "the segment holding 1 and 2 is gone");
+        assert_eq!(log.segment_count(), 1, "the segments holding 1 to 3 are gone");
         assert_eq!(indexes(&log), vec![4, 5]);
         drop(log);
         let log = open(&dir, Some(id(1, 3)));
         assert_eq!(indexes(&log), vec![4, 5]);
         assert_eq!(log.first_index(), 4);
+    }
+
+    /// Segments start at SEGMENT_BYTES_MIN and double up to SEGMENT_BYTES; a record larger than
+    /// that gets its own size. A fresh node's first segment takes 1 MiB, not 64.
+    #[test]
+    fn segments_grow_from_small_to_the_full_size() {
+        const MIB: u64 = 1024 * 1024;
+        assert_eq!(next_segment_bytes(None, 100), SEGMENT_BYTES_MIN);
+        assert_eq!(next_segment_bytes(Some(SEGMENT_BYTES_MIN), 100), 2 * SEGMENT_BYTES_MIN);
+        assert_eq!(next_segment_bytes(Some(32 * MIB), 100), SEGMENT_BYTES);
+        assert_eq!(next_segment_bytes(Some(SEGMENT_BYTES), 100), SEGMENT_BYTES);
+        assert_eq!(next_segment_bytes(Some(100 * MIB), 100), SEGMENT_BYTES, "after an oversized record");
+        assert_eq!(next_segment_bytes(None, 3 * MIB), 3 * MIB);
+        assert_eq!(next_segment_bytes(Some(SEGMENT_BYTES), 80 * MIB), 80 * MIB);
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(&dir, None);
+        log.append(vec![entry(1, 1, 10)]).unwrap().sync().unwrap();
+        let first = std::fs::metadata(dir.path().join("log").join(format!("{:020}.seg", 1))).unwrap().len();
+        assert_eq!(first, SEGMENT_BYTES_MIN);
+    }
+
+    /// A directory whose file system has room for a record but not for a preallocated segment.
+    struct Cramped {
+        inner: FsSegments,
+        room: u64,
+    }
+
+    impl SegmentDir for Cramped {
+        fn list(&self) -> io::Result<Vec<u64>> {
+            self.inner.list()
+        }
+        fn open(&self, first: u64) -> io::Result<Arc<dyn SegmentFile>> {
+            self.inner.open(first)
+        }
+        fn create(&self, first: u64, bytes: u64) -> io::Result<Arc<dyn SegmentFile>> {
+            if bytes > self.room {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            self.inner.create(first, bytes)
+        }
+        fn remove(&self, first: u64) -> io::Result<()> {
+            self.inner.remove(first)
+        }
+        fn save_commit_hint(&self, bytes: &[u8]) -> io::Result<()> {
+            self.inner.save_commit_hint(bytes)
+        }
+        fn load_commit_hint(&self) -> io::Result<Option<Vec<u8>>> {
+            self.inner.load_commit_hint()
+        }
+    }
+
+    #[test]
+    fn a_disk_without_room_for_a_segment_still_takes_a_record_that_fits() {
+        let dir = tempfile::tempdir().unwrap();
+        let cramped = Cramped { inner: FsSegments::new(dir.path().join("log")).unwrap(), room: 4096 };
+        let mut log = SegmentLog::open(Arc::new(cramped), None).unwrap();
+        log.append(vec![entry(1, 1, 100)]).unwrap().sync().unwrap();
+        log.append(vec![entry(1, 2, 100)]).unwrap().sync().unwrap();
+        assert_eq!(indexes(&log), vec![1, 2]);
+        let too_big = log.append(vec![entry(1, 3, 8192)]).map(|_| ()).unwrap_err();
+        assert!(too_big.is_storage_full(), "{too_big}");
     }
 
     #[test]

@@ -313,8 +313,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let bytes = entries.iter().map(crate::raft::entry_payload_bytes).fold(0u64, u64::saturating_add);
         self.undurable.0 = self.undurable.0.saturating_add(entries.len() as u64);
         self.undurable.1 = self.undurable.1.saturating_add(bytes);
-        // A durable commit now and then bounds how much of the log a restart replays.
-        let durable = self.undurable.0 >= SM_DURABLE_EVERY_ENTRIES || self.undurable.1 >= SM_DURABLE_EVERY_BYTES;
+        // A durable commit now and then bounds how much of the log a restart replays; not while
+        // the disk is low (`Store::disk_low_flag`): it would write everything since the last.
+        let due = self.undurable.0 >= SM_DURABLE_EVERY_ENTRIES || self.undurable.1 >= SM_DURABLE_EVERY_BYTES;
+        let durable = due && !self.store.disk_low();
         if durable {
             self.undurable = (0, 0);
         }
