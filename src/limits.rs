@@ -23,6 +23,12 @@ pub const FRAMES_PER_APPEND_MAX: usize = 10_000;
 
 /// Default largest body of a frames publish, in bytes, frame headers included (SPEC §6
 /// `max_append_bytes`; `--max-append-bytes`).
+///
+/// A frames publish is one log entry, and an entry travels whole in one append RPC, which
+/// openraft 0.9 gives [`RAFT_HEARTBEAT_MS`] as its deadline (see [`RAFT_APPEND_BYTES_MAX`]): a
+/// follower must receive, write and fsync the largest request within it, or the entry is resent
+/// until it does. 8 MiB does on local SSDs; on a slower disk, lower `--max-append-bytes` (as
+/// `--max-batch-bytes`, whose largest batch is an entry too).
 pub const APPEND_BYTES_DEFAULT: usize = 8 * 1024 * 1024;
 
 /// Largest `--max-append-bytes` accepted, in bytes: a whole frames publish, with a full proposal

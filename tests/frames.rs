@@ -415,3 +415,24 @@ async fn no_acknowledged_frame_is_lost_across_a_leader_kill() {
     }
     assert!(histories.windows(2).all(|w| w[0] == w[1]), "every node serves the same history");
 }
+
+/// A request at the default limits, 8 MiB of frames each at the default 1 MiB batch limit, is
+/// one log entry that replicates whole: acknowledged, and served by every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_at_the_default_limits_replicates_whole() {
+    let c = Cluster::start(3, &[]).await;
+    let http = Http::with_timeout(Duration::from_secs(30));
+    create_stream(&http, &c.url(1), "big").await;
+    // 8 frames of 1 MiB less their header: exactly 8 MiB of body.
+    let payloads: Vec<Vec<u8>> = (0..8u8).map(|i| vec![i; 1024 * 1024 - 4]).collect();
+    let body = frames_of(&payloads);
+    assert_eq!(body.len(), 8 * 1024 * 1024);
+    let follower = c.followers().await[0];
+    let r = post_frames(&http, &c.url(follower), "big", None, body).await;
+    let (first, last, _, index) = ack(&r, 201, 8, false);
+    assert_eq!((first, last), (1, 8));
+    for id in c.ids() {
+        let stored = read_all(&http, &c.url(id), "big", index, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(stored.iter().map(|b| b.data.clone()).collect::<Vec<_>>(), payloads, "node {id}");
+    }
+}
