@@ -1007,6 +1007,81 @@ mod properties {
             }
         }
 
+        /// A frames publish decides as its frames would one by one (SPEC §6): the first frame
+        /// refused refuses it, otherwise all new, all duplicates, or a partial duplicate; its
+        /// seqs never wrap, and a recorded append is the frames' seqs exactly.
+        #[test]
+        fn frames_decide_as_their_frames_one_by_one(
+            stored in proptest::collection::btree_map(prop_oneof![1..12u64, (SEQ_MAX - 4)..=SEQ_MAX], any::<bool>(), 0..6),
+            evicted_through in 0..4u64,
+            requested in proptest::option::of(prop_oneof![0..14u64, (SEQ_MAX - 5)..=u64::MAX]),
+            count in 0..6u64,
+        ) {
+            // The stream holds `stored` (seq → whether the request's payload at that seq is the
+            // same), every seq above evicted_through.
+            let stored: BTreeMap<u64, bool> = stored.into_iter().filter(|(s, _)| *s > evicted_through).collect();
+            let mut meta = StreamMeta { evicted_through, first_seq: evicted_through + 1, last_seq: evicted_through, ..StreamMeta::new(Retention::default()) };
+            for seq in stored.keys() {
+                record_append(&mut meta, *seq, 1).unwrap();
+            }
+            let existing = |seq: u64| match stored.get(&seq) {
+                Some(true) => Existing::SamePayload,
+                Some(false) => Existing::OtherPayload,
+                None => Existing::Absent,
+            };
+            let mut asked = Vec::new();
+            let got = decide_frames::<()>(&meta, requested, count, |k, seq| {
+                asked.push((k, seq));
+                Ok(existing(seq))
+            }).unwrap();
+            // The reference: each frame alone against the stream as it is.
+            let want = if count == 0 {
+                FramesDecision::Reject(FramesRejection::Empty)
+            } else {
+                let first = match requested {
+                    Some(r) => Some(r),
+                    None => meta.last_seq.checked_add(1).filter(|n| *n <= SEQ_MAX),
+                };
+                let mut decisions = Vec::new();
+                for k in 0..count {
+                    let d = match (requested, first.and_then(|f| f.checked_add(k))) {
+                        (Some(_), Some(seq)) => decide_publish(&meta, Some(seq), existing(seq)),
+                        (Some(_), None) => PublishDecision::Reject(PublishRejection::SeqOutOfRange { seq: u64::MAX }),
+                        (None, Some(seq)) if seq <= SEQ_MAX => PublishDecision::Append(seq),
+                        (None, _) => PublishDecision::Reject(PublishRejection::SeqExhausted),
+                    };
+                    decisions.push(d);
+                }
+                match decisions.iter().position(|d| matches!(d, PublishDecision::Reject(_))) {
+                    Some(k) => {
+                        let PublishDecision::Reject(rejection) = decisions[k] else { unreachable!() };
+                        FramesDecision::Reject(FramesRejection::Frame { frame: k as u64, rejection })
+                    }
+                    None => {
+                        let dups = decisions.iter().filter(|d| matches!(d, PublishDecision::Duplicate(_))).count() as u64;
+                        let first = first.unwrap();
+                        let last = first + count - 1;
+                        if dups == 0 {
+                            FramesDecision::Append { first_seq: first, last_seq: last }
+                        } else if dups == count {
+                            FramesDecision::Duplicate { first_seq: first, last_seq: last }
+                        } else {
+                            FramesDecision::Reject(FramesRejection::PartialDuplicate { first_new: dups, first_new_seq: first + dups })
+                        }
+                    }
+                }
+            };
+            prop_assert_eq!(got, want, "meta {:?}, stored {:?}", meta, stored);
+            // Only frames at or below the last seq are looked up, in order.
+            prop_assert!(asked.iter().all(|(_, seq)| *seq <= meta.last_seq));
+            prop_assert!(asked.windows(2).all(|w| w[1].0 == w[0].0 + 1));
+            if let FramesDecision::Append { first_seq, last_seq } = got {
+                let mut after = meta;
+                prop_assert_eq!(record_frames(&mut after, first_seq, (0..count).map(|_| 1)), Ok(()));
+                prop_assert_eq!((after.last_seq, after.batches), (last_seq, meta.batches + count));
+            }
+        }
+
         #[test]
         fn age_is_measured_without_wrapping(oldest_ts in edgy(5), now_ms in edgy(5), age in edgy(5)) {
             let mut m = StreamMeta::new(Retention { max_age_ms: Some(age.max(1)), ..Default::default() });
