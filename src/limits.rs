@@ -129,6 +129,9 @@ pub const CLOCK_VERIFY_WAIT_MS: u64 = 3_000;
 /// Least interval between two warnings that this node's clock is out of bounds, in ms.
 pub const CLOCK_WARN_EVERY_MS: u64 = 10_000;
 
+/// Most often a node logs that it refused Raft RPCs of another protocol version, ms.
+pub const PROTOCOL_WARN_EVERY_MS: u64 = 10_000;
+
 /// Interval between probes of the peers while a fresh node waits to form the cluster, in ms.
 pub const FORMATION_PROBE_MS: u64 = 300;
 
@@ -207,6 +210,10 @@ pub const CLI_PROBE_BYTES_MAX: usize = 64 * 1024;
 /// Largest record accepted when reading a snapshot, in bytes: a batch of the largest allowed size
 /// plus its key, with room to spare. Guards against a corrupt length.
 pub const SNAPSHOT_RECORD_BYTES_MAX: u32 = 64 * 1024 * 1024;
+
+/// The chunk a backup is streamed in, bytes (`GET /v1/backup`); with the 4-chunk channel it
+/// bounds the memory of one backup in flight.
+pub const BACKUP_CHUNK_BYTES: usize = 256 * 1024;
 
 /// Largest answer body the client reads, in bytes: a read of [`READ_BATCHES_MAX`] batches,
 /// base64-encoded.

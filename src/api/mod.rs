@@ -14,6 +14,7 @@
 //! ends its subscriptions and waits, and fails `/healthz` and `/readyz` (so a supervisor
 //! restarts it); `/v1/cluster` and `/metrics` still describe it.
 
+mod backup;
 mod cluster;
 pub mod contact;
 mod members;
@@ -146,6 +147,7 @@ pub fn router(state: AppState) -> Router {
         // The routes above serve clients from Raft's state; the ones below describe the node.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), refuse_without_raft))
         .route("/v1/cluster", get(cluster::view))
+        .route("/v1/backup", get(backup::backup))
         .route("/healthz", get(cluster::health))
         .route("/readyz", get(cluster::ready))
         .route("/metrics", get(cluster::metrics))

@@ -6,14 +6,45 @@
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{read_body, AppState};
 use crate::error::ApiError;
-use crate::limits::RAFT_RPC_BYTES_MAX;
+use crate::limits::{PROTOCOL_WARN_EVERY_MS, RAFT_RPC_BYTES_MAX};
+use crate::raft::network::{PROTOCOL_HEADER, PROTOCOL_VERSION};
+
+/// When a protocol mismatch was last logged.
+static MISMATCH_WARNED: std::sync::Mutex<Option<tokio::time::Instant>> = std::sync::Mutex::new(None);
+
+/// Refuses an RPC that speaks another protocol version than [`PROTOCOL_VERSION`] (a missing
+/// header is version 1), before its body is read: an incompatible peer's bytes never reach
+/// openraft. Logs the mismatch at most every [`PROTOCOL_WARN_EVERY_MS`].
+///
+/// Errors: `400 protocol_mismatch`, naming both versions.
+fn check_protocol(headers: &HeaderMap) -> Result<(), ApiError> {
+    let theirs = match headers.get(PROTOCOL_HEADER) {
+        None => return Ok(()),
+        Some(v) => v.to_str().ok().and_then(|v| v.trim().parse::<u32>().ok()),
+    };
+    if theirs == Some(PROTOCOL_VERSION) {
+        return Ok(());
+    }
+    let said = theirs.map_or_else(|| "an unreadable version".to_string(), |v| format!("version {v}"));
+    let message = format!(
+        "this node speaks Raft RPC protocol version {PROTOCOL_VERSION}; the peer sent {said}: \
+         run the same runnev release on every node (upgrade one node at a time)"
+    );
+    let now = tokio::time::Instant::now();
+    let mut warned = MISMATCH_WARNED.lock().unwrap_or_else(|p| p.into_inner());
+    if warned.is_none_or(|t| now.duration_since(t) >= std::time::Duration::from_millis(PROTOCOL_WARN_EVERY_MS)) {
+        *warned = Some(now);
+        tracing::warn!(theirs = ?theirs, ours = PROTOCOL_VERSION, "refusing a Raft RPC: {message}");
+    }
+    Err(ApiError::ProtocolMismatch(message))
+}
 
 async fn decode_rpc<T: DeserializeOwned>(body: Body) -> Result<T, ApiError> {
     let bytes = read_body(body, RAFT_RPC_BYTES_MAX).await?;
@@ -29,7 +60,8 @@ fn encode_answer<T: Serialize>(answer: &T) -> Response {
 
 /// `POST /raft/append`: append-entries (Raft paper §5.3). One this node accepts (any answer but
 /// "higher vote") counts as hearing from a leader ([`super::contact`]).
-pub async fn append(State(s): State<AppState>, body: Body) -> Result<Response, ApiError> {
+pub async fn append(State(s): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    check_protocol(&headers)?;
     let req = decode_rpc(body).await?;
     let answer = s.raft.append_entries(req).await;
     if matches!(&answer, Ok(r) if !matches!(r, openraft::raft::AppendEntriesResponse::HigherVote(_))) {
@@ -39,14 +71,16 @@ pub async fn append(State(s): State<AppState>, body: Body) -> Result<Response, A
 }
 
 /// `POST /raft/vote`: request-vote (Raft paper §5.2).
-pub async fn vote(State(s): State<AppState>, body: Body) -> Result<Response, ApiError> {
+pub async fn vote(State(s): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    check_protocol(&headers)?;
     let req = decode_rpc(body).await?;
     Ok(encode_answer(&s.raft.vote(req).await))
 }
 
 /// `POST /raft/snapshot`: one chunk of install-snapshot (Raft paper §7). One this node accepts
 /// (its vote is not above the sender's) counts as hearing from a leader.
-pub async fn snapshot(State(s): State<AppState>, body: Body) -> Result<Response, ApiError> {
+pub async fn snapshot(State(s): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    check_protocol(&headers)?;
     let req: openraft::raft::InstallSnapshotRequest<crate::raft::TypeConfig> = decode_rpc(body).await?;
     let vote = req.vote;
     let answer = s.raft.install_snapshot(req).await;
