@@ -174,21 +174,23 @@ fn say(line: impl std::fmt::Display) -> Result<()> {
 /// HTTP API's.
 fn with_hint(stream: &str, e: ClientError) -> ClientError {
     match e {
-        ClientError::Api { status, code, .. } if code == "stream_not_found" => ClientError::Api {
+        ClientError::Api { status, code, frame, .. } if code == "stream_not_found" => ClientError::Api {
             status,
             code,
             message: format!("stream {stream:?} does not exist; create it with `runnev streams create {stream}`"),
+            frame,
         },
         e => e,
     }
 }
 
-/// `runnev publish STREAM [--seq N] [DATA | --file F | stdin]`.
+/// `runnev publish STREAM [--seq N] [--frames] [DATA | --file F | stdin]`.
 pub async fn publish(
     client: &Client,
     output: Output,
     stream: &str,
     seq: Option<u64>,
+    frames: bool,
     data: Option<String>,
     file: Option<PathBuf>,
 ) -> Result<()> {
@@ -201,6 +203,9 @@ pub async fn publish(
             buf
         }
     };
+    if frames {
+        return publish_lines(client, output, stream, seq, &payload).await;
+    }
     let ack = client.publish(stream, seq, payload).await.map_err(|e| with_hint(stream, e))?;
     match output {
         Output::Json => say(serde_json::to_string(&ack)?),
@@ -210,6 +215,74 @@ pub async fn publish(
         )),
         Output::Text => say(format_args!("published seq {} to {stream} (log index {})", ack.seq, ack.index)),
     }
+}
+
+/// The lines of `input`, one batch each, as `BufRead::lines` splits them: at `\n`, a `\r`
+/// before it dropped, and no empty batch after a final newline. An empty line is an empty batch.
+pub fn split_lines(input: &[u8]) -> Vec<&[u8]> {
+    let body = input.strip_suffix(b"\n").unwrap_or(input);
+    if input.is_empty() {
+        return Vec::new();
+    }
+    body.split(|b| *b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l)).collect()
+}
+
+/// Groups `lines` into requests of at most [`runnev::limits::FRAMES_PER_APPEND_MAX`] frames
+/// and, past its first frame, at most `max_bytes` of body (frame headers included): the
+/// `(start, end)` line ranges, in order.
+pub fn requests_of(lines: &[&[u8]], max_bytes: usize) -> Vec<(usize, usize)> {
+    use runnev::limits::{FRAMES_PER_APPEND_MAX, FRAME_HEADER_BYTES};
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0usize);
+    for (i, line) in lines.iter().enumerate() {
+        let b = line.len().saturating_add(FRAME_HEADER_BYTES);
+        if i > start && (i - start >= FRAMES_PER_APPEND_MAX || bytes.saturating_add(b) > max_bytes) {
+            out.push((start, i));
+            (start, bytes) = (i, 0);
+        }
+        bytes = bytes.saturating_add(b);
+    }
+    if start < lines.len() {
+        out.push((start, lines.len()));
+    }
+    out
+}
+
+/// `runnev publish STREAM --frames`: each line a batch, sent as frames (SPEC §6) in as few
+/// requests as the default limits allow (10 000 frames, 8 MiB each); each request is one Raft
+/// entry, all or none, and prints its answer. With `--seq N` line i gets seq N + i, so the same
+/// command run again answers `duplicate` for what was stored.
+async fn publish_lines(client: &Client, output: Output, stream: &str, seq: Option<u64>, input: &[u8]) -> Result<()> {
+    let lines = split_lines(input);
+    if lines.is_empty() {
+        return Err(usage("--frames: the input has no line to publish"));
+    }
+    for (start, end) in requests_of(&lines, runnev::limits::APPEND_BYTES_DEFAULT) {
+        let first = match seq {
+            Some(n) => Some(n.checked_add(start as u64).ok_or_else(|| usage("--seq plus the line count passes 2^64"))?),
+            None => None,
+        };
+        let ack = client.publish_many(stream, first, &lines[start..end]).await.map_err(|e| {
+            let done = if start == 0 {
+                "nothing was published".to_string()
+            } else {
+                format!("lines 1 to {start} were published, the rest not")
+            };
+            anyhow::Error::new(with_hint(stream, e)).context(format!("publishing lines {} to {end}: {done}", start + 1))
+        })?;
+        match output {
+            Output::Json => say(serde_json::to_string(&ack)?)?,
+            Output::Text if ack.duplicate => say(format_args!(
+                "seqs {}..={} were already in {stream}: {} duplicates, stored once (log index {})",
+                ack.first_seq, ack.last_seq, ack.count, ack.index
+            ))?,
+            Output::Text => say(format_args!(
+                "published {} batches, seqs {}..={}, to {stream} (log index {})",
+                ack.count, ack.first_seq, ack.last_seq, ack.index
+            ))?,
+        }
+    }
+    Ok(())
 }
 
 /// `runnev subscribe STREAM [--after C] [--cursor-file F] [--max-outage D]`: prints each
@@ -412,10 +485,11 @@ pub async fn streams(client: &Client, output: Output, cmd: Option<StreamsCmd>) -
         Info { name } => print_info(output, None, &client.stream(&name).await.map_err(|e| with_hint(&name, e))?),
         Delete { name } => {
             let deleted = client.delete_stream(&name).await.map_err(|e| match e {
-                ClientError::Api { status, code, .. } if code == "stream_not_found" => ClientError::Api {
+                ClientError::Api { status, code, frame, .. } if code == "stream_not_found" => ClientError::Api {
                     status,
                     code,
                     message: format!("stream {name:?} does not exist (nothing to delete)"),
+                    frame,
                 },
                 e => e,
             })?;
@@ -761,5 +835,30 @@ pub async fn probe(url: &str, timeout: Duration) -> Result<()> {
         Ok((status, _)) if status.is_success() => Ok(()),
         Ok((status, _)) => bail!("{url} answered {status}"),
         Err(e) => bail!("{e}"),
+    }
+}
+
+#[cfg(test)]
+mod frames_tests {
+    use super::*;
+
+    #[test]
+    fn lines_split_like_bufread_lines() {
+        assert!(split_lines(b"").is_empty());
+        assert_eq!(split_lines(b"a\nb\r\n\nc"), vec![b"a".as_slice(), b"b", b"", b"c"]);
+        assert_eq!(split_lines(b"a\n"), vec![b"a".as_slice()]);
+        assert_eq!(split_lines(b"\n"), vec![b"".as_slice()]);
+    }
+
+    #[test]
+    fn requests_keep_within_frames_and_bytes() {
+        let line = [0u8; 6];
+        let lines = vec![line.as_slice(); 25_000];
+        assert_eq!(requests_of(&lines, usize::MAX), vec![(0, 10_000), (10_000, 20_000), (20_000, 25_000)]);
+        // 10 bytes a frame (header included): 3 frames per 30 bytes.
+        assert_eq!(requests_of(&lines[..7], 30), vec![(0, 3), (3, 6), (6, 7)]);
+        // A line larger than the budget goes alone (the server answers 413 if it is too large).
+        let big = [0u8; 100];
+        assert_eq!(requests_of(&[&line, &big, &line], 30), vec![(0, 1), (1, 2), (2, 3)]);
     }
 }

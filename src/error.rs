@@ -8,8 +8,8 @@ use axum::response::{IntoResponse, Response};
 
 use crate::limits::RETRY_AFTER_SECS;
 use crate::storage::StoreError;
-use crate::stream::{NameError, PublishRejection};
-use crate::wire::{ErrorBody, ErrorDetail};
+use crate::stream::{FramesRejection, NameError, PublishRejection};
+use crate::wire::{ErrorBody, ErrorDetail, FrameError};
 
 /// Header on a `503` whose write may still commit (see [`ApiError::OutcomeUnknown`]).
 pub const OUTCOME_HEADER: &str = "runnev-outcome";
@@ -43,6 +43,15 @@ pub enum ApiError {
     /// `409 seq_conflict`, `seq_not_increasing` or `seq_evicted` (SPEC §2.3).
     #[error("{0}")]
     Rejected(#[from] PublishRejection),
+    /// A frames publish refused by SPEC §6, nothing written: a frame's SPEC §2.3 code (with
+    /// `"frame"`), `409 partial_duplicate` (with `"frame"`: the first new frame), or `400
+    /// invalid_body` for no frame.
+    #[error("{0}")]
+    Frames(#[from] FramesRejection),
+    /// A frames body that cannot be read (SPEC §6), with `"frame"` when one is at fault: `400
+    /// invalid_body` when malformed, `413 payload_too_large` for too many or too large frames.
+    #[error("{0}")]
+    BadFrames(#[from] FrameError),
     /// `413 payload_too_large`.
     #[error("the body is larger than {limit_bytes} bytes, the most this node accepts")]
     PayloadTooLarge {
@@ -98,13 +107,13 @@ impl ApiError {
             StreamNotFound(_) => (StatusCode::NOT_FOUND, "stream_not_found"),
             NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
-            Rejected(PublishRejection::SeqConflict { .. }) => (StatusCode::CONFLICT, "seq_conflict"),
-            Rejected(PublishRejection::SeqNotIncreasing { .. } | PublishRejection::SeqExhausted) => {
-                (StatusCode::CONFLICT, "seq_not_increasing")
+            Rejected(r) | Frames(FramesRejection::Frame { rejection: r, .. }) => rejection_status_and_code(r),
+            Frames(FramesRejection::PartialDuplicate { .. }) => (StatusCode::CONFLICT, "partial_duplicate"),
+            Frames(FramesRejection::Empty) => (StatusCode::BAD_REQUEST, "invalid_body"),
+            BadFrames(FrameError::TooMany { .. } | FrameError::TooLarge { .. }) => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
             }
-            Rejected(PublishRejection::SeqEvicted { .. }) => (StatusCode::CONFLICT, "seq_evicted"),
-            Rejected(PublishRejection::SeqOutOfRange { .. }) => (StatusCode::BAD_REQUEST, "invalid_seq"),
-            Rejected(PublishRejection::Unrepresentable(_)) => (StatusCode::INSUFFICIENT_STORAGE, "storage_full"),
+            BadFrames(_) => (StatusCode::BAD_REQUEST, "invalid_body"),
             PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             NoLeader(_) | OutcomeUnknown(_) => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
             NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
@@ -113,12 +122,37 @@ impl ApiError {
             NotImplemented(_) => (StatusCode::NOT_IMPLEMENTED, "not_implemented"),
         }
     }
+
+    /// For an error about one frame of a frames publish (SPEC §6), that frame's 0-based index:
+    /// the `"frame"` of the error body.
+    pub fn frame(&self) -> Option<u64> {
+        match self {
+            ApiError::Frames(FramesRejection::Frame { frame, .. }) => Some(*frame),
+            ApiError::Frames(FramesRejection::PartialDuplicate { first_new, .. }) => Some(*first_new),
+            ApiError::BadFrames(e) => e.frame(),
+            _ => None,
+        }
+    }
+}
+
+/// The status and code of a publish refused by SPEC §2.3 (alone, or as a frame of SPEC §6).
+fn rejection_status_and_code(r: &PublishRejection) -> (StatusCode, &'static str) {
+    match r {
+        PublishRejection::SeqConflict { .. } => (StatusCode::CONFLICT, "seq_conflict"),
+        PublishRejection::SeqNotIncreasing { .. } | PublishRejection::SeqExhausted => {
+            (StatusCode::CONFLICT, "seq_not_increasing")
+        }
+        PublishRejection::SeqEvicted { .. } => (StatusCode::CONFLICT, "seq_evicted"),
+        PublishRejection::SeqOutOfRange { .. } => (StatusCode::BAD_REQUEST, "invalid_seq"),
+        PublishRejection::Unrepresentable(_) => (StatusCode::INSUFFICIENT_STORAGE, "storage_full"),
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        let body = ErrorBody { error: ErrorDetail { code: code.to_string(), message: self.to_string() } };
+        let body =
+            ErrorBody { error: ErrorDetail { code: code.to_string(), message: self.to_string(), frame: self.frame() } };
         let mut resp = (status, axum::Json(body)).into_response();
         match self {
             ApiError::NoLeader(_) => {
@@ -177,6 +211,21 @@ mod tests {
         assert_eq!(ApiError::from(other).status_and_code(), (StatusCode::INTERNAL_SERVER_ERROR, "internal"));
         let durability = StoreError::Durability(redb::SetDurabilityError::NonDurableCommitUnsupported);
         assert!(durability.to_string().starts_with("setting a transaction's durability"), "{durability}");
+    }
+
+    #[test]
+    fn frame_errors_name_their_frame() {
+        let at = |e: ApiError| (e.status_and_code(), e.frame());
+        let conflict = FramesRejection::Frame { frame: 3, rejection: PublishRejection::SeqConflict { seq: 9 } };
+        assert_eq!(at(conflict.into()), ((StatusCode::CONFLICT, "seq_conflict"), Some(3)));
+        let partial = FramesRejection::PartialDuplicate { first_new: 2, first_new_seq: 7 };
+        assert_eq!(at(partial.into()), ((StatusCode::CONFLICT, "partial_duplicate"), Some(2)));
+        assert_eq!(at(FramesRejection::Empty.into()), ((StatusCode::BAD_REQUEST, "invalid_body"), None));
+        let past = FrameError::PastEnd { frame: 1, offset: 5, len: 9, left: 2 };
+        assert_eq!(at(past.into()), ((StatusCode::BAD_REQUEST, "invalid_body"), Some(1)));
+        let many = FrameError::TooMany { frame: 10_000 };
+        assert_eq!(at(many.into()), ((StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"), Some(10_000)));
+        assert_eq!(at(ApiError::NotFound("x".into())), ((StatusCode::NOT_FOUND, "not_found"), None));
     }
 
     #[test]

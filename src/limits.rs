@@ -12,6 +12,34 @@ pub const BATCH_BYTES_DEFAULT: usize = 1024 * 1024;
 /// with a full proposal, one Raft RPC.
 pub const BATCH_BYTES_MAX: usize = 32 * 1024 * 1024;
 
+/// Content type of a publish body that carries many batches as frames (SPEC §6).
+pub const FRAMES_CONTENT_TYPE: &str = "application/vnd.runnev.frames";
+
+/// Bytes of one frame's header: its payload length, a `u32` big-endian (SPEC §6).
+pub const FRAME_HEADER_BYTES: usize = 4;
+
+/// Most frames (batches) one frames publish may carry (SPEC §6: 1 to 10 000).
+pub const FRAMES_PER_APPEND_MAX: usize = 10_000;
+
+/// Default largest body of a frames publish, in bytes, frame headers included (SPEC §6
+/// `max_append_bytes`; `--max-append-bytes`).
+///
+/// A frames publish is one log entry, and an entry travels whole in one append RPC, which
+/// openraft 0.9 gives [`RAFT_HEARTBEAT_MS`] as its deadline (see [`RAFT_APPEND_BYTES_MAX`]): a
+/// follower must receive, write and fsync the largest request within it, or the entry is resent
+/// until it does. 8 MiB does on local SSDs; on a slower disk, lower `--max-append-bytes` (as
+/// `--max-batch-bytes`, whose largest batch is an entry too).
+pub const APPEND_BYTES_DEFAULT: usize = 8 * 1024 * 1024;
+
+/// Largest `--max-append-bytes` accepted, in bytes: a whole frames publish, with a full proposal
+/// beside it, fits one Raft RPC (its log entry is replicated whole), and each of its frames is a
+/// batch, which fits one snapshot record.
+pub const APPEND_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// Bytes a log entry adds per frame of a frames publish (postcard's length of each payload, at
+/// most 10 bytes for a u64, rounded up), counted when sizing entries.
+pub const FRAME_ENTRY_FRAMING_BYTES: usize = 16;
+
 /// Largest body accepted by `PUT /v1/streams/{name}` (a retention document), in bytes.
 pub const ADMIN_BODY_BYTES_MAX: usize = 64 * 1024;
 
@@ -223,6 +251,26 @@ const STREAM_NAME_BYTES_MAX: usize = STREAM_NAME_CHARS_MAX;
 
 // A batch of the largest size, with its key, fits one snapshot record.
 const _: () = assert!(BATCH_BYTES_MAX + STREAM_NAME_BYTES_MAX + 64 <= SNAPSHOT_RECORD_BYTES_MAX as usize);
+// The default frames limit is one a node accepts, and SPEC §6's default of 8 MiB.
+const _: () = assert!(APPEND_BYTES_DEFAULT <= APPEND_BYTES_MAX);
+const _: () = assert!(APPEND_BYTES_DEFAULT == 8 * 1024 * 1024);
+// A full proposal plus the largest frames publish (its payloads and their framing in the
+// entry) fits one Raft RPC: its one entry always travels.
+const _: () = assert!(
+    PROPOSAL_BYTES_MAX + APPEND_BYTES_MAX + FRAMES_PER_APPEND_MAX * FRAME_ENTRY_FRAMING_BYTES + ENTRY_FRAMING_BYTES
+        <= RAFT_RPC_BYTES_MAX
+);
+// A log entry carrying the largest frames publish and a full proposal fits one log record,
+// whose length is a u32.
+const _: () = assert!(
+    PROPOSAL_BYTES_MAX + APPEND_BYTES_MAX + FRAMES_PER_APPEND_MAX * FRAME_ENTRY_FRAMING_BYTES + ENTRY_FRAMING_BYTES
+        <= u32::MAX as usize
+);
+// Every frame's length fits its u32 header, and every frame is at most a batch, which fits one
+// snapshot record (asserted below for BATCH_BYTES_MAX).
+const _: () = assert!(BATCH_BYTES_MAX <= u32::MAX as usize);
+// SPEC §6 allows 1 to 10 000 frames; the count fits the seq arithmetic of any u64.
+const _: () = assert!(FRAMES_PER_APPEND_MAX == 10_000);
 // The default batch limit is one a node accepts.
 const _: () = assert!(BATCH_BYTES_DEFAULT <= BATCH_BYTES_MAX);
 // A full proposal plus one batch of the largest size, framed, fits one Raft RPC: an entry

@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use runnev::limits::{
-    BATCH_BYTES_DEFAULT, MAX_CLOCK_OFFSET_MS_DEFAULT, MIN_FREE_DISK_BYTES_DEFAULT, SNAPSHOT_KEEP_LOGS_DEFAULT,
-    SNAPSHOT_LOGS_DEFAULT,
+    APPEND_BYTES_DEFAULT, BATCH_BYTES_DEFAULT, MAX_CLOCK_OFFSET_MS_DEFAULT, MIN_FREE_DISK_BYTES_DEFAULT,
+    SNAPSHOT_KEEP_LOGS_DEFAULT, SNAPSHOT_LOGS_DEFAULT,
 };
 use runnev::node::{self, NodeConfig};
 use runnev::units::{self, Limit};
@@ -268,6 +268,10 @@ enum Cmd {
         /// Largest batch payload: bytes, or with a unit (512KiB, 4MiB); at most 32MiB.
         #[arg(long, value_name = "SIZE", default_value_t = BATCH_BYTES_DEFAULT, value_parser = size)]
         max_batch_bytes: usize,
+        /// Largest body of a many-batches publish (Content-Type application/vnd.runnev.frames),
+        /// frame headers included: bytes, or with a unit (8MiB); at most 64MiB.
+        #[arg(long, value_name = "SIZE", default_value_t = APPEND_BYTES_DEFAULT, value_parser = size)]
+        max_append_bytes: usize,
         /// Create a stream on its first publish instead of answering 404.
         #[arg(long)]
         auto_create_streams: bool,
@@ -316,6 +320,11 @@ enum Cmd {
         /// Read the payload from this file.
         #[arg(short, long)]
         file: Option<PathBuf>,
+        /// Publish each line of the input as its own batch, many batches per request (one Raft
+        /// entry each, all or none; at most 10000 lines or 8MiB a request); with --seq, line i
+        /// gets seq N+i. Prints one answer per request.
+        #[arg(long)]
+        frames: bool,
     },
     /// Print batches as they arrive, failing over between nodes and retrying without end.
     Subscribe {
@@ -499,6 +508,7 @@ async fn run(args: Cli) -> Result<()> {
             listen,
             peers,
             max_batch_bytes,
+            max_append_bytes,
             auto_create_streams,
             snapshot_logs,
             snapshot_keep_logs,
@@ -521,6 +531,7 @@ async fn run(args: Cli) -> Result<()> {
                 data_dir,
                 peers,
                 max_batch_bytes,
+                max_append_bytes,
                 auto_create_streams,
                 snapshot_logs,
                 snapshot_keep_logs,
@@ -535,9 +546,9 @@ async fn run(args: Cli) -> Result<()> {
             runnev::local::run(runnev::local::LocalOptions { nodes: count, dir, base_port, serve_args: Vec::new() })
                 .await?;
         }
-        Cmd::Publish { at, stream, seq, data, file } => {
+        Cmd::Publish { at, stream, seq, data, file, frames } => {
             let at = resolve(&top, &at);
-            cli::publish(&at.client()?, at.output, &stream, seq, data, file).await?
+            cli::publish(&at.client()?, at.output, &stream, seq, frames, data, file).await?
         }
         Cmd::Subscribe { at, stream, after, cursor_file, max_outage } => {
             let at = resolve(&top, &at);

@@ -110,6 +110,9 @@ pub struct NodeConfig {
     pub peers: BTreeMap<NodeId, String>,
     /// Largest publish payload, in bytes (`--max-batch-bytes`).
     pub max_batch_bytes: usize,
+    /// Largest body of a frames publish (SPEC §6), in bytes (`--max-append-bytes`, at most
+    /// [`crate::limits::APPEND_BYTES_MAX`]).
+    pub max_append_bytes: usize,
     /// Create streams on first publish (`--auto-create-streams`).
     pub auto_create_streams: bool,
     /// Applied log entries between snapshots (`--snapshot-logs`).
@@ -158,8 +161,16 @@ fn raft_config(cfg: &NodeConfig) -> Result<openraft::Config, NodeError> {
             cfg.max_batch_bytes
         )));
     }
-    // An entry holds at most PROPOSAL_BYTES_MAX plus one batch; size appends to fit one RPC.
-    let entry_bytes_max = (PROPOSAL_BYTES_MAX + cfg.max_batch_bytes + ENTRY_FRAMING_BYTES) as u64;
+    if cfg.max_append_bytes > APPEND_BYTES_MAX {
+        return Err(NodeError::Config(format!(
+            "--max-append-bytes {} is over the most this build supports, {APPEND_BYTES_MAX} bytes",
+            cfg.max_append_bytes
+        )));
+    }
+    // An entry holds at most PROPOSAL_BYTES_MAX plus one batch or one frames publish (its
+    // payloads and their framing); size appends to fit one RPC.
+    let frames_bytes_max = cfg.max_append_bytes + FRAMES_PER_APPEND_MAX * FRAME_ENTRY_FRAMING_BYTES;
+    let entry_bytes_max = (PROPOSAL_BYTES_MAX + cfg.max_batch_bytes.max(frames_bytes_max) + ENTRY_FRAMING_BYTES) as u64;
     let entries_per_append = (RAFT_RPC_BYTES_MAX as u64 / entry_bytes_max).clamp(1, RAFT_ENTRIES_PER_APPEND_MAX);
     let c = openraft::Config {
         cluster_name: "runnev".into(),
@@ -251,6 +262,7 @@ where
         store: store.clone(),
         http: http.clone(),
         max_batch_bytes: cfg.max_batch_bytes,
+        max_append_bytes: cfg.max_append_bytes,
         auto_create_streams: cfg.auto_create_streams,
         clock: cluster_clock.clone(),
         prometheus,
@@ -471,6 +483,7 @@ mod tests {
             data_dir: dir.path().to_path_buf(),
             peers: BTreeMap::from([(1, addr.clone())]),
             max_batch_bytes: 1 << 20,
+            max_append_bytes: crate::limits::APPEND_BYTES_DEFAULT,
             auto_create_streams: true,
             snapshot_logs: 1000,
             snapshot_keep_logs: 100,

@@ -1,6 +1,7 @@
 //! The JSON bodies of the HTTP API (SPEC §3, §4), as types: the server serialises them, and the
-//! client, cluster formation, the benchmark and the tests deserialise them. One schema, written
-//! once.
+//! client, cluster formation, the benchmark and the tests deserialise them; and the one binary
+//! body, the frames of a many-batches publish (SPEC §6, [`encode_frames`], [`decode_frames`]).
+//! One schema, written once.
 //!
 //! Owns: the field names, their order and their types. Must never: hold logic beyond
 //! (de)serialising, or change a byte of what clients have always received. Field order is the
@@ -32,6 +33,148 @@ pub struct PublishAck {
     pub seq: u64,
     /// Leader-assigned time, ms since the Unix epoch.
     pub ts: u64,
+}
+
+/// The answer to a frames publish (SPEC §6): `201` when every frame is new, `200` when every
+/// frame is a duplicate. Keys in SPEC §6's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FramesAck {
+    /// The first frame's seq.
+    pub first_seq: u64,
+    /// The last frame's seq (`first_seq + count - 1`: frames take consecutive seqs).
+    pub last_seq: u64,
+    /// How many frames (batches) the request carried.
+    pub count: u64,
+    /// Leader-assigned time, ms since the Unix epoch: every frame of a new request shares it; for
+    /// a duplicate, the `ts` of the last frame's original (the latest of them).
+    pub ts: u64,
+    /// Raft log index of the one entry that stored every frame; for a duplicate, of the entry
+    /// that stored the last frame's original (the highest of them, so `min_index` covers all).
+    pub index: u64,
+    /// True when every frame was already stored (a retry); nothing was written.
+    pub duplicate: bool,
+}
+
+/// Why a frames body (SPEC §6) cannot be read. `frame` is the 0-based index of the frame at
+/// fault. [`FrameError::TooMany`] and [`FrameError::TooLarge`] are `413 payload_too_large` (split
+/// the request); the rest are `400 invalid_body`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// The body is empty: a frames publish carries at least one frame.
+    #[error("the body holds no frame; a frames publish carries 1 to {max} frames", max = crate::limits::FRAMES_PER_APPEND_MAX)]
+    Empty,
+    /// Fewer than 4 bytes were left where frame `frame`'s length header starts (trailing bytes).
+    #[error("frame {frame}: only {left} byte(s) left at offset {offset}, where a 4-byte big-endian length was expected (trailing bytes after the last frame?)")]
+    Truncated {
+        /// Index of the frame.
+        frame: u64,
+        /// Body offset of its header, in bytes.
+        offset: u64,
+        /// Bytes left in the body.
+        left: u64,
+    },
+    /// Frame `frame`'s length runs past the end of the body.
+    #[error("frame {frame}: its length {len} at offset {offset} runs past the end of the body ({left} byte(s) left after the header)")]
+    PastEnd {
+        /// Index of the frame.
+        frame: u64,
+        /// Body offset of its header, in bytes.
+        offset: u64,
+        /// The length it declares, in bytes.
+        len: u64,
+        /// Bytes left after its header.
+        left: u64,
+    },
+    /// More frames than allowed; `frame` is the first one past the limit (= the limit).
+    #[error("frame {frame}: more than {max} frames in one request; split it", max = crate::limits::FRAMES_PER_APPEND_MAX)]
+    TooMany {
+        /// Index of the first frame past the limit.
+        frame: u64,
+    },
+    /// Frame `frame`'s payload is larger than the largest batch this node accepts.
+    #[error(
+        "frame {frame}: its payload of {len} bytes is larger than {max} bytes, the largest batch this node accepts"
+    )]
+    TooLarge {
+        /// Index of the frame.
+        frame: u64,
+        /// Its length, in bytes.
+        len: u64,
+        /// The largest batch payload (`--max-batch-bytes`), in bytes.
+        max: u64,
+    },
+}
+
+impl FrameError {
+    /// The 0-based index of the frame at fault (`None` for an empty body).
+    pub fn frame(&self) -> Option<u64> {
+        match self {
+            FrameError::Empty => None,
+            FrameError::Truncated { frame, .. }
+            | FrameError::PastEnd { frame, .. }
+            | FrameError::TooMany { frame }
+            | FrameError::TooLarge { frame, .. } => Some(*frame),
+        }
+    }
+}
+
+/// The frames body (SPEC §6) of `payloads`: each a 4-byte big-endian length, then its bytes.
+///
+/// Errors: a payload of 2³² bytes or more, which no frame can carry (`Err` holds its index).
+pub fn encode_frames<P: AsRef<[u8]>>(payloads: &[P]) -> Result<Vec<u8>, usize> {
+    use crate::limits::FRAME_HEADER_BYTES;
+    let total =
+        payloads.iter().map(|p| p.as_ref().len().saturating_add(FRAME_HEADER_BYTES)).fold(0, usize::saturating_add);
+    let mut out = Vec::with_capacity(total);
+    for (i, p) in payloads.iter().enumerate() {
+        let p = p.as_ref();
+        let len = u32::try_from(p.len()).map_err(|_| i)?;
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(p);
+    }
+    Ok(out)
+}
+
+/// Splits a frames body (SPEC §6) into its payloads' byte ranges in `body`, in order, checking
+/// each against `max_frames` and `max_frame_bytes` before going on, so that a bad body is
+/// refused after reading at most `max_frames + 1` headers, without copying anything.
+///
+/// Errors: [`FrameError`], naming the first frame at fault.
+pub fn decode_frames(
+    body: &[u8],
+    max_frames: usize,
+    max_frame_bytes: usize,
+) -> Result<Vec<std::ops::Range<usize>>, FrameError> {
+    use crate::limits::FRAME_HEADER_BYTES;
+    if body.is_empty() {
+        return Err(FrameError::Empty);
+    }
+    let mut frames = Vec::new();
+    let mut at = 0usize;
+    while at < body.len() {
+        let frame = frames.len() as u64;
+        if frames.len() >= max_frames {
+            return Err(FrameError::TooMany { frame });
+        }
+        let left = body.len() - at;
+        let Some(header) = body.get(at..at + FRAME_HEADER_BYTES) else {
+            return Err(FrameError::Truncated { frame, offset: at as u64, left: left as u64 });
+        };
+        let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
+        let start = at + FRAME_HEADER_BYTES;
+        let left = (body.len() - start) as u64;
+        if u64::from(len) > left {
+            return Err(FrameError::PastEnd { frame, offset: at as u64, len: u64::from(len), left });
+        }
+        if u64::from(len) > max_frame_bytes as u64 {
+            return Err(FrameError::TooLarge { frame, len: u64::from(len), max: max_frame_bytes as u64 });
+        }
+        let end = start + len as usize;
+        frames.push(start..end);
+        at = end;
+    }
+    debug_assert_eq!(at, body.len());
+    Ok(frames)
 }
 
 /// A range of seqs that retention evicted before the consumer read them (SPEC §2.5),
@@ -280,6 +423,10 @@ pub struct ErrorDetail {
     pub code: String,
     /// What was wrong and how to fix it.
     pub message: String,
+    /// For a frames publish (SPEC §6): the 0-based index of the frame the error is about; absent
+    /// from every other error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frame: Option<u64>,
 }
 
 #[cfg(test)]
@@ -301,8 +448,15 @@ mod tests {
             serde_json::to_string(&info).unwrap(),
             r#"{"name":"s","first_seq":1,"last_seq":0,"evicted_through":0,"batches":0,"bytes":0,"retention":{"max_batches":2,"max_bytes":null,"max_age_ms":null}}"#
         );
-        let e = ErrorBody { error: ErrorDetail { code: "not_found".into(), message: "m".into() } };
+        let e = ErrorBody { error: ErrorDetail { code: "not_found".into(), message: "m".into(), frame: None } };
         assert_eq!(serde_json::to_string(&e).unwrap(), r#"{"error":{"code":"not_found","message":"m"}}"#);
+        let e = ErrorBody { error: ErrorDetail { code: "seq_conflict".into(), message: "m".into(), frame: Some(3) } };
+        assert_eq!(serde_json::to_string(&e).unwrap(), r#"{"error":{"code":"seq_conflict","message":"m","frame":3}}"#);
+        let ack = FramesAck { first_seq: 5, last_seq: 7, count: 3, ts: 9, index: 11, duplicate: false };
+        assert_eq!(
+            serde_json::to_string(&ack).unwrap(),
+            r#"{"first_seq":5,"last_seq":7,"count":3,"ts":9,"index":11,"duplicate":false}"#
+        );
     }
 
     #[test]
@@ -312,6 +466,57 @@ mod tests {
         let b: BatchBody<'_> = serde_json::from_str(&text).unwrap();
         assert!(matches!(b.data, Cow::Borrowed(_)));
         assert_eq!(b.payload().unwrap(), vec![0, 255, 10]);
+    }
+
+    #[test]
+    fn frames_round_trip() {
+        let payloads: Vec<Vec<u8>> = vec![b"a".to_vec(), Vec::new(), vec![0; 300], b"\n\r\0".to_vec()];
+        let body = encode_frames(&payloads).unwrap();
+        assert_eq!(&body[..5], &[0, 0, 0, 1, b'a']);
+        assert_eq!(&body[5..9], &[0, 0, 0, 0]);
+        assert_eq!(&body[9..13], &[0, 0, 1, 44]);
+        let ranges = decode_frames(&body, 10, 300).unwrap();
+        let back: Vec<&[u8]> = ranges.iter().map(|r| &body[r.clone()]).collect();
+        assert_eq!(back, payloads.iter().map(Vec::as_slice).collect::<Vec<_>>());
+        // Exactly at both limits is accepted.
+        assert_eq!(decode_frames(&body, 4, 300).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn malformed_frames_name_the_frame_at_fault() {
+        let body = encode_frames(&[b"ab".as_slice(), b"cde"]).unwrap();
+        assert_eq!(decode_frames(&[], 10, 10), Err(FrameError::Empty));
+        assert_eq!(decode_frames(&[], 10, 10).unwrap_err().frame(), None);
+        // Trailing bytes: 1, 2 or 3 bytes where the next header should be.
+        for extra in 1..4 {
+            let mut b = body.clone();
+            b.extend(std::iter::repeat_n(0u8, extra));
+            assert_eq!(
+                decode_frames(&b, 10, 10),
+                Err(FrameError::Truncated { frame: 2, offset: body.len() as u64, left: extra as u64 })
+            );
+        }
+        // A length past the end: the last frame cut short, and a header alone.
+        let cut = &body[..body.len() - 1];
+        assert_eq!(decode_frames(cut, 10, 10), Err(FrameError::PastEnd { frame: 1, offset: 6, len: 3, left: 2 }));
+        assert_eq!(
+            decode_frames(&[0, 0, 0, 9], 10, 10),
+            Err(FrameError::PastEnd { frame: 0, offset: 0, len: 9, left: 0 })
+        );
+        // A huge declared length in a short body is malformed, not merely too large.
+        let huge = [0xff, 0xff, 0xff, 0xff, 1];
+        assert_eq!(
+            decode_frames(&huge, 10, 10),
+            Err(FrameError::PastEnd { frame: 0, offset: 0, len: u64::from(u32::MAX), left: 1 })
+        );
+        // Too many frames, and one too large, each named by index.
+        assert_eq!(decode_frames(&body, 1, 10), Err(FrameError::TooMany { frame: 1 }));
+        assert_eq!(decode_frames(&body, 10, 2), Err(FrameError::TooLarge { frame: 1, len: 3, max: 2 }));
+        for e in [FrameError::TooMany { frame: 1 }, FrameError::TooLarge { frame: 1, len: 3, max: 2 }] {
+            assert!(e.to_string().starts_with("frame 1:"), "{e}");
+        }
+        // Zero-length frames are batches of 0 bytes (SPEC §1), not an end marker.
+        assert_eq!(decode_frames(&[0, 0, 0, 0, 0, 0, 0, 0], 10, 10).unwrap(), vec![4..4, 8..8]);
     }
 
     #[test]

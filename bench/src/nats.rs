@@ -132,6 +132,9 @@ async fn connect_to(servers: &[&str], leader: &str) -> Option<(async_nats::Clien
 /// be prepared.
 pub async fn run(a: NatsArgs) -> Result<()> {
     let spec = a.load.spec();
+    if spec.frames > 1 {
+        anyhow::bail!("--frames: NATS JetStream has no request carrying many messages; drive it with more concurrency");
+    }
     let servers: Vec<&str> = a.servers.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
     let client = async_nats::connect(servers.clone()).await.with_context(|| format!("connecting to {}", a.servers))?;
     let js = jetstream::new(client.clone());

@@ -19,6 +19,10 @@
 //!   publish failed (holes are allowed), so the next one is above anything that may be stored.
 //! - A latency sample is the time from handing the batch to the target until its acknowledgement
 //!   (time waiting for a stream's lock is not in it); failed publishes give no sample.
+//! - With `frames` > 1, each publish is one request carrying `frames` batches (SPEC §6, one Raft
+//!   entry): `count` still counts batches, a request claims `frames` of them (the last one fewer
+//!   if `count` is not a multiple), seqs advance by the batches sent, msgs/s counts batches, and a
+//!   latency sample is one request's.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +54,13 @@ pub struct LoadSpec {
     pub duration: Duration,
     /// Publish with explicit, increasing seqs per stream (the idempotent path).
     pub with_seq: bool,
+    /// Batches per publish request (≥ 1); more than 1 sends them as frames (SPEC §6).
+    #[serde(default = "one")]
+    pub frames: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl LoadSpec {
@@ -63,6 +74,9 @@ impl LoadSpec {
         }
         if self.duration.is_zero() {
             return Err("duration must be positive".into());
+        }
+        if self.frames == 0 || self.frames > runnev::limits::FRAMES_PER_APPEND_MAX {
+            return Err(format!("frames must be from 1 to {}", runnev::limits::FRAMES_PER_APPEND_MAX));
         }
         Ok(())
     }
@@ -94,6 +108,10 @@ pub struct LoadArgs {
     /// publish in flight at a time.
     #[arg(long)]
     pub with_seq: bool,
+    /// Batches per publish request, sent as frames (one Raft entry per request); --count still
+    /// counts batches.
+    #[arg(long, default_value_t = 1)]
+    pub frames: usize,
     /// Print the summary as one JSON line on stdout.
     #[arg(long)]
     pub json: bool,
@@ -112,6 +130,7 @@ impl LoadArgs {
             count: self.count,
             duration: Duration::from_secs(self.duration_secs),
             with_seq: self.with_seq,
+            frames: self.frames,
         }
     }
 }
@@ -153,6 +172,20 @@ pub trait Target: Send + Sync + 'static {
         seq: Option<u64>,
         payload: Bytes,
     ) -> impl Future<Output = Result<(), TargetError>> + Send;
+
+    /// Publishes `n` batches of `payload` to stream `stream` in one request (frame k at
+    /// `seq + k` when given) and returns once the target acknowledged all of them. A target
+    /// without such a request refuses (the default).
+    fn publish_frames(
+        &self,
+        stream: usize,
+        seq: Option<u64>,
+        payload: Bytes,
+        n: usize,
+    ) -> impl Future<Output = Result<(), TargetError>> + Send {
+        let _ = (stream, seq, payload);
+        async move { Err(format!("this target cannot publish {n} batches in one request").into()) }
+    }
 }
 
 /// Why a load could not run.
@@ -216,7 +249,9 @@ impl Summary {
         elapsed: Duration,
         client_cpu: Duration,
     ) -> Summary {
-        let published = latencies.len() as u64;
+        // One sample per acknowledged request: the last request of a run may carry fewer than
+        // `frames` batches, which [`Summary::count_batches`] corrects when the generator ran.
+        let published = latencies.len() as u64 * spec.frames.max(1) as u64;
         let seconds = elapsed.as_secs_f64();
         let per_sec = |n: f64| if seconds > 0.0 { n / seconds } else { 0.0 };
         Summary {
@@ -235,6 +270,15 @@ impl Summary {
         }
     }
 
+    /// Sets the batches acknowledged to the exact count `published` (a run's last request may
+    /// carry fewer than `frames`), and the rates from it.
+    fn count_batches(&mut self, published: u64) {
+        let per_sec = |n: f64| if self.seconds > 0.0 { n / self.seconds } else { 0.0 };
+        self.published = published;
+        self.msgs_per_sec = per_sec(published as f64);
+        self.mb_per_sec = per_sec(published as f64 * self.spec.payload_bytes as f64) / 1e6;
+    }
+
     /// The summary as one JSON line (no trailing newline).
     pub fn json_line(&self) -> String {
         serde_json::to_string(self).expect("a summary always serialises")
@@ -244,12 +288,13 @@ impl Summary {
     pub fn table(&self) -> String {
         let s = &self.spec;
         let mut out = format!(
-            "{} B payloads, concurrency {}, {} stream{}{}: published {} ({} errors) in {:.2} s, client CPU {:.2} s\n",
+            "{} B payloads, concurrency {}, {} stream{}{}{}: published {} ({} errors) in {:.2} s, client CPU {:.2} s\n",
             s.payload_bytes,
             s.concurrency,
             s.streams,
             if s.streams == 1 { "" } else { "s" },
             if s.with_seq { ", with seq" } else { "" },
+            if s.frames > 1 { format!(", {} batches per request", s.frames) } else { String::new() },
             self.published,
             self.errors,
             self.seconds,
@@ -317,30 +362,36 @@ pub async fn run<T: Target>(target: Arc<T>, spec: &LoadSpec, progress: bool) -> 
     for worker in 0..spec.concurrency {
         let (target, lanes, claimed, acked, failed, first_error) =
             (target.clone(), lanes.clone(), claimed.clone(), acked.clone(), failed.clone(), first_error.clone());
-        let (stream, count, with_seq, body) =
-            (stream_of(worker, spec.streams), spec.count, spec.with_seq, body.clone());
+        let (stream, count, with_seq, body, frames) =
+            (stream_of(worker, spec.streams), spec.count, spec.with_seq, body.clone(), spec.frames as u64);
         workers.push(tokio::spawn(async move {
             let mut latencies = Latencies::default();
             loop {
-                if claimed.fetch_add(1, Ordering::Relaxed) >= count || Instant::now() >= deadline {
+                let first = claimed.fetch_add(frames, Ordering::Relaxed);
+                if first >= count || Instant::now() >= deadline {
                     break;
                 }
+                let n = frames.min(count - first);
                 let mut lane = if with_seq { Some(lanes[stream].lock().await) } else { None };
                 if Instant::now() >= deadline {
                     break;
                 }
                 let seq = lane.as_deref().copied();
                 let t = Instant::now();
-                let outcome = target.publish(stream, seq, body.clone()).await;
+                let outcome = if frames == 1 {
+                    target.publish(stream, seq, body.clone()).await
+                } else {
+                    target.publish_frames(stream, seq, body.clone(), n as usize).await
+                };
                 let took = t.elapsed();
                 if let Some(next) = lane.as_deref_mut() {
-                    *next += 1;
+                    *next += n;
                 }
                 drop(lane);
                 match outcome {
                     Ok(()) => {
                         latencies.record_us(took.as_micros() as u64);
-                        acked.fetch_add(1, Ordering::Relaxed);
+                        acked.fetch_add(n, Ordering::Relaxed);
                     }
                     Err(e) => {
                         failed.fetch_add(1, Ordering::Relaxed);
@@ -371,7 +422,9 @@ pub async fn run<T: Target>(target: Arc<T>, spec: &LoadSpec, progress: bool) -> 
         return Err(LoadError::Worker(e));
     }
     let first_error = first_error.lock().unwrap_or_else(|p| p.into_inner()).take();
-    Ok(Summary::new(spec.clone(), latencies, failed.load(Ordering::Relaxed), first_error, elapsed, cpu))
+    let mut summary = Summary::new(spec.clone(), latencies, failed.load(Ordering::Relaxed), first_error, elapsed, cpu);
+    summary.count_batches(acked.load(Ordering::Relaxed));
+    Ok(summary)
 }
 
 /// CPU time (user + system) this process has used so far; zero if the OS does not say.
@@ -420,6 +473,25 @@ impl Target for RunnevTarget {
         }
         Ok(())
     }
+
+    async fn publish_frames(
+        &self,
+        stream: usize,
+        seq: Option<u64>,
+        payload: Bytes,
+        n: usize,
+    ) -> Result<(), TargetError> {
+        let payloads = vec![payload; n];
+        let ack = self.client.publish_many(&self.names[stream], seq, &payloads).await?;
+        if ack.duplicate || ack.count != n as u64 {
+            return Err(format!(
+                "seqs {}..={} on {} answered as {} duplicate={}",
+                ack.first_seq, ack.last_seq, self.names[stream], ack.count, ack.duplicate
+            )
+            .into());
+        }
+        Ok(())
+    }
 }
 
 /// (De)serialises a [`Duration`] as a number of seconds.
@@ -445,7 +517,15 @@ mod tests {
     use super::*;
 
     fn spec(concurrency: usize, streams: usize, count: u64, with_seq: bool) -> LoadSpec {
-        LoadSpec { payload_bytes: 100, concurrency, streams, count, duration: Duration::from_secs(30), with_seq }
+        LoadSpec {
+            payload_bytes: 100,
+            concurrency,
+            streams,
+            count,
+            duration: Duration::from_secs(30),
+            with_seq,
+            frames: 1,
+        }
     }
 
     /// Records every publish; checks that a stream never has two publishes in flight when seqs
@@ -501,6 +581,7 @@ mod tests {
             count: 5,
             duration_secs: 2,
             with_seq,
+            frames: 1,
             json: false,
             quiet: true,
         };
@@ -562,6 +643,34 @@ mod tests {
         assert!(v["msgs_per_sec"].is_number() && v["p99_ms"].is_number());
         assert_eq!(serde_json::from_str::<Summary>(&line).unwrap(), s);
         assert!(s.table().contains("with seq"));
+    }
+
+    #[tokio::test]
+    async fn frames_claim_batches_and_advance_seqs_by_the_batches_sent() {
+        #[derive(Default)]
+        struct Frames {
+            log: Mutex<Vec<(Option<u64>, usize)>>,
+        }
+        impl Target for Frames {
+            async fn prepare(&self, _: usize) -> Result<u64, TargetError> {
+                Ok(1)
+            }
+            async fn publish(&self, _: usize, _: Option<u64>, _: Bytes) -> Result<(), TargetError> {
+                unreachable!("with frames every publish is a frames request")
+            }
+            async fn publish_frames(&self, _: usize, seq: Option<u64>, _: Bytes, n: usize) -> Result<(), TargetError> {
+                self.log.lock().unwrap().push((seq, n));
+                Ok(())
+            }
+        }
+        let target = Arc::new(Frames::default());
+        let spec = LoadSpec { frames: 10, ..spec(1, 1, 25, true) };
+        let s = run(target.clone(), &spec, false).await.unwrap();
+        assert_eq!((s.published, s.errors), (25, 0), "count counts batches");
+        assert_eq!(*target.log.lock().unwrap(), vec![(Some(1), 10), (Some(11), 10), (Some(21), 5)]);
+        assert!(s.table().contains("10 batches per request"));
+        assert!(LoadSpec { frames: 0, ..spec.clone() }.validate().is_err());
+        assert!(LoadSpec { frames: 10_001, ..spec }.validate().is_err());
     }
 
     #[tokio::test]

@@ -33,6 +33,7 @@ pub fn node_config(shared: &Shared, id: NodeId, data_dir: PathBuf) -> NodeConfig
         data_dir,
         peers,
         max_batch_bytes: runnev::limits::BATCH_BYTES_DEFAULT,
+        max_append_bytes: runnev::limits::APPEND_BYTES_DEFAULT,
         auto_create_streams: false,
         snapshot_logs: shared.plan.snapshot_logs,
         snapshot_keep_logs: shared.plan.snapshot_keep_logs,

@@ -65,6 +65,8 @@ pub struct AppState {
     pub http: HttpClient,
     /// Largest publish payload, in bytes.
     pub max_batch_bytes: usize,
+    /// Largest body of a frames publish (SPEC §6), frame headers included, in bytes.
+    pub max_append_bytes: usize,
     /// Whether a publish to a missing stream creates it.
     pub auto_create_streams: bool,
     /// This node's clock measurements: the `ts` it stamps on proposals as leader, and whether its

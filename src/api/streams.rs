@@ -19,8 +19,8 @@ use super::write::{write, Forwardable, Led};
 use super::{json, read_body, AppState};
 use crate::error::ApiError;
 use crate::limits::{
-    ADMIN_BODY_BYTES_MAX, MIN_INDEX_WAIT_MS, READ_ANSWER_BYTES_MAX, READ_BATCHES_DEFAULT, READ_BATCHES_MAX,
-    READ_WAIT_MS_MAX,
+    ADMIN_BODY_BYTES_MAX, FRAMES_CONTENT_TYPE, FRAMES_PER_APPEND_MAX, MIN_INDEX_WAIT_MS, READ_ANSWER_BYTES_MAX,
+    READ_BATCHES_DEFAULT, READ_BATCHES_MAX, READ_WAIT_MS_MAX,
 };
 use crate::raft::{Command, Outcome};
 use crate::storage::{blocking, BatchesView};
@@ -75,8 +75,13 @@ fn answer(name: &str, outcome: Outcome, index: u64) -> Result<Response, ApiError
             let status = if duplicate { StatusCode::OK } else { StatusCode::CREATED };
             Ok(json(status, &wire::PublishAck { duplicate, index, seq, ts }))
         }
+        Outcome::FramesPublished { first_seq, last_seq, count, ts, duplicate, index } => {
+            let status = if duplicate { StatusCode::OK } else { StatusCode::CREATED };
+            Ok(json(status, &wire::FramesAck { first_seq, last_seq, count, ts, index, duplicate }))
+        }
         Outcome::StreamNotFound => Err(ApiError::StreamNotFound(name.to_string())),
         Outcome::Rejected(r) => Err(r.into()),
+        Outcome::FramesRejected(r) => Err(r.into()),
         Outcome::Nothing | Outcome::Batch(_) => {
             Err(ApiError::Internal(format!("log index {index} applied with no outcome for this request")))
         }
@@ -159,7 +164,18 @@ pub(super) async fn list(State(s): State<AppState>) -> Result<Response, ApiError
     Ok(json(StatusCode::OK, &wire::StreamList { streams }))
 }
 
-/// `POST /v1/streams/{name}/batches[?seq=N]`: publish one batch.
+/// Whether a request's `Content-Type` is the frames media type (SPEC §6), parameters and case
+/// aside (RFC 9110 §8.3.1).
+fn is_frames(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case(FRAMES_CONTENT_TYPE))
+}
+
+/// `POST /v1/streams/{name}/batches[?seq=N]`: publish one batch, or with the frames content
+/// type many ([`publish_frames`]).
 pub(super) async fn publish(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
@@ -183,13 +199,11 @@ pub(super) async fn publish(
             }
         },
     };
-    let limit = s.max_batch_bytes;
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::PayloadTooLarge { limit_bytes: limit });
+    if is_frames(&headers) {
+        return publish_frames(s, name, seq, method, uri, headers, body).await;
     }
-    let body = read_body(body, limit).await?;
+    let limit = s.max_batch_bytes;
+    let body = read_limited(&headers, body, limit).await?;
     let auto_create = s.auto_create_streams;
     let req = Forwardable::new(method, &uri, headers, body.clone());
     let stream = name.clone();
@@ -199,6 +213,62 @@ pub(super) async fn publish(
         ts,
         auto_create,
         data: body.to_vec(),
+    })
+    .await
+}
+
+/// Reads a body of at most `limit` bytes, refusing a larger declared `Content-Length` before
+/// reading any of it.
+///
+/// Errors: `413 payload_too_large`; `400 invalid_body` when reading fails.
+async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::PayloadTooLarge { limit_bytes: limit });
+    }
+    read_body(body, limit).await
+}
+
+/// A frames publish (SPEC §6): the body is read whole (at most `--max-append-bytes`), split
+/// into frames and checked — each within `--max-batch-bytes`, 1 to
+/// [`FRAMES_PER_APPEND_MAX`] of them, every seq within `1..=SEQ_MAX` — before anything is
+/// proposed; then all frames go into one [`Command::PublishFrames`], one log entry.
+///
+/// Errors: `400 invalid_body` (malformed frames), `413 payload_too_large` (body, frame count or
+/// a frame too large), `400 invalid_seq` (a frame's seq past 2⁶⁴−2), each naming the frame; then
+/// what the state machine decides (`409` codes with `"frame"`, `409 partial_duplicate`, `404`).
+async fn publish_frames(
+    s: AppState,
+    name: String,
+    seq: Option<u64>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read_limited(&headers, body, s.max_append_bytes).await?;
+    let ranges = wire::decode_frames(&body, FRAMES_PER_APPEND_MAX, s.max_batch_bytes)?;
+    let count = ranges.len() as u64;
+    if let Some(first) = seq {
+        // The frames take first..first+count-1; the first past SEQ_MAX is refused, by index.
+        if let Err(frame) = stream::frames_last_seq(first, count) {
+            let rejection = stream::PublishRejection::SeqOutOfRange { seq: first.saturating_add(frame) };
+            return Err(stream::FramesRejection::Frame { frame, rejection }.into());
+        }
+    }
+    let frames: Vec<serde_bytes::ByteBuf> =
+        ranges.into_iter().map(|r| serde_bytes::ByteBuf::from(body.get(r).unwrap_or_default())).collect();
+    debug_assert_eq!(frames.len() as u64, count);
+    let auto_create = s.auto_create_streams;
+    let req = Forwardable::new(method, &uri, headers, body);
+    let stream = name.clone();
+    decide(&s, &name, req, move |ts| Command::PublishFrames {
+        stream: stream.clone(),
+        seq,
+        ts,
+        auto_create,
+        frames: frames.clone(),
     })
     .await
 }

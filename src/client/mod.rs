@@ -35,7 +35,7 @@ use crate::net::{cause_text, http_client, Dialer, HttpClient, TcpDialer};
 use crate::stream::{NameError, Retention};
 use crate::units::format_duration;
 use crate::wire::{self, BatchBody, ClusterView};
-pub use crate::wire::{Gap, PublishAck, StreamInfo};
+pub use crate::wire::{FramesAck, Gap, PublishAck, StreamInfo};
 
 /// Default node list (SPEC §5), used when neither `--nodes` nor `RUNNEV_NODES` is given.
 pub const DEFAULT_NODES: &str = "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003";
@@ -120,6 +120,9 @@ pub enum ClientError {
         code: String,
         /// The server's explanation.
         message: String,
+        /// For a frames publish: the 0-based index of the frame the error is about (for
+        /// `partial_duplicate`, the first new frame).
+        frame: Option<u64>,
     },
     /// A publish without a seq reached the cluster but its outcome is unknown (a timeout, a
     /// connection lost mid-request, or `503` with `Runnev-Outcome: unknown`). It was not retried,
@@ -374,13 +377,14 @@ impl Client {
         method: &Method,
         path: &str,
         body: &Bytes,
+        content_type: Option<&'static str>,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes, bool), Attempt> {
-        let req = hyper::Request::builder()
-            .method(method.clone())
-            .uri(format!("{node}{path}"))
-            .body(Full::new(body.clone()))
-            .map_err(|e| Attempt::Fail(ClientError::Config(e.to_string())))?;
+        let mut req = hyper::Request::builder().method(method.clone()).uri(format!("{node}{path}"));
+        if let Some(ct) = content_type {
+            req = req.header(hyper::header::CONTENT_TYPE, ct);
+        }
+        let req = req.body(Full::new(body.clone())).map_err(|e| Attempt::Fail(ClientError::Config(e.to_string())))?;
         let run = async {
             let resp = self.inner.http.request(req).await.map_err(|e| {
                 if e.is_connect() {
@@ -412,7 +416,7 @@ impl Client {
         body: Bytes,
         extra_timeout: Duration,
     ) -> Result<(String, StatusCode, Bytes), ClientError> {
-        let a = self.call_with(method, path, body, extra_timeout, true, false).await?;
+        let a = self.call_with(method, path, (body, None), extra_timeout, true, false).await?;
         Ok((a.node, a.status, a.bytes))
     }
 
@@ -424,7 +428,7 @@ impl Client {
         &self,
         method: Method,
         path: &str,
-        body: Bytes,
+        (body, content_type): (Bytes, Option<&'static str>),
         extra_timeout: Duration,
         idempotent: bool,
         gone_is_done: bool,
@@ -442,7 +446,8 @@ impl Client {
         let mut refused_in_a_row = 0usize;
         loop {
             let node = self.inner.nodes[if write { self.pick_for_write() } else { self.pick() }].clone();
-            let attempt = self.exchange(&node, &method, path, &body, policy.request_timeout + extra_timeout).await;
+            let attempt =
+                self.exchange(&node, &method, path, &body, content_type, policy.request_timeout + extra_timeout).await;
             let mut refused = false;
             let last = match attempt {
                 Ok((status, bytes, unknown)) if status == StatusCode::SERVICE_UNAVAILABLE => {
@@ -530,7 +535,44 @@ impl Client {
             Some(s) => format!("/v1/streams/{name}/batches?seq={s}"),
             None => format!("/v1/streams/{name}/batches"),
         };
-        let a = self.call_with(Method::POST, &path, payload.into(), Duration::ZERO, seq.is_some(), false).await?;
+        let a =
+            self.call_with(Method::POST, &path, (payload.into(), None), Duration::ZERO, seq.is_some(), false).await?;
+        Self::json(&a.node, &a.bytes)
+    }
+
+    /// Publishes `payloads` as many batches in one request (SPEC §6): one Raft entry, all or
+    /// none, frame k at seq `seq + k` (or consecutive server-assigned seqs). Retried as
+    /// [`Client::publish`] is: with `seq`, a retry whose lost first attempt was stored is answered
+    /// `duplicate: true` for the whole request.
+    ///
+    /// Errors: [`ClientError::Config`] for no payload, more than
+    /// [`crate::limits::FRAMES_PER_APPEND_MAX`], or one of 2³² bytes or more (nothing sent);
+    /// [`ClientError::Api`] as for [`Client::publish`], where the message names the frame at
+    /// fault, plus `409 partial_duplicate` when some frames are stored and some new (nothing
+    /// written; resend from the frame named); the availability errors of [`Client::publish`].
+    pub async fn publish_many<P: AsRef<[u8]>>(
+        &self,
+        stream: &str,
+        seq: Option<u64>,
+        payloads: &[P],
+    ) -> Result<wire::FramesAck, ClientError> {
+        let name = segment(stream)?;
+        if payloads.is_empty() || payloads.len() > crate::limits::FRAMES_PER_APPEND_MAX {
+            return Err(ClientError::Config(format!(
+                "a frames publish carries 1 to {} batches, not {}",
+                crate::limits::FRAMES_PER_APPEND_MAX,
+                payloads.len()
+            )));
+        }
+        let body = wire::encode_frames(payloads)
+            .map_err(|i| ClientError::Config(format!("batch {i} is too large for a frame (2^32 bytes or more)")))?;
+        let path = match seq {
+            Some(s) => format!("/v1/streams/{name}/batches?seq={s}"),
+            None => format!("/v1/streams/{name}/batches"),
+        };
+        let ct = Some(crate::limits::FRAMES_CONTENT_TYPE);
+        let a =
+            self.call_with(Method::POST, &path, (Bytes::from(body), ct), Duration::ZERO, seq.is_some(), false).await?;
         Self::json(&a.node, &a.bytes)
     }
 
@@ -610,7 +652,7 @@ impl Client {
     /// errors of [`Client::put_stream`].
     pub async fn delete_stream(&self, stream: &str) -> Result<Deleted, ClientError> {
         let path = format!("/v1/streams/{}", segment(stream)?);
-        let a = self.call_with(Method::DELETE, &path, Bytes::new(), Duration::ZERO, true, true).await?;
+        let a = self.call_with(Method::DELETE, &path, (Bytes::new(), None), Duration::ZERO, true, true).await?;
         Ok(if a.status == StatusCode::NOT_FOUND { Deleted::Already } else { Deleted::Now })
     }
 
@@ -623,7 +665,7 @@ impl Client {
     pub async fn cluster_view(&self, node: &str) -> Result<ClusterView, ClientError> {
         let timeout = self.inner.policy.request_timeout;
         let started = tokio::time::Instant::now();
-        match self.exchange(node, &Method::GET, "/v1/cluster", &Bytes::new(), timeout).await {
+        match self.exchange(node, &Method::GET, "/v1/cluster", &Bytes::new(), None, timeout).await {
             Ok((s, bytes, _)) if s.is_success() => Self::json(node, &bytes),
             Ok((s, bytes, _)) => Err(api_error(node, s, &bytes)),
             Err(Attempt::Fail(e)) => Err(e),
@@ -672,7 +714,7 @@ impl Client {
     /// before this call); [`ClientError::Unavailable`] as above; [`ClientError::Unreachable`].
     pub async fn remove_member(&self, id: u64) -> Result<(ClusterView, Deleted), ClientError> {
         let path = format!("/v1/cluster/members/{id}");
-        let a = self.call_with(Method::DELETE, &path, Bytes::new(), MEMBER_CHANGE_EXTRA, true, true).await?;
+        let a = self.call_with(Method::DELETE, &path, (Bytes::new(), None), MEMBER_CHANGE_EXTRA, true, true).await?;
         if a.status == StatusCode::NOT_FOUND {
             return Ok((self.any_cluster_view().await?, Deleted::Already));
         }
@@ -745,7 +787,12 @@ impl Client {
 
 pub(crate) fn api_error(node: &str, status: StatusCode, bytes: &[u8]) -> ClientError {
     match serde_json::from_slice::<wire::ErrorBody>(bytes) {
-        Ok(e) => ClientError::Api { status: status.as_u16(), code: e.error.code, message: e.error.message },
+        Ok(e) => ClientError::Api {
+            status: status.as_u16(),
+            code: e.error.code,
+            message: e.error.message,
+            frame: e.error.frame,
+        },
         Err(_) => ClientError::Protocol {
             node: node.to_string(),
             what: format!("status {status} with body {:?}", String::from_utf8_lossy(bytes)),

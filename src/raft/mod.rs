@@ -9,7 +9,7 @@ pub mod network;
 
 use serde::{Deserialize, Serialize};
 
-use crate::stream::{PublishRejection, Retention, StreamMeta};
+use crate::stream::{FramesRejection, PublishRejection, Retention, StreamMeta};
 
 /// A node's id in the cluster (`--id`).
 pub type NodeId = u64;
@@ -77,6 +77,25 @@ pub enum Command {
     /// applied in order, each as if alone; the leader's proposer batches concurrent requests
     /// this way ([`crate::api::proposer`]).
     Batch(Vec<Command>),
+    /// Publish many batches of one stream, all or none, in one entry (SPEC §6): frame k takes
+    /// seq `seq + k` (or `last_seq + 1 + k` without `seq`), each frame follows SPEC §2.3, and a
+    /// mix of duplicates and new frames is refused ([`crate::stream::decide_frames`]). Every
+    /// frame gets the entry's `ts`. Added after the other variants, so their encoding is
+    /// unchanged; a node of an older build cannot decode it (upgrade every node before clients
+    /// send frames).
+    PublishFrames {
+        /// Stream name.
+        stream: String,
+        /// The publisher's seq of the first frame, or `None` for server-assigned seqs.
+        seq: Option<u64>,
+        /// Leader time when proposed, ms since the Unix epoch: every frame's `ts`.
+        ts: u64,
+        /// Create the stream if missing (the leader's `--auto-create-streams`).
+        auto_create: bool,
+        /// The payloads, in frame order, byte for byte (1 to
+        /// [`crate::limits::FRAMES_PER_APPEND_MAX`] of them when proposed by the API).
+        frames: Vec<serde_bytes::ByteBuf>,
+    },
 }
 
 /// A stream as the API shows it (SPEC §3, stream info).
@@ -119,6 +138,25 @@ pub enum Outcome {
     Rejected(PublishRejection),
     /// The outcomes of a [`Command::Batch`], in order.
     Batch(Vec<Outcome>),
+    /// A [`Command::PublishFrames`] was accepted (every frame stored by this entry), or every
+    /// frame recognised as a duplicate (nothing written).
+    FramesPublished {
+        /// The first frame's seq.
+        first_seq: u64,
+        /// The last frame's seq.
+        last_seq: u64,
+        /// How many frames.
+        count: u64,
+        /// The frames' ts (for duplicates: the last frame's original's), ms since the Unix epoch.
+        ts: u64,
+        /// True when every frame was already stored; nothing was written.
+        duplicate: bool,
+        /// Raft log index of the entry that stored the frames (for duplicates: that stored the
+        /// last frame's original).
+        index: u64,
+    },
+    /// A [`Command::PublishFrames`] was refused by SPEC §6; nothing was written.
+    FramesRejected(FramesRejection),
 }
 
 impl Command {
@@ -127,6 +165,7 @@ impl Command {
     pub fn payload_bytes(&self) -> u64 {
         match self {
             Command::Publish { data, .. } => data.len() as u64,
+            Command::PublishFrames { frames, .. } => frames.iter().map(|f| f.len() as u64).fold(0, u64::saturating_add),
             // Saturating: a sum that cannot overflow in practice must still not panic on any log.
             Command::Batch(cmds) => cmds.iter().map(Command::payload_bytes).fold(0, u64::saturating_add),
             _ => 0,

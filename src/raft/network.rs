@@ -32,7 +32,10 @@ use crate::net::HttpClient;
 /// openraft's messages and of [`crate::raft::Command`]. Sent on every RPC in
 /// [`PROTOCOL_HEADER`]; a node refuses an RPC of another version (`400 protocol_mismatch`, with
 /// a log line naming both) rather than misread it. An RPC without the header is version 1,
-/// which is what nodes sent before the header existed.
+/// which is what nodes sent before the header existed. A new [`crate::raft::Command`] variant
+/// appended after the others (as `PublishFrames` was) keeps the version: every message an older
+/// build can read is encoded as before, and only the new entry is unreadable to it
+/// (docs/operations.md says to upgrade every node before clients use it).
 pub const PROTOCOL_VERSION: u32 = 1;
 
 /// The header that carries [`PROTOCOL_VERSION`] on every Raft RPC.

@@ -27,7 +27,9 @@ use super::{
 };
 use crate::limits::{SM_DURABLE_EVERY_BYTES, SM_DURABLE_EVERY_ENTRIES};
 use crate::raft::{Command, LogId, NodeId, Outcome, StorageError, StreamInfo, TypeConfig};
-use crate::stream::{self, Existing, Oldest, PublishDecision, PublishRejection, Retention, StreamMeta};
+use crate::stream::{
+    self, Existing, FramesDecision, FramesRejection, Oldest, PublishDecision, PublishRejection, Retention, StreamMeta,
+};
 
 type Membership = StoredMembership<NodeId, openraft::BasicNode>;
 
@@ -69,6 +71,15 @@ impl Tables<'_> {
     /// A new stream's metadata, continuing a deleted stream of the same name if there was one.
     fn create(&mut self, name: &str, retention: Retention) -> Result<StreamMeta, StoreError> {
         match self.tombstones.remove(name)? {
+            Some(t) => Ok(stream::reincarnate(&decode(t.value())?, retention)),
+            None => Ok(StreamMeta::new(retention)),
+        }
+    }
+
+    /// What a new stream named `name` would start as ([`Tables::create`]), without changing
+    /// anything: a command that may still be refused must not consume the tombstone.
+    fn would_create(&self, name: &str, retention: Retention) -> Result<StreamMeta, StoreError> {
+        match self.tombstones.get(name)? {
             Some(t) => Ok(stream::reincarnate(&decode(t.value())?, retention)),
             None => Ok(StreamMeta::new(retention)),
         }
@@ -127,6 +138,64 @@ impl Tables<'_> {
             *meta = after;
         }
         Ok(())
+    }
+
+    /// Applies a frames publish (SPEC §6) at effective `ts`: decided by
+    /// [`stream::decide_frames`] and recorded by [`stream::record_frames`] before anything is
+    /// written, so a refusal (or a missing stream) changes nothing: no batch, no metadata, and
+    /// no tombstone consumed by an auto-create.
+    fn publish_frames(
+        &mut self,
+        name: &str,
+        seq: Option<u64>,
+        ts: u64,
+        auto_create: bool,
+        frames: &[serde_bytes::ByteBuf],
+        index: u64,
+    ) -> Result<Outcome, StoreError> {
+        let (mut meta, created) = match self.meta(name)? {
+            Some(m) => (m, false),
+            None if auto_create => (self.would_create(name, Retention::default())?, true),
+            None => return Ok(Outcome::StreamNotFound),
+        };
+        let count = frames.len() as u64;
+        let batches = &self.batches;
+        let decision = stream::decide_frames(&meta, seq, count, |frame, s| {
+            let Some(v) = batches.get((name, s))? else { return Ok::<_, StoreError>(Existing::Absent) };
+            let stored = BatchValue::decode(v.value())?.2;
+            Ok(match usize::try_from(frame).ok().and_then(|k| frames.get(k)) {
+                Some(f) if f.as_slice() == stored => Existing::SamePayload,
+                _ => Existing::OtherPayload,
+            })
+        })?;
+        match decision {
+            FramesDecision::Append { first_seq, last_seq } => {
+                if let Err((frame, e)) =
+                    stream::record_frames(&mut meta, first_seq, frames.iter().map(|f| f.len() as u64))
+                {
+                    let rejection = PublishRejection::Unrepresentable(e);
+                    return Ok(Outcome::FramesRejected(FramesRejection::Frame { frame, rejection }));
+                }
+                if created {
+                    self.tombstones.remove(name)?;
+                }
+                for (s, f) in (first_seq..=last_seq).zip(frames) {
+                    self.batches.insert((name, s), BatchValue::encode(ts, index, f).as_slice())?;
+                }
+                self.enforce_retention(name, &mut meta, ts)?;
+                self.put_meta(name, &meta)?;
+                Ok(Outcome::FramesPublished { first_seq, last_seq, count, ts, duplicate: false, index })
+            }
+            FramesDecision::Duplicate { first_seq, last_seq } => {
+                let v = self
+                    .batches
+                    .get((name, last_seq))?
+                    .ok_or_else(|| StoreError::Corrupt(format!("duplicate of {name}/{last_seq} vanished")))?;
+                let (ts, index, _) = BatchValue::decode(v.value())?;
+                Ok(Outcome::FramesPublished { first_seq, last_seq, count, ts, duplicate: true, index })
+            }
+            FramesDecision::Reject(r) => Ok(Outcome::FramesRejected(r)),
+        }
     }
 
     fn apply(&mut self, cmd: Command, index: u64) -> Result<Outcome, StoreError> {
@@ -190,6 +259,10 @@ impl Tables<'_> {
                     }
                     PublishDecision::Reject(r) => Ok(Outcome::Rejected(r)),
                 }
+            }
+            Command::PublishFrames { stream, seq, ts, auto_create, frames } => {
+                let ts = self.tick_clock(ts);
+                self.publish_frames(&stream, seq, ts, auto_create, &frames, index)
             }
             Command::Batch(cmds) => {
                 let mut outcomes = Vec::with_capacity(cmds.len());
@@ -501,6 +574,106 @@ mod tests {
         assert_eq!(out[4], Outcome::StreamNotFound);
         assert_eq!(store.stream("s").unwrap().unwrap().batches, 1);
     }
+
+    fn frames(stream: &str, seq: Option<u64>, ts: u64, auto_create: bool, payloads: &[&[u8]]) -> Command {
+        Command::PublishFrames {
+            stream: stream.into(),
+            seq,
+            ts,
+            auto_create,
+            frames: payloads.iter().map(|p| serde_bytes::ByteBuf::from(p.to_vec())).collect(),
+        }
+    }
+
+    /// A frames publish (SPEC §6) stores every frame from one entry, with consecutive seqs and
+    /// the entry's ts and index; a retry is a duplicate answered from the last frame's original;
+    /// a conflict in the middle or a partial duplicate writes nothing.
+    #[tokio::test]
+    async fn frames_apply_all_or_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut sm = StateMachine::new(store.clone());
+        let out = sm
+            .apply(vec![
+                entry(1, Command::PutStream { name: "s".into(), retention: None, ts: 0 }),
+                entry(2, frames("s", None, 100, false, &[b"a", b"b", b"c"])),
+                entry(3, frames("s", Some(4), 200, false, &[b"d", b"e"])),
+                entry(4, frames("s", Some(1), 300, false, &[b"a", b"b", b"c", b"d", b"e"])),
+                entry(5, frames("s", Some(2), 400, false, &[b"b", b"X", b"d"])),
+                entry(6, frames("s", Some(4), 500, false, &[b"d", b"e", b"f"])),
+                entry(7, frames("missing", None, 600, false, &[b"a"])),
+            ])
+            .await
+            .unwrap();
+        let published = |first_seq, last_seq, ts, duplicate, index| Outcome::FramesPublished {
+            first_seq,
+            last_seq,
+            count: last_seq - first_seq + 1,
+            ts,
+            duplicate,
+            index,
+        };
+        assert_eq!(out[1], published(1, 3, 100, false, 2));
+        assert_eq!(out[2], published(4, 5, 200, false, 3));
+        // Originals from two entries: ts and index of the last frame's.
+        assert_eq!(out[3], published(1, 5, 200, true, 3));
+        assert_eq!(
+            out[4],
+            Outcome::FramesRejected(FramesRejection::Frame {
+                frame: 1,
+                rejection: PublishRejection::SeqConflict { seq: 3 }
+            })
+        );
+        assert_eq!(
+            out[5],
+            Outcome::FramesRejected(FramesRejection::PartialDuplicate { first_new: 2, first_new_seq: 6 })
+        );
+        assert_eq!(out[6], Outcome::StreamNotFound);
+        let view = store.read_batches("s", 0, usize::MAX, usize::MAX).unwrap().unwrap();
+        let seen: Vec<(u64, u64, u64, &[u8])> =
+            view.batches.iter().map(|b| (b.seq, b.ts, b.index, b.data.as_slice())).collect();
+        assert_eq!(
+            seen,
+            vec![
+                (1, 100, 2, b"a".as_slice()),
+                (2, 100, 2, b"b"),
+                (3, 100, 2, b"c"),
+                (4, 200, 3, b"d"),
+                (5, 200, 3, b"e")
+            ]
+        );
+        assert_eq!(store.stream("s").unwrap().unwrap().last_seq, 5);
+    }
+
+    /// A refused frames publish that would have auto-created a deleted stream leaves its
+    /// tombstone, so the name still continues after the deleted stream's seqs.
+    #[tokio::test]
+    async fn a_refused_auto_create_keeps_the_tombstone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut sm = StateMachine::new(store.clone());
+        let out = sm
+            .apply(vec![
+                entry(1, Command::PutStream { name: "s".into(), retention: None, ts: 0 }),
+                entry(2, frames("s", None, 1, false, &[b"a", b"b"])),
+                entry(3, Command::DeleteStream { name: "s".into() }),
+                entry(4, frames("s", Some(1), 2, true, &[b"a"])),
+                entry(5, frames("s", None, 3, true, &[b"c"])),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            out[3],
+            Outcome::FramesRejected(FramesRejection::Frame {
+                frame: 0,
+                rejection: PublishRejection::SeqEvicted { seq: 1, evicted_through: 2 }
+            })
+        );
+        assert_eq!(
+            out[4],
+            Outcome::FramesPublished { first_seq: 3, last_seq: 3, count: 1, ts: 3, duplicate: false, index: 5 }
+        );
+    }
 }
 
 /// Property test of the state machine at the limits of seq, log index and ts: any sequence of
@@ -529,9 +702,34 @@ mod properties {
                 |(stream, seq, ts, auto_create, len)| Command::Publish { stream, seq, ts, auto_create, data: vec![7; len] }
             ),
             1 => (name.clone(), retention, edgy(100)).prop_map(|(name, retention, ts)| Command::PutStream { name, retention, ts }),
-            1 => name.prop_map(|name| Command::DeleteStream { name }),
+            1 => name.clone().prop_map(|name| Command::DeleteStream { name }),
             1 => edgy(100).prop_map(|ts| Command::Tick { ts }),
+            2 => (name, proptest::option::of(edgy(5)), edgy(100), any::<bool>(), proptest::collection::vec(0..3usize, 0..4))
+                .prop_map(|(stream, seq, ts, auto_create, lens)| Command::PublishFrames {
+                    stream,
+                    seq,
+                    ts,
+                    auto_create,
+                    frames: lens.into_iter().map(|len| serde_bytes::ByteBuf::from(vec![7; len])).collect(),
+                }),
         ]
+    }
+
+    /// Every stream, tombstone and batch (ts, index, bytes).
+    fn dump_all(store: &Store) -> String {
+        let txn = store.db().begin_read().unwrap();
+        let mut out = String::new();
+        for table in [STREAMS, TOMBSTONES] {
+            for row in txn.open_table(table).unwrap().iter().unwrap() {
+                let (k, v) = row.unwrap();
+                out.push_str(&format!("{}={:?};", k.value(), v.value()));
+            }
+        }
+        for row in txn.open_table(BATCHES).unwrap().iter().unwrap() {
+            let (k, v) = row.unwrap();
+            out.push_str(&format!("{:?}={:?};", k.value(), v.value()));
+        }
+        out
     }
 
     proptest! {
@@ -547,13 +745,33 @@ mod properties {
             let mut clock = 0u64;
             for (i, cmd) in cmds.into_iter().enumerate() {
                 let index = first_index.saturating_add(i as u64);
-                if let Command::Publish { ts, .. } | Command::PutStream { ts, .. } | Command::Tick { ts } = &cmd {
+                if let Command::Publish { ts, .. }
+                | Command::PublishFrames { ts, .. }
+                | Command::PutStream { ts, .. }
+                | Command::Tick { ts } = &cmd
+                {
                     clock = clock.max(*ts);
                 }
+                let before = dump_all(&store);
+                let frames_cmd = matches!(cmd, Command::PublishFrames { .. });
                 let entry = Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(cmd) };
                 let (outcomes, _) = apply_entries(&store, vec![entry], false).unwrap();
                 if let Outcome::Published { ts, duplicate: false, .. } = outcomes[0] {
                     prop_assert_eq!(ts, clock, "a new batch takes the cluster clock");
+                }
+                match &outcomes[0] {
+                    Outcome::FramesPublished { first_seq, last_seq, count, ts, duplicate: false, .. } => {
+                        prop_assert_eq!(*ts, clock, "new frames take the cluster clock");
+                        prop_assert_eq!(u128::from(*last_seq) + 1 - u128::from(*first_seq), u128::from(*count));
+                    }
+                    Outcome::FramesPublished { duplicate: true, .. }
+                    | Outcome::FramesRejected(_)
+                    | Outcome::StreamNotFound
+                        if frames_cmd =>
+                    {
+                        prop_assert_eq!(&dump_all(&store), &before, "a refused or duplicate frames publish changes nothing");
+                    }
+                    _ => {}
                 }
                 for info in store.streams().unwrap() {
                     let m = info.meta;

@@ -281,6 +281,152 @@ pub fn decide_publish(meta: &StreamMeta, requested: Option<u64>, existing: Exist
     }
 }
 
+/// A frames publish (SPEC §6) refused; nothing is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum FramesRejection {
+    /// Frame `frame` (0-based) broke a rule of SPEC §2.3: the first frame that did. Answered
+    /// with that rule's status and code, and `"frame": frame`.
+    #[error("frame {frame}: {rejection}")]
+    Frame {
+        /// Index of the first failing frame.
+        frame: u64,
+        /// The rule it broke.
+        rejection: PublishRejection,
+    },
+    /// `409 partial_duplicate`: frames `0..first_new` are stored already (same seqs, same
+    /// payloads) and the rest are new. Resend frames `first_new..` with `seq` = `first_new_seq`.
+    #[error(
+        "frames 0..{first_new} are already stored (duplicates) and frames from {first_new} on are new; nothing was written: resend frames {first_new}.. with seq={first_new_seq}"
+    )]
+    PartialDuplicate {
+        /// Index of the first new frame (the count of duplicates before it).
+        first_new: u64,
+        /// That frame's seq.
+        first_new_seq: u64,
+    },
+    /// The request carried no frame (the API refuses it before proposing; this guards entries
+    /// that reach the state machine anyway).
+    #[error("the request carries no frame")]
+    Empty,
+}
+
+/// The outcome of the SPEC §6 rules for one frames publish of `count` frames, which take
+/// consecutive seqs `first_seq..=last_seq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FramesDecision {
+    /// Append every frame: frame k at `first_seq + k`.
+    Append {
+        /// The first frame's seq.
+        first_seq: u64,
+        /// The last frame's seq.
+        last_seq: u64,
+    },
+    /// Every frame is stored already with the same payload: answer `duplicate: true`, write
+    /// nothing.
+    Duplicate {
+        /// The first frame's seq.
+        first_seq: u64,
+        /// The last frame's seq.
+        last_seq: u64,
+    },
+    /// Refuse the whole request.
+    Reject(FramesRejection),
+}
+
+/// Decides a frames publish of `count` frames (SPEC §6): all or none. `requested` is the
+/// publisher's seq for frame 0 (frame k then asks for `requested + k`), or `None` for
+/// server-assigned seqs `last_seq + 1 ..`. Each frame follows [`decide_publish`]; the first
+/// frame it refuses refuses the request ([`FramesRejection::Frame`]); otherwise every frame new
+/// is [`FramesDecision::Append`], every frame a duplicate is [`FramesDecision::Duplicate`], and a
+/// mix is [`FramesRejection::PartialDuplicate`].
+///
+/// `existing(k, seq)` tells what the stream holds at `seq` for frame `k`; it is asked only for
+/// frames whose seq is at or below `last_seq` (consecutive seqs above it are all new), in frame
+/// order, and its error ends the decision. Arithmetic is checked: a seq past [`SEQ_MAX`] refuses
+/// that frame (`SeqOutOfRange` with `requested`, `SeqExhausted` without), never wraps.
+pub fn decide_frames<E>(
+    meta: &StreamMeta,
+    requested: Option<u64>,
+    count: u64,
+    mut existing: impl FnMut(u64, u64) -> Result<Existing, E>,
+) -> Result<FramesDecision, E> {
+    let reject = |frame, rejection| Ok(FramesDecision::Reject(FramesRejection::Frame { frame, rejection }));
+    if count == 0 {
+        return Ok(FramesDecision::Reject(FramesRejection::Empty));
+    }
+    let first_seq = match requested {
+        None => match meta.last_seq.checked_add(1).filter(|next| *next <= SEQ_MAX) {
+            Some(next) => next,
+            None => return reject(0, PublishRejection::SeqExhausted),
+        },
+        Some(seq) if seq == 0 || seq > SEQ_MAX => return reject(0, PublishRejection::SeqOutOfRange { seq }),
+        Some(seq) => seq,
+    };
+    // Frames at or below the last seq, in order: each a duplicate, or the request's refusal.
+    let mut frame = 0u64;
+    while frame < count {
+        let Some(seq) = first_seq.checked_add(frame).filter(|s| *s <= meta.last_seq) else { break };
+        match decide_publish(meta, Some(seq), existing(frame, seq)?) {
+            PublishDecision::Duplicate(_) => {}
+            PublishDecision::Reject(r) => return reject(frame, r),
+            // Not reached: seq ≤ last_seq is never appended. Refuse rather than trust it.
+            PublishDecision::Append(_) => {
+                return reject(frame, PublishRejection::SeqNotIncreasing { seq, last_seq: meta.last_seq })
+            }
+        }
+        frame += 1;
+    }
+    let duplicates = frame;
+    // The rest are new; the first of them past SEQ_MAX, if any, is refused.
+    let last_seq = match frames_last_seq(first_seq, count) {
+        Ok(last) => last,
+        Err(frame) => {
+            let rejection = match requested {
+                Some(_) => PublishRejection::SeqOutOfRange { seq: first_seq.saturating_add(frame) },
+                None => PublishRejection::SeqExhausted,
+            };
+            return reject(frame, rejection);
+        }
+    };
+    Ok(match duplicates {
+        0 => FramesDecision::Append { first_seq, last_seq },
+        d if d == count => FramesDecision::Duplicate { first_seq, last_seq },
+        d => FramesDecision::Reject(FramesRejection::PartialDuplicate { first_new: d, first_new_seq: first_seq + d }),
+    })
+}
+
+/// The last seq of `count` frames taking consecutive seqs from `first_seq` (SPEC §6).
+///
+/// Errors: the index of the first frame whose seq would be past [`SEQ_MAX`] (frame 0 when
+/// `first_seq` itself is, or when `count` is 0 and nothing can be last).
+pub fn frames_last_seq(first_seq: u64, count: u64) -> Result<u64, u64> {
+    let room = SEQ_MAX.checked_sub(first_seq).ok_or(0u64)?; // frames 0..=room fit
+    let last_frame = count.checked_sub(1).ok_or(0u64)?;
+    if last_frame > room {
+        return Err(room + 1);
+    }
+    Ok(first_seq + last_frame)
+}
+
+/// Records the frames of an appended frames publish: frame k, of `lens[k]` bytes, at
+/// `first_seq + k` ([`decide_frames`] returned `first_seq`). All or none.
+///
+/// Errors (`meta` unchanged): the index of the first frame [`record_append`] refuses, with why
+/// (a seq past [`SEQ_MAX`], a count or bytes past 2⁶⁴−1).
+pub fn record_frames(
+    meta: &mut StreamMeta,
+    first_seq: u64,
+    lens: impl IntoIterator<Item = u64>,
+) -> Result<(), (u64, MetaError)> {
+    let mut after = *meta;
+    for (frame, len) in (0u64..).zip(lens) {
+        let seq = first_seq.checked_add(frame).ok_or((frame, MetaError::SeqOutOfRange(u64::MAX)))?;
+        record_append(&mut after, seq, len).map_err(|e| (frame, e))?;
+    }
+    *meta = after;
+    Ok(())
+}
+
 /// Records an appended batch of `len` bytes at `seq` (which [`decide_publish`] returned).
 ///
 /// Errors (`meta` unchanged): `seq` outside `1..=SEQ_MAX` or not above `last_seq`; the batch
@@ -489,6 +635,173 @@ mod tests {
         );
     }
 
+    /// What a stream holds, for the frames rules: seq → payload.
+    fn holding<'a>(stored: &'a [(u64, &'static [u8])]) -> impl Fn(u64) -> Option<&'static [u8]> + 'a {
+        move |seq| stored.iter().find(|(s, _)| *s == seq).map(|(_, p)| *p)
+    }
+
+    /// Decides frames `payloads` against a stream holding `stored`, recording which frames were
+    /// looked up.
+    fn frames(
+        m: &StreamMeta,
+        stored: &[(u64, &'static [u8])],
+        seq: Option<u64>,
+        payloads: &[&[u8]],
+    ) -> (FramesDecision, Vec<u64>) {
+        let at = holding(stored);
+        let mut asked = Vec::new();
+        let d = decide_frames::<()>(m, seq, payloads.len() as u64, |k, s| {
+            asked.push(k);
+            Ok(match at(s) {
+                Some(p) if p == payloads[k as usize] => Existing::SamePayload,
+                Some(_) => Existing::OtherPayload,
+                None => Existing::Absent,
+            })
+        })
+        .unwrap();
+        (d, asked)
+    }
+
+    fn stream_1_to_3() -> (StreamMeta, Vec<(u64, &'static [u8])>) {
+        let mut m = StreamMeta::new(Retention::default());
+        for seq in 1..=3 {
+            record_append(&mut m, seq, 1).unwrap();
+        }
+        (m, vec![(1, b"a".as_slice()), (2, b"b"), (3, b"c")])
+    }
+
+    #[test]
+    fn frames_take_consecutive_seqs_all_or_none() {
+        let (m, stored) = stream_1_to_3();
+        // Server-assigned: last + 1 on, nothing looked up.
+        assert_eq!(
+            frames(&m, &stored, None, &[b"x", b"y"]),
+            (FramesDecision::Append { first_seq: 4, last_seq: 5 }, vec![])
+        );
+        // Publisher's seq above the last: new, with holes allowed before it.
+        assert_eq!(
+            frames(&m, &stored, Some(10), &[b"x".as_slice(); 3]).0,
+            FramesDecision::Append { first_seq: 10, last_seq: 12 }
+        );
+        // A retry of stored frames: every frame a duplicate.
+        assert_eq!(
+            frames(&m, &stored, Some(1), &[b"a", b"b", b"c"]),
+            (FramesDecision::Duplicate { first_seq: 1, last_seq: 3 }, vec![0, 1, 2])
+        );
+        // A mix: partial_duplicate, naming the first new frame and its seq.
+        assert_eq!(
+            frames(&m, &stored, Some(2), &[b"b", b"c", b"d", b"e"]).0,
+            FramesDecision::Reject(FramesRejection::PartialDuplicate { first_new: 2, first_new_seq: 4 })
+        );
+        // No frame: refused.
+        assert_eq!(frames(&m, &stored, None, &[]).0, FramesDecision::Reject(FramesRejection::Empty));
+    }
+
+    #[test]
+    fn the_first_failing_frame_refuses_the_request() {
+        let (m, stored) = stream_1_to_3();
+        // A conflict in the middle, after a duplicate: the conflict, at its frame; frames after
+        // it are not looked at.
+        assert_eq!(
+            frames(&m, &stored, Some(1), &[b"a", b"X", b"c", b"d"]),
+            (
+                FramesDecision::Reject(FramesRejection::Frame {
+                    frame: 1,
+                    rejection: PublishRejection::SeqConflict { seq: 2 }
+                }),
+                vec![0, 1]
+            )
+        );
+        // A failing frame wins over a mix of duplicates and new frames.
+        let mut holes = StreamMeta::new(Retention::default());
+        record_append(&mut holes, 1, 1).unwrap();
+        record_append(&mut holes, 3, 1).unwrap();
+        let stored = [(1, b"a".as_slice()), (3, b"c")];
+        assert_eq!(
+            frames(&holes, &stored, Some(1), &[b"a", b"b", b"c", b"d"]).0,
+            FramesDecision::Reject(FramesRejection::Frame {
+                frame: 1,
+                rejection: PublishRejection::SeqNotIncreasing { seq: 2, last_seq: 3 }
+            })
+        );
+        // Evicted seqs: seq_evicted at the frame.
+        let evicted = meta(10, 4);
+        assert_eq!(
+            frames(&evicted, &[], Some(4), &[b"a", b"b"]).0,
+            FramesDecision::Reject(FramesRejection::Frame {
+                frame: 0,
+                rejection: PublishRejection::SeqEvicted { seq: 4, evicted_through: 4 }
+            })
+        );
+        // A lookup error ends the decision.
+        assert_eq!(decide_frames(&m, Some(1), 2, |_, _| Err("io")), Err("io"));
+    }
+
+    #[test]
+    fn frames_never_pass_seq_max() {
+        let m = meta(SEQ_MAX - 2, 0);
+        assert_eq!(
+            frames(&m, &[], None, &[b"x".as_slice(); 2]).0,
+            FramesDecision::Append { first_seq: SEQ_MAX - 1, last_seq: SEQ_MAX }
+        );
+        assert_eq!(
+            frames(&m, &[], None, &[b"x".as_slice(); 3]).0,
+            FramesDecision::Reject(FramesRejection::Frame { frame: 2, rejection: PublishRejection::SeqExhausted })
+        );
+        assert_eq!(
+            frames(&meta(SEQ_MAX, 0), &[], None, &[b"x"]).0,
+            FramesDecision::Reject(FramesRejection::Frame { frame: 0, rejection: PublishRejection::SeqExhausted })
+        );
+        assert_eq!(
+            frames(&meta(0, 0), &[], Some(SEQ_MAX), &[b"x".as_slice(); 3]).0,
+            FramesDecision::Reject(FramesRejection::Frame {
+                frame: 1,
+                rejection: PublishRejection::SeqOutOfRange { seq: u64::MAX }
+            })
+        );
+        for seq in [0, u64::MAX] {
+            assert_eq!(
+                frames(&meta(0, 0), &[], Some(seq), &[b"x"]).0,
+                FramesDecision::Reject(FramesRejection::Frame {
+                    frame: 0,
+                    rejection: PublishRejection::SeqOutOfRange { seq }
+                })
+            );
+        }
+        // A count far beyond any request does not wrap either.
+        let d = decide_frames::<()>(&meta(0, 0), Some(2), u64::MAX, |_, _| Ok(Existing::Absent)).unwrap();
+        assert_eq!(
+            d,
+            FramesDecision::Reject(FramesRejection::Frame {
+                frame: SEQ_MAX - 1,
+                rejection: PublishRejection::SeqOutOfRange { seq: u64::MAX }
+            })
+        );
+    }
+
+    #[test]
+    fn frame_seqs_stop_at_seq_max() {
+        assert_eq!(frames_last_seq(1, 10_000), Ok(10_000));
+        assert_eq!(frames_last_seq(SEQ_MAX, 1), Ok(SEQ_MAX));
+        assert_eq!(frames_last_seq(SEQ_MAX, 2), Err(1));
+        assert_eq!(frames_last_seq(SEQ_MAX - 9, u64::MAX), Err(10));
+        assert_eq!(frames_last_seq(u64::MAX, 1), Err(0));
+        assert_eq!(frames_last_seq(5, 0), Err(0));
+    }
+
+    #[test]
+    fn recording_frames_is_all_or_none() {
+        let mut m = StreamMeta::new(Retention::default());
+        record_frames(&mut m, 5, [1, 0, 2]).unwrap();
+        assert_eq!((m.first_seq, m.last_seq, m.batches, m.bytes), (5, 7, 3, 3));
+        let before = m;
+        assert_eq!(record_frames(&mut m, 8, [1, u64::MAX]), Err((1, MetaError::BytesOverflow)));
+        assert_eq!(m, before, "a refused frame leaves the stream as it was");
+        assert_eq!(record_frames(&mut m, 7, [1]), Err((0, MetaError::SeqNotAbove { seq: 7, last_seq: 7 })));
+        assert_eq!(record_frames(&mut m, SEQ_MAX, [1, 1]), Err((1, MetaError::SeqOutOfRange(u64::MAX))));
+        assert_eq!(m, before);
+    }
+
     #[test]
     fn count_and_bytes_never_evict_the_newest_batch() {
         let mut m = StreamMeta::new(Retention { max_batches: Some(1), max_bytes: Some(1), max_age_ms: None });
@@ -691,6 +1004,81 @@ mod properties {
             model.check()?;
             for op in ops {
                 model.step(op)?;
+            }
+        }
+
+        /// A frames publish decides as its frames would one by one (SPEC §6): the first frame
+        /// refused refuses it, otherwise all new, all duplicates, or a partial duplicate; its
+        /// seqs never wrap, and a recorded append is the frames' seqs exactly.
+        #[test]
+        fn frames_decide_as_their_frames_one_by_one(
+            stored in proptest::collection::btree_map(prop_oneof![1..12u64, (SEQ_MAX - 4)..=SEQ_MAX], any::<bool>(), 0..6),
+            evicted_through in 0..4u64,
+            requested in proptest::option::of(prop_oneof![0..14u64, (SEQ_MAX - 5)..=u64::MAX]),
+            count in 0..6u64,
+        ) {
+            // The stream holds `stored` (seq → whether the request's payload at that seq is the
+            // same), every seq above evicted_through.
+            let stored: BTreeMap<u64, bool> = stored.into_iter().filter(|(s, _)| *s > evicted_through).collect();
+            let mut meta = StreamMeta { evicted_through, first_seq: evicted_through + 1, last_seq: evicted_through, ..StreamMeta::new(Retention::default()) };
+            for seq in stored.keys() {
+                record_append(&mut meta, *seq, 1).unwrap();
+            }
+            let existing = |seq: u64| match stored.get(&seq) {
+                Some(true) => Existing::SamePayload,
+                Some(false) => Existing::OtherPayload,
+                None => Existing::Absent,
+            };
+            let mut asked = Vec::new();
+            let got = decide_frames::<()>(&meta, requested, count, |k, seq| {
+                asked.push((k, seq));
+                Ok(existing(seq))
+            }).unwrap();
+            // The reference: each frame alone against the stream as it is.
+            let want = if count == 0 {
+                FramesDecision::Reject(FramesRejection::Empty)
+            } else {
+                let first = match requested {
+                    Some(r) => Some(r),
+                    None => meta.last_seq.checked_add(1).filter(|n| *n <= SEQ_MAX),
+                };
+                let mut decisions = Vec::new();
+                for k in 0..count {
+                    let d = match (requested, first.and_then(|f| f.checked_add(k))) {
+                        (Some(_), Some(seq)) => decide_publish(&meta, Some(seq), existing(seq)),
+                        (Some(_), None) => PublishDecision::Reject(PublishRejection::SeqOutOfRange { seq: u64::MAX }),
+                        (None, Some(seq)) if seq <= SEQ_MAX => PublishDecision::Append(seq),
+                        (None, _) => PublishDecision::Reject(PublishRejection::SeqExhausted),
+                    };
+                    decisions.push(d);
+                }
+                match decisions.iter().position(|d| matches!(d, PublishDecision::Reject(_))) {
+                    Some(k) => {
+                        let PublishDecision::Reject(rejection) = decisions[k] else { unreachable!() };
+                        FramesDecision::Reject(FramesRejection::Frame { frame: k as u64, rejection })
+                    }
+                    None => {
+                        let dups = decisions.iter().filter(|d| matches!(d, PublishDecision::Duplicate(_))).count() as u64;
+                        let first = first.unwrap();
+                        let last = first + count - 1;
+                        if dups == 0 {
+                            FramesDecision::Append { first_seq: first, last_seq: last }
+                        } else if dups == count {
+                            FramesDecision::Duplicate { first_seq: first, last_seq: last }
+                        } else {
+                            FramesDecision::Reject(FramesRejection::PartialDuplicate { first_new: dups, first_new_seq: first + dups })
+                        }
+                    }
+                }
+            };
+            prop_assert_eq!(got, want, "meta {:?}, stored {:?}", meta, stored);
+            // Only frames at or below the last seq are looked up, in order.
+            prop_assert!(asked.iter().all(|(_, seq)| *seq <= meta.last_seq));
+            prop_assert!(asked.windows(2).all(|w| w[1].0 == w[0].0 + 1));
+            if let FramesDecision::Append { first_seq, last_seq } = got {
+                let mut after = meta;
+                prop_assert_eq!(record_frames(&mut after, first_seq, (0..count).map(|_| 1)), Ok(()));
+                prop_assert_eq!((after.last_seq, after.batches), (last_seq, meta.batches + count));
             }
         }
 
