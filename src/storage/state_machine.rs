@@ -225,9 +225,11 @@ impl Tables<'_> {
             }
             Command::Publish { stream, seq, ts, auto_create, data } => {
                 let ts = self.tick_clock(ts);
-                let mut meta = match self.meta(&stream)? {
-                    Some(m) => m,
-                    None if auto_create => self.create(&stream, Retention::default())?,
+                // An auto-create consumes the name's tombstone only when the batch is appended: a
+                // refused publish must leave the deleted stream's seqs unreusable.
+                let (mut meta, created) = match self.meta(&stream)? {
+                    Some(m) => (m, false),
+                    None if auto_create => (self.would_create(&stream, Retention::default())?, true),
                     None => return Ok(Outcome::StreamNotFound),
                 };
                 let existing = match seq {
@@ -243,6 +245,9 @@ impl Tables<'_> {
                         // Decided before anything is written: a refusal changes nothing.
                         if let Err(e) = stream::record_append(&mut meta, s, data.len() as u64) {
                             return Ok(Outcome::Rejected(PublishRejection::Unrepresentable(e)));
+                        }
+                        if created {
+                            self.tombstones.remove(stream.as_str())?;
                         }
                         self.batches.insert((stream.as_str(), s), BatchValue::encode(ts, index, &data).as_slice())?;
                         self.enforce_retention(&stream, &mut meta, ts)?;
@@ -643,6 +648,37 @@ mod tests {
             ]
         );
         assert_eq!(store.stream("s").unwrap().unwrap().last_seq, 5);
+    }
+
+    /// Regression: a refused single-batch publish that would have auto-created a deleted stream
+    /// (here `seq_evicted`) removed the name's tombstone, so the next publish started again at
+    /// seq 1 and reused the deleted stream's seqs. It leaves the tombstone now.
+    #[tokio::test]
+    async fn a_refused_auto_create_publish_keeps_the_tombstone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut sm = StateMachine::new(store.clone());
+        let publish = |seq: Option<u64>, ts: u64, data: &[u8]| Command::Publish {
+            stream: "s".into(),
+            seq,
+            ts,
+            auto_create: true,
+            data: data.to_vec(),
+        };
+        let out = sm
+            .apply(vec![
+                entry(1, Command::PutStream { name: "s".into(), retention: None, ts: 0 }),
+                entry(2, publish(None, 1, b"a")),
+                entry(3, publish(None, 1, b"b")),
+                entry(4, Command::DeleteStream { name: "s".into() }),
+                entry(5, publish(Some(1), 2, b"a")),
+                entry(6, publish(None, 3, b"c")),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(out[4], Outcome::Rejected(PublishRejection::SeqEvicted { seq: 1, evicted_through: 2 }));
+        assert_eq!(out[5], Outcome::Published { seq: 3, ts: 3, duplicate: false, index: 6 });
+        assert_eq!(store.stream("s").unwrap().unwrap().last_seq, 3);
     }
 
     /// A refused frames publish that would have auto-created a deleted stream leaves its
