@@ -256,3 +256,7 @@ const _: () = assert!(MAX_CLOCK_OFFSET_MS_MIN <= MAX_CLOCK_OFFSET_MS_DEFAULT);
 const _: () = assert!(LEADER_WAIT_MS + CLOCK_VERIFY_WAIT_MS + COMMIT_WAIT_MS < FORWARD_TIMEOUT_MS);
 // A stream name fits a forwarded answer many times over (answers name the stream).
 const _: () = assert!(ADMIN_BODY_BYTES_MAX <= FORWARDED_ANSWER_BYTES_MAX);
+
+/// How often a node with `--admin-token-file` checks, until one is applied, whether the
+/// cluster's bootstrap admin token must still be proposed, in ms.
+pub const BOOTSTRAP_TOKEN_RETRY_MS: u64 = 500;

@@ -37,6 +37,8 @@ pub fn node_config(shared: &Shared, id: NodeId, data_dir: PathBuf) -> NodeConfig
         snapshot_logs: shared.plan.snapshot_logs,
         snapshot_keep_logs: shared.plan.snapshot_keep_logs,
         max_clock_offset_ms: runnev::limits::MAX_CLOCK_OFFSET_MS_DEFAULT,
+        security: Default::default(),
+        admin_token: None,
     }
 }
 

@@ -2,7 +2,10 @@
 //! it to openraft, encode the answer.
 //!
 //! Owns: nothing but the translation. Must never: panic on a peer's bytes; a body that does not
-//! decode gets `400` and reaches no Raft state.
+//! decode gets `400` and reaches no Raft state; nor hand openraft an RPC that, with peer TLS on,
+//! did not come over a connection whose verified certificate names the node the RPC claims as
+//! its sender (the candidate of a vote, the leader of an append or snapshot): that is `403
+//! forbidden` ([`super::auth::check_peer`]).
 
 use axum::body::Body;
 use axum::extract::State;
@@ -11,9 +14,17 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::auth::{check_any_node, check_peer};
 use super::{read_body, AppState};
 use crate::error::ApiError;
 use crate::limits::RAFT_RPC_BYTES_MAX;
+use axum::extract::Request;
+
+/// The node an RPC's vote names: the candidate of a vote request, the leader of an append or
+/// snapshot.
+fn sender(vote: &openraft::Vote<crate::raft::NodeId>) -> Option<crate::raft::NodeId> {
+    vote.leader_id().voted_for()
+}
 
 async fn decode_rpc<T: DeserializeOwned>(body: Body) -> Result<T, ApiError> {
     let bytes = read_body(body, RAFT_RPC_BYTES_MAX).await?;
@@ -29,8 +40,12 @@ fn encode_answer<T: Serialize>(answer: &T) -> Response {
 
 /// `POST /raft/append`: append-entries (Raft paper §5.3). One this node accepts (any answer but
 /// "higher vote") counts as hearing from a leader ([`super::contact`]).
-pub async fn append(State(s): State<AppState>, body: Body) -> Result<Response, ApiError> {
-    let req = decode_rpc(body).await?;
+pub async fn append(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    // Who is at the other end is known before the body is read: an anonymous peer's is not.
+    check_any_node(&s, &parts.extensions)?;
+    let req: openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig> = decode_rpc(body).await?;
+    check_peer(&s, &parts.extensions, sender(&req.vote))?;
     let answer = s.raft.append_entries(req).await;
     if matches!(&answer, Ok(r) if !matches!(r, openraft::raft::AppendEntriesResponse::HigherVote(_))) {
         s.contact.heard();
@@ -39,15 +54,23 @@ pub async fn append(State(s): State<AppState>, body: Body) -> Result<Response, A
 }
 
 /// `POST /raft/vote`: request-vote (Raft paper §5.2).
-pub async fn vote(State(s): State<AppState>, body: Body) -> Result<Response, ApiError> {
-    let req = decode_rpc(body).await?;
+pub async fn vote(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    // Who is at the other end is known before the body is read: an anonymous peer's is not.
+    check_any_node(&s, &parts.extensions)?;
+    let req: openraft::raft::VoteRequest<crate::raft::NodeId> = decode_rpc(body).await?;
+    check_peer(&s, &parts.extensions, sender(&req.vote))?;
     Ok(encode_answer(&s.raft.vote(req).await))
 }
 
 /// `POST /raft/snapshot`: one chunk of install-snapshot (Raft paper §7). One this node accepts
 /// (its vote is not above the sender's) counts as hearing from a leader.
-pub async fn snapshot(State(s): State<AppState>, body: Body) -> Result<Response, ApiError> {
+pub async fn snapshot(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    // Who is at the other end is known before the body is read: an anonymous peer's is not.
+    check_any_node(&s, &parts.extensions)?;
     let req: openraft::raft::InstallSnapshotRequest<crate::raft::TypeConfig> = decode_rpc(body).await?;
+    check_peer(&s, &parts.extensions, sender(&req.vote))?;
     let vote = req.vote;
     let answer = s.raft.install_snapshot(req).await;
     if matches!(&answer, Ok(r) if r.vote <= vote) {
@@ -58,6 +81,9 @@ pub async fn snapshot(State(s): State<AppState>, body: Body) -> Result<Response,
 
 /// `GET /raft/clock`: this node's wall clock, ms since the Unix epoch, as decimal text, for the
 /// other nodes' measurements ([`crate::clock`]).
-pub async fn clock(State(s): State<AppState>) -> Response {
+pub async fn clock(State(s): State<AppState>, req: Request) -> Response {
+    if let Err(e) = check_any_node(&s, req.extensions()) {
+        return e.into_response();
+    }
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], s.clock.wall_ms().to_string()).into_response()
 }
