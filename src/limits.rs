@@ -180,6 +180,10 @@ pub const CLI_PROBE_BYTES_MAX: usize = 64 * 1024;
 /// plus its key, with room to spare. Guards against a corrupt length.
 pub const SNAPSHOT_RECORD_BYTES_MAX: u32 = 64 * 1024 * 1024;
 
+/// The chunk a backup is streamed in, bytes (`GET /v1/backup`); with the 4-chunk channel it
+/// bounds the memory of one backup in flight.
+pub const BACKUP_CHUNK_BYTES: usize = 256 * 1024;
+
 /// Largest answer body the client reads, in bytes: a read of [`READ_BATCHES_MAX`] batches,
 /// base64-encoded.
 pub const CLIENT_ANSWER_BYTES_MAX: usize = 64 * 1024 * 1024;

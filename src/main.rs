@@ -384,6 +384,30 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ClusterCmd,
     },
+    /// Save a backup of the whole cluster state (every stream, its retained batches and seqs)
+    /// from the leader to FILE, checked before it is kept.
+    Backup {
+        #[command(flatten)]
+        at: ClientArgs,
+        /// The file to write (written beside it first, renamed once checked).
+        file: PathBuf,
+    },
+    /// Lay out a fresh data directory for one node of a new cluster from a backup file; run it
+    /// once per node with the same --peers, then start each node with `runnev serve`.
+    Restore {
+        /// The backup file (`runnev backup`).
+        #[arg(long)]
+        from: PathBuf,
+        /// The data directory to create; it must not exist or be empty.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// This node's id in the new cluster.
+        #[arg(long, value_parser = node_id)]
+        id: u64,
+        /// The new cluster's members: 1=HOST:PORT,2=HOST:PORT,3=HOST:PORT (as `serve --peers`).
+        #[arg(long)]
+        peers: String,
+    },
     /// Exit 0 if URL answers 2xx within the timeout, else 1 (container health checks).
     Probe {
         /// The URL, e.g. http://127.0.0.1:7001/readyz.
@@ -653,6 +677,7 @@ async fn run(args: Cli) -> Result<()> {
             | Cmd::Cluster { .. }
             | Cmd::Status { .. }
             | Cmd::Auth { .. }
+            | Cmd::Backup { .. }
     );
     if client_command {
         runnev::node::init_logging_or("warn");
@@ -779,6 +804,14 @@ async fn run(args: Cli) -> Result<()> {
         Cmd::Cluster { at, cmd } => {
             let at = resolve(&top, &at);
             cli::cluster(&at.client()?, at.output, cmd).await?
+        }
+        Cmd::Backup { at, file } => {
+            let at = resolve(&top, &at);
+            cli::backup(&at.client()?, at.output, &file).await?
+        }
+        Cmd::Restore { from, data_dir, id, peers } => {
+            let peers = parse_peers(&peers).map_err(|e| cli::usage(&format!("--peers: {e:#}")))?;
+            cli::restore(&from, &data_dir, id, &peers).await?
         }
         Cmd::Bench { args } => return Err(cli::bench(args)),
         Cmd::OutboxRelay(args) => runnev::outbox::cli::relay(args, shutdown_signal()).await?,

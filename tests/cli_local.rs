@@ -65,6 +65,12 @@ async fn start_local(dir: &std::path::Path, base: u16) -> tokio::process::Child 
     local
 }
 
+/// `runnev serve` with these settings; the answer once it exits.
+async fn serve(id: &str, data: &std::path::Path, listen: &str, peers: &str, env: &[(&str, &str)]) -> CliRun {
+    let data = data.to_str().expect("utf-8 path");
+    cli(&["serve", "--id", id, "--data-dir", data, "--listen", listen, "--peers", peers], env).await
+}
+
 fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: a process of this test's own tree, identified just before.
     assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0, "kill {pid}");
@@ -77,38 +83,10 @@ fn signal(pid: u32, sig: libc::c_int) {
 async fn serve_refuses_id_0_and_a_data_dir_in_use_in_one_sentence() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("d");
-    let r = cli(
-        &[
-            "serve",
-            "--id",
-            "0",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:1",
-            "--peers",
-            "0=127.0.0.1:1",
-        ],
-        &[],
-    )
-    .await;
+    let r = serve("0", &data, "127.0.0.1:1", "0=127.0.0.1:1", &[]).await;
     r.expect_code(2, "serve --id 0");
     assert!(r.stderr.contains("node ids start at 1; 0 is not a node id"), "{r:#?}");
-    let r = cli(
-        &[
-            "serve",
-            "--id",
-            "1",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:1",
-            "--peers",
-            "0=127.0.0.1:1",
-        ],
-        &[],
-    )
-    .await;
+    let r = serve("1", &data, "127.0.0.1:1", "0=127.0.0.1:1", &[]).await;
     r.expect_code(2, "a peer with id 0");
     assert!(!data.exists(), "nothing was created");
 
@@ -119,21 +97,8 @@ async fn serve_refuses_id_0_and_a_data_dir_in_use_in_one_sentence() {
     r.expect_code(0, "one node: publish");
 
     let data = c.data_dir(1);
-    let r = cli(
-        &[
-            "serve",
-            "--id",
-            "1",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--listen",
-            &format!("127.0.0.1:{}", closed_port()),
-            "--peers",
-            &format!("1={nodes}"),
-        ],
-        &[("RUST_LOG", "error")],
-    )
-    .await;
+    let r = serve("1", &data, &format!("127.0.0.1:{}", closed_port()), &format!("1={nodes}"), &[("RUST_LOG", "error")])
+        .await;
     r.expect_code(1, "a second node on the same data dir");
     let expected = format!(
         "runnev: the data dir {} is in use: another runnev process holds the lock on its database",
@@ -213,4 +178,23 @@ async fn local_exits_non_zero_naming_why_a_node_could_not_start() {
         assert!(port_holder(base + i).is_none(), "node {} was stopped", i + 1);
     }
     holder.kill().await.unwrap();
+}
+
+/// A data directory written in another data format is refused at start, with both format
+/// numbers, and left as it was: nothing in it is opened or created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_a_data_dir_of_another_format_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("FORMAT"), "runnev data format 9\n").unwrap();
+    let port = closed_port();
+    let r =
+        serve("1", &data, &format!("127.0.0.1:{port}"), &format!("1=127.0.0.1:{port}"), &[("RUST_LOG", "error")]).await;
+    r.expect_code(1, "a data dir of format 9");
+    assert!(r.stderr.contains("data format 9; this runnev reads format 1"), "{r:#?}");
+    let names: Vec<String> =
+        std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, vec!["FORMAT".to_string()], "nothing else was created");
+    assert_eq!(std::fs::read_to_string(data.join("FORMAT")).unwrap(), "runnev data format 9\n");
 }

@@ -72,9 +72,11 @@ async fn idempotent_publish_holds_across_leader_failover() {
     assert_eq!(acked.status, 201, "{}", acked.describe());
     // Both followers paused: nothing can commit. A publish then is appended by the leader and
     // must be answered `503 no_leader` with `Runnev-Outcome: unknown` once the commit wait runs
-    // out, never acknowledged. A second one is certainly in flight when the leader is killed:
-    // appended (the leader's last log index grew), unanswered. Both outcomes are unknown to the
-    // client, and a retry with the same seq resolves them.
+    // out, never acknowledged. A second one is sent while the first waits, so both are appended
+    // while the leader's measures of its peers' clocks are fresh (a leader that can no longer
+    // measure a majority's clocks refuses to propose, `503 not_ready`); it is still unanswered,
+    // or answered without an acknowledgement, when the leader is killed. Both outcomes are
+    // unknown to the client, and a retry with the same seq resolves them.
     c.pause_all(&f);
     let appended = |after: u64| {
         let c = &c;
@@ -92,17 +94,10 @@ async fn idempotent_publish_holds_across_leader_failover() {
     };
     let before = c.cluster_info(leader).await.expect("leader view").last_log_index.unwrap_or(0);
     let url = format!("{}/v1/streams/orders/batches?seq=30", c.url(leader));
-    let no_quorum = c
-        .http
-        .request(hyper::Method::POST, &url, Some(b"thirty".to_vec().into()), &[], Duration::from_secs(60))
-        .await
-        .expect("an answer from the leader without a quorum");
-    assert_eq!(
-        (no_quorum.status, no_quorum.error_code().as_deref(), no_quorum.header("runnev-outcome").as_deref()),
-        (503, Some("no_leader"), Some("unknown")),
-        "a publish that cannot commit (both followers paused) is not acknowledged: {}",
-        no_quorum.describe()
-    );
+    let http = c.http.clone();
+    let no_quorum = tokio::spawn(async move {
+        http.request(hyper::Method::POST, &url, Some(b"thirty".to_vec().into()), &[], Duration::from_secs(60)).await
+    });
     let after_30 = appended(before).await;
     // The leader holds seq 30 in its log, uncommitted: it must not serve it (SPEC §2.2).
     let read = c.http.get(&format!("{}/v1/streams/orders/batches?after=11", c.url(leader))).await.expect("read");
@@ -113,6 +108,13 @@ async fn idempotent_publish_holds_across_leader_failover() {
     let http = c.http.clone();
     let in_flight = tokio::spawn(async move { http.post(&url, b"thirty-one".to_vec()).await });
     let appended_31 = appended(after_30).await;
+    let no_quorum = no_quorum.await.expect("publish task").expect("an answer from the leader without a quorum");
+    assert_eq!(
+        (no_quorum.status, no_quorum.error_code().as_deref(), no_quorum.header("runnev-outcome").as_deref()),
+        (503, Some("no_leader"), Some("unknown")),
+        "a publish that cannot commit (both followers paused) is not acknowledged: {}",
+        no_quorum.describe()
+    );
     c.kill_9(leader);
     c.resume_all(&f);
     match in_flight.await.expect("publish task") {
@@ -435,9 +437,9 @@ async fn age_and_byte_retention_evict_deterministically() {
 /// Regression: a follower that had not yet applied a stream's creation answered a long-poll
 /// read `404 stream_not_found` (seen as a flaky `a_lagging_node_waits_for_the_cursor`). A node
 /// behind the creation now waits like a node behind the cursor, for reads and subscriptions.
-/// The node is held behind (the others paused) until both requests are seen parked in their
-/// waits: the read then serves seq 1 once the node catches up, and the subscription, whose
-/// wait for an unknown stream is 2 s, answers `404` only after it (still held behind).
+/// The node is held behind (the others paused) until the read is seen parked in its wait: the
+/// read then serves seq 1 once the node catches up. A subscription on the node while it is held
+/// behind and has heard from no leader is refused as retryable (`503 not_ready`), not `404`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_behind_a_streams_creation_waits_instead_of_404() {
     let mut c = Cluster::start(3, &[]).await;
@@ -455,18 +457,15 @@ async fn a_node_behind_a_streams_creation_waits_instead_of_404() {
             async move { http.request(hyper::Method::GET, &read_url, None, &[], Duration::from_secs(90)).await },
         );
     c.wait_parked(lagging, "read", 1.0, Duration::from_secs(20)).await;
+    // A subscription there is refused as retryable, never `404`: the restarted node has not heard
+    // from a leader since it started (the others are paused), so it cannot tell whether it is
+    // behind, and a subscriber must go to another node (`503 not_ready`).
     let sub_url = format!("{}/v1/streams/late/subscribe?after=0", c.url(lagging));
-    let http = c.http.clone();
-    let sub =
-        tokio::spawn(
-            async move { http.request(hyper::Method::GET, &sub_url, None, &[], Duration::from_secs(30)).await },
-        );
-    c.wait_parked(lagging, "subscribe", 1.0, Duration::from_secs(20)).await;
-    let s = sub.await.expect("task").expect("the subscription is answered after its wait");
+    let s = c.http.get(&sub_url).await.expect("an answer to the subscription");
     assert_eq!(
         (s.status, s.error_code().as_deref()),
-        (404, Some("stream_not_found")),
-        "a subscription that parked in its wait for the stream, on a node held behind: {}",
+        (503, Some("not_ready")),
+        "a subscription on a node held behind and cut off from the leader: {}",
         s.describe()
     );
     assert!(!read.is_finished(), "the read still waits: its wait_ms is 60 s");

@@ -15,6 +15,7 @@
 //! restarts it); `/v1/cluster` and `/metrics` still describe it.
 
 pub mod auth;
+mod backup;
 mod cluster;
 pub mod contact;
 mod members;
@@ -149,6 +150,7 @@ pub fn router(state: AppState) -> Router {
         // The routes above serve clients from Raft's state; the ones below describe the node.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), refuse_without_raft))
         .route("/v1/cluster", get(cluster::view))
+        .route("/v1/backup", get(backup::backup))
         .route("/healthz", get(cluster::health))
         .route("/readyz", get(cluster::ready))
         .route("/metrics", get(cluster::metrics))

@@ -156,6 +156,9 @@ pub enum ClientError {
     /// The node list is empty or a URL is malformed.
     #[error("client configuration: {0}")]
     Config(String),
+    /// Writing what the cluster sent to a local file or pipe failed.
+    #[error("writing locally: {0}")]
+    Io(#[from] std::io::Error),
     /// An answer did not have the shape SPEC §3 gives it.
     #[error("unexpected answer from {node}: {what}")]
     Protocol {
@@ -400,6 +403,14 @@ impl Client {
         self.inner.leader.store(found.unwrap_or(usize::MAX), Ordering::Relaxed);
     }
 
+    /// `req` with this client's token, if it has one, as `Authorization: Bearer`.
+    fn authorized(&self, req: hyper::http::request::Builder) -> hyper::http::request::Builder {
+        match &self.inner.token {
+            Some(token) => req.header(hyper::header::AUTHORIZATION, format!("Bearer {}", token.expose())),
+            None => req,
+        }
+    }
+
     async fn exchange(
         &self,
         node: &str,
@@ -408,11 +419,10 @@ impl Client {
         body: &Bytes,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes, bool), Attempt> {
-        let mut req = hyper::Request::builder().method(method.clone()).uri(format!("{node}{path}"));
-        if let Some(token) = &self.inner.token {
-            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {}", token.expose()));
-        }
-        let req = req.body(Full::new(body.clone())).map_err(|e| Attempt::Fail(ClientError::Config(e.to_string())))?;
+        let req = self
+            .authorized(hyper::Request::builder().method(method.clone()).uri(format!("{node}{path}")))
+            .body(Full::new(body.clone()))
+            .map_err(|e| Attempt::Fail(ClientError::Config(e.to_string())))?;
         let run = async {
             let resp = self.inner.http.request(req).await.map_err(|e| {
                 if e.is_connect() {
@@ -744,6 +754,57 @@ impl Client {
             return Ok((self.any_cluster_view().await?, Deleted::Already));
         }
         Ok((Self::json(&a.node, &a.bytes)?, Deleted::Now))
+    }
+
+    /// `GET /v1/backup` from the leader (the node with the freshest applied state; any node
+    /// when none is known), written to `w` as it arrives. Returns the node asked and the bytes
+    /// written. The file is checked by its reader (`runnev backup` checks it before keeping it):
+    /// a body cut short by a failure on the node is a truncated backup.
+    ///
+    /// Errors: the errors of [`Client::any_cluster_view`]; [`ClientError::Api`] for a refusal
+    /// (`503 not_ready` from a node cut off from its leader); [`ClientError::Unavailable`] when
+    /// the node stops sending for longer than the request timeout or the connection breaks;
+    /// [`ClientError::Io`] when `w` fails.
+    pub async fn backup(&self, w: &mut (impl tokio::io::AsyncWrite + Unpin)) -> Result<(String, u64), ClientError> {
+        use tokio::io::AsyncWriteExt;
+        let view = self.any_cluster_view().await?;
+        let leader = view.leader_id.and_then(|l| view.members.iter().find(|m| m.id == l));
+        let node = match leader {
+            Some(m) => format!("http://{}", m.addr),
+            None => self.inner.nodes[self.pick()].clone(),
+        };
+        let req = self
+            .authorized(hyper::Request::get(format!("{node}/v1/backup")))
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| ClientError::Config(e.to_string()))?;
+        let timeout = self.inner.policy.request_timeout;
+        let broken = |why: String| ClientError::Unavailable { after: timeout, last: format!("{node}: {why}") };
+        let resp = match tokio::time::timeout(timeout, self.inner.http.request(req)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return Err(broken(cause_text(&e))),
+            Err(_) => return Err(broken("no answer".into())),
+        };
+        let status = resp.status();
+        let mut body = resp.into_body();
+        if status != StatusCode::OK {
+            let bytes = Limited::new(body, ANSWER_BYTES_MAX).collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+            return Err(api_error(&node, status, &bytes));
+        }
+        let mut written = 0u64;
+        loop {
+            let frame = match tokio::time::timeout(timeout, body.frame()).await {
+                Ok(Some(Ok(f))) => f,
+                Ok(None) => break,
+                Ok(Some(Err(e))) => return Err(broken(format!("the backup broke off after {written} bytes: {e}"))),
+                Err(_) => return Err(broken(format!("the backup stalled after {written} bytes"))),
+            };
+            if let Ok(data) = frame.into_data() {
+                w.write_all(&data).await?;
+                written = written.saturating_add(data.len() as u64);
+            }
+        }
+        w.flush().await?;
+        Ok((node, written))
     }
 
     /// Subscribes to `stream` after `cursor` (the last seq fully processed; 0 for the start).

@@ -15,6 +15,8 @@
 //! durably every [`crate::limits::SM_DURABLE_EVERY_ENTRIES`] entries or
 //! [`crate::limits::SM_DURABLE_EVERY_BYTES`] bytes, which bounds the replay after a crash.
 
+pub mod backup;
+pub mod format;
 pub mod io;
 pub mod log_store;
 pub mod segments;
@@ -87,6 +89,21 @@ pub enum StoreError {
     /// read.
     #[error("this data directory keeps its Raft log in redb (an older Runnev layout); start from an empty directory")]
     LegacyLayout,
+    /// The data directory's `FORMAT` file names a format this build does not read
+    /// ([`format::FORMAT_VERSION`]).
+    #[error(
+        "this data directory is in data format {found}; this runnev reads format {supported} only: run the runnev that wrote it, or start from an empty directory"
+    )]
+    UnsupportedFormat {
+        /// The format the directory was written in.
+        found: u32,
+        /// The one format this build reads.
+        supported: u32,
+    },
+    /// A backup file is not a complete, undamaged backup, or a restore cannot lay out its
+    /// directory (see [`backup::restore`]).
+    #[error("{0}")]
+    Backup(String),
 }
 
 impl StoreError {
@@ -182,10 +199,12 @@ pub struct Store {
 impl Store {
     /// Opens (or creates) the store under `dir`, creating the directory and every table.
     ///
-    /// Errors: the directory cannot be created, or redb cannot open the database (another process
-    /// holds it, or it is corrupt).
+    /// Errors: the directory cannot be created; its `FORMAT` names another data format
+    /// ([`StoreError::UnsupportedFormat`], checked before anything else is opened); or redb cannot
+    /// open the database (another process holds it, or it is corrupt).
     pub fn open(dir: &Path) -> Result<Arc<Store>, StoreError> {
         std::fs::create_dir_all(dir)?;
+        format::check_or_write(dir)?;
         let db = Database::create(dir.join("runnev.redb"))?;
         let segments = segments::FsSegments::new(dir.join("log"))?;
         Store::init(db, Arc::new(segments), dir)
@@ -201,6 +220,7 @@ impl Store {
         segments: Arc<dyn segments::SegmentDir>,
     ) -> Result<Arc<Store>, StoreError> {
         std::fs::create_dir_all(dir)?;
+        format::check_or_write(dir)?;
         let db = Database::builder().create_with_backend(backend)?;
         Store::init(db, segments, dir)
     }

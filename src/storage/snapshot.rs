@@ -114,6 +114,27 @@ pub(crate) fn build(store: &Store) -> Result<(SnapshotMeta, File), StoreError> {
     // read sees durable before a snapshot of it exists: otherwise a crash could leave the snapshot
     // ahead of the durable state machine and openraft refuses to start (simulation seed 4).
     durable_barrier(store)?;
+    let tmp = building_path(store.dir());
+    let mut w = BufWriter::new(File::create(&tmp)?);
+    let (meta, streams, batches) = write_state(&txn, &mut w)?;
+    let file = w.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    drop(file);
+    let current = publish(store, &tmp)?;
+    tracing::info!(snapshot = %meta.snapshot_id, streams, batches, "built snapshot");
+    Ok((meta, current))
+}
+
+/// Writes the state machine as `txn` sees it, in the snapshot format (magic, header, clock,
+/// streams, tombstones, tokens, batches, end), to `w`; returns its metadata and the stream and batch
+/// counts. The id is `{term}-{index}` of the last applied log id. One read transaction is one
+/// consistent cut of the applied state: what a snapshot and a backup need.
+///
+/// Errors: redb, encoding or `w`'s failures.
+pub(crate) fn write_state(
+    txn: &redb::ReadTransaction,
+    w: &mut impl Write,
+) -> Result<(SnapshotMeta, u64, u64), StoreError> {
     let sm = txn.open_table(SM_META)?;
     let last_applied: Option<LogId> = sm.get("last_applied")?.map(|v| decode(v.value())).transpose()?.flatten();
     let membership: StoredMembership =
@@ -124,39 +145,31 @@ pub(crate) fn build(store: &Store) -> Result<(SnapshotMeta, File), StoreError> {
         None => "0-0".to_string(),
     };
     let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
-
-    let tmp = building_path(store.dir());
-    let mut w = BufWriter::new(File::create(&tmp)?);
     w.write_all(MAGIC)?;
-    write_record(&mut w, &Record::Header { meta: meta.clone() })?;
-    write_record(&mut w, &Record::Clock { clock_ms })?;
+    write_record(w, &Record::Header { meta: meta.clone() })?;
+    write_record(w, &Record::Clock { clock_ms })?;
     let (mut streams, mut batches) = (0u64, 0u64);
     for row in txn.open_table(STREAMS)?.iter()? {
         let (k, v) = row?;
-        write_record(&mut w, &Record::Stream { name: k.value(), meta: decode(v.value())? })?;
+        write_record(w, &Record::Stream { name: k.value(), meta: decode(v.value())? })?;
         streams += 1;
     }
     for row in txn.open_table(TOMBSTONES)?.iter()? {
         let (k, v) = row?;
-        write_record(&mut w, &Record::Tombstone { name: k.value(), meta: decode(v.value())? })?;
+        write_record(w, &Record::Tombstone { name: k.value(), meta: decode(v.value())? })?;
     }
     for row in txn.open_table(TOKENS)?.iter()? {
         let (k, v) = row?;
-        write_record(&mut w, &Record::Token { name: k.value(), value: v.value() })?;
+        write_record(w, &Record::Token { name: k.value(), value: v.value() })?;
     }
     for row in txn.open_table(BATCHES)?.iter()? {
         let (k, v) = row?;
         let (stream, seq) = k.value();
-        write_record(&mut w, &Record::Batch { stream, seq, value: v.value() })?;
+        write_record(w, &Record::Batch { stream, seq, value: v.value() })?;
         batches += 1;
     }
-    write_record(&mut w, &Record::End { streams, batches })?;
-    let file = w.into_inner().map_err(|e| e.into_error())?;
-    file.sync_all()?;
-    drop(file);
-    let current = publish(store, &tmp)?;
-    tracing::info!(snapshot = %meta.snapshot_id, streams, batches, "built snapshot");
-    Ok((meta, current))
+    write_record(w, &Record::End { streams, batches })?;
+    Ok((meta, streams, batches))
 }
 
 /// A durable commit: redb then persists every earlier non-durable commit too.
@@ -289,6 +302,46 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
     }
     publish(store, &copy_path)?;
     Ok(counts)
+}
+
+/// Copies the snapshot read from `r` to `w` record by record, with its header's metadata
+/// replaced by `edit(&meta)`, and checks that it is complete (its end's counts match what was
+/// read). Reads exactly through the end record, nothing after it. Memory is one record.
+/// Returns the original metadata and the stream and batch counts.
+///
+/// Errors: [`StoreError::Snapshot`] (no magic, no header first, a second header, counts that do
+/// not match), [`StoreError::Io`] (`UnexpectedEof` for a truncated snapshot), decoding errors.
+pub(crate) fn copy_with_meta(
+    r: &mut impl Read,
+    w: &mut impl Write,
+    edit: impl FnOnce(&SnapshotMeta) -> SnapshotMeta,
+) -> Result<(SnapshotMeta, u64, u64), StoreError> {
+    let meta = read_header(r)?;
+    w.write_all(MAGIC)?;
+    write_record(w, &Record::Header { meta: edit(&meta) })?;
+    let mut buf = Vec::new();
+    let (mut n_streams, mut n_batches) = (0u64, 0u64);
+    loop {
+        read_record(r, &mut buf)?;
+        let record = postcard::from_bytes::<Record<'_>>(&buf)?;
+        match &record {
+            Record::Header { .. } => return Err(StoreError::Snapshot("a second header".into())),
+            Record::Stream { .. } => n_streams = n_streams.saturating_add(1),
+            Record::Batch { .. } => n_batches = n_batches.saturating_add(1),
+            Record::Tombstone { .. } | Record::Clock { .. } | Record::Token { .. } => {}
+            Record::End { streams, batches } => {
+                if (*streams, *batches) != (n_streams, n_batches) {
+                    return Err(StoreError::Snapshot(format!(
+                        "its end says {streams} streams and {batches} batches; read {n_streams} and {n_batches}"
+                    )));
+                }
+            }
+        }
+        write_record(w, &record)?;
+        if matches!(record, Record::End { .. }) {
+            return Ok((meta, n_streams, n_batches));
+        }
+    }
 }
 
 /// A reader that writes everything it reads to `to`.
