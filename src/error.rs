@@ -72,6 +72,10 @@ pub enum ApiError {
     /// `403 forbidden`: the token (or the peer certificate) does not allow the request.
     #[error("{0}")]
     Forbidden(String),
+    /// `503 overloaded` (with `Retry-After`): the node is at one of its bounds (connections,
+    /// subscribers); another node, or a retry later, may take the request.
+    #[error("{0}")]
+    Overloaded(String),
     /// `409 token_exists`: a token of that name exists; delete it first.
     #[error("{0}")]
     TokenExists(String),
@@ -120,6 +124,7 @@ impl ApiError {
             Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
             Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             TokenExists(_) => (StatusCode::CONFLICT, "token_exists"),
+            Overloaded(_) => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
         }
     }
 }
@@ -130,7 +135,7 @@ impl IntoResponse for ApiError {
         let body = ErrorBody { error: ErrorDetail { code: code.to_string(), message: self.to_string() } };
         let mut resp = (status, axum::Json(body)).into_response();
         match self {
-            ApiError::NoLeader(_) => {
+            ApiError::NoLeader(_) | ApiError::Overloaded(_) => {
                 resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
             }
             ApiError::OutcomeUnknown(_) => {

@@ -11,7 +11,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use runnev::limits::{
-    BATCH_BYTES_DEFAULT, MAX_CLOCK_OFFSET_MS_DEFAULT, SNAPSHOT_KEEP_LOGS_DEFAULT, SNAPSHOT_LOGS_DEFAULT,
+    BATCH_BYTES_DEFAULT, CONNECTIONS_MAX_DEFAULT, MAX_CLOCK_OFFSET_MS_DEFAULT, SNAPSHOT_KEEP_LOGS_DEFAULT,
+    SNAPSHOT_LOGS_DEFAULT, SUBSCRIBERS_MAX_DEFAULT,
 };
 use runnev::node::{self, NodeConfig};
 use runnev::units::{self, Limit};
@@ -136,6 +137,14 @@ fn after(s: &str) -> Result<u64, String> {
     match s.trim() {
         "-1" => Ok(0),
         t => t.parse::<u64>().map_err(|_| format!("after={t:?} must be a non-negative integer (or -1, the start)")),
+    }
+}
+
+/// A count of at least 1 (`--max-connections`, `--max-subscribers`).
+fn at_least_one_count(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s:?} is not a whole number from 1")),
     }
 }
 
@@ -303,6 +312,12 @@ enum Cmd {
         /// past it the node does not lead.
         #[arg(long, default_value_t = MAX_CLOCK_OFFSET_MS_DEFAULT)]
         max_clock_offset_ms: u64,
+        /// Most connections held open at once; past it a new one is answered 503 overloaded.
+        #[arg(long, default_value_t = CONNECTIONS_MAX_DEFAULT, value_parser = at_least_one_count)]
+        max_connections: usize,
+        /// Most subscriptions served at once; past it a new one is answered 503 overloaded.
+        #[arg(long, default_value_t = SUBSCRIBERS_MAX_DEFAULT, value_parser = at_least_one_count)]
+        max_subscribers: usize,
         #[command(flatten)]
         security: ServeSecurity,
     },
@@ -701,6 +716,8 @@ async fn run(args: Cli) -> Result<()> {
             snapshot_logs,
             snapshot_keep_logs,
             max_clock_offset_ms,
+            max_connections,
+            max_subscribers,
             security,
         } => {
             let peers = parse_peers(&peers).map_err(|e| cli::usage(&format!("--peers: {e:#}")))?;
@@ -741,6 +758,8 @@ async fn run(args: Cli) -> Result<()> {
                 max_clock_offset_ms,
                 security: node_security,
                 admin_token,
+                max_connections,
+                max_subscribers,
             };
             let store =
                 runnev::storage::Store::open(&cfg.data_dir).map_err(|e| cli::store_open_error(&cfg.data_dir, e))?;

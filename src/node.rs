@@ -90,6 +90,10 @@ pub struct NodeConfig {
     pub max_clock_offset_ms: u64,
     /// Peer TLS and client authentication (`--tls-*`, `--auth`).
     pub security: crate::api::auth::Security,
+    /// Most connections held open at once (`--max-connections`).
+    pub max_connections: usize,
+    /// Most subscriptions served at once (`--max-subscribers`).
+    pub max_subscribers: usize,
     /// The token of `--admin-token-file`: made the cluster's first admin token (grant
     /// `admin:*`) by whichever node first leads a cluster that has none ([`bootstrap_admin`]).
     pub admin_token: Option<crate::auth::Token>,
@@ -210,6 +214,7 @@ where
         stopping,
         contact: Arc::default(),
         security: cfg.security,
+        subscribers: Arc::new(tokio::sync::Semaphore::new(cfg.max_subscribers)),
     };
     let formation = tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http.clone()));
     let clocks = tokio::spawn(crate::clock::run(cluster_clock.clone(), raft.clone(), http, cfg.id));
@@ -220,7 +225,9 @@ where
         cfg.admin_token.clone().map(|t| tokio::spawn(bootstrap_admin(raft.clone(), store.clone(), cfg.id, t)));
     tracing::info!(id = cfg.id, data_dir = %cfg.data_dir.display(), "node serving");
     let app = api::router(state).into_make_service_with_connect_info::<crate::tls::Peer>();
-    let served = axum::serve(crate::tls::PeerListener(listener), app).with_graceful_shutdown(shutdown).await;
+    let served = axum::serve(crate::tls::PeerListener::new(listener, cfg.max_connections), app)
+        .with_graceful_shutdown(shutdown)
+        .await;
     watch.abort();
     if let Some(b) = bootstrap {
         b.abort();
@@ -457,6 +464,8 @@ mod tests {
             max_clock_offset_ms: crate::limits::MAX_CLOCK_OFFSET_MS_DEFAULT,
             security: Default::default(),
             admin_token: None,
+            max_connections: crate::limits::CONNECTIONS_MAX_DEFAULT,
+            max_subscribers: crate::limits::SUBSCRIBERS_MAX_DEFAULT,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let node = tokio::spawn(run(cfg, store, listener, Environment::production(None), async {

@@ -224,24 +224,103 @@ impl PeerAddr for Peer {
 }
 
 /// Wraps any listener whose addresses say who connected, so the router sees a [`Peer`] as
-/// axum's `ConnectInfo` (production passes a [`TlsListener`] or TCP, the simulation turmoil's).
-pub struct PeerListener<L>(pub L);
+/// axum's `ConnectInfo` (production passes a [`TlsListener`] or TCP, the simulation turmoil's),
+/// and bounds the connections held open at once: past the bound a new connection is answered
+/// `503 overloaded` (with `Retry-After`) and closed, without reaching the router.
+pub struct PeerListener<L> {
+    inner: L,
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl<L> PeerListener<L> {
+    /// `inner`, holding at most `max_connections` connections open at once.
+    pub fn new(inner: L, max_connections: usize) -> PeerListener<L> {
+        PeerListener { inner, slots: Arc::new(tokio::sync::Semaphore::new(max_connections)) }
+    }
+}
+
+/// The whole answer to a connection over the bound (RFC 9110 §15.6.4): written, then closed.
+const OVERLOADED_ANSWER: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+retry-after: 1\r\nconnection: close\r\ncontent-length: 122\r\n\r\n\
+{\"error\":{\"code\":\"overloaded\",\"message\":\"this node holds as many connections as it may (--max-connections); retry later\"}}";
+
+/// A connection counted against [`PeerListener`]'s bound while it is open.
+pub struct Counted<T> {
+    io: T,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl<T> Drop for Counted<T> {
+    fn drop(&mut self) {
+        metrics::gauge!("runnev_connections").decrement(1.0);
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Counted<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
 
 impl<L> Listener for PeerListener<L>
 where
     L: Listener,
     L::Addr: PeerAddr,
 {
-    type Io = L::Io;
+    type Io = Counted<L::Io>;
     type Addr = Peer;
 
     async fn accept(&mut self) -> (Self::Io, Peer) {
-        let (io, addr) = self.0.accept().await;
-        (io, addr.peer())
+        loop {
+            let (mut io, addr) = self.inner.accept().await;
+            match self.slots.clone().try_acquire_owned() {
+                Ok(slot) => {
+                    metrics::gauge!("runnev_connections").increment(1.0);
+                    return (Counted { io, _slot: slot }, addr.peer());
+                }
+                Err(_) => {
+                    metrics::counter!("runnev_overloaded_total", "bound" => "connections").increment(1);
+                    tokio::spawn(async move {
+                        use tokio::io::AsyncWriteExt;
+                        let answer = async {
+                            io.write_all(OVERLOADED_ANSWER).await?;
+                            io.shutdown().await
+                        };
+                        let _ = tokio::time::timeout(Duration::from_millis(HANDSHAKE_TIMEOUT_MS), answer).await;
+                    });
+                }
+            }
+        }
     }
 
     fn local_addr(&self) -> io::Result<Peer> {
-        self.0.local_addr().map(|a| a.peer())
+        self.inner.local_addr().map(|a| a.peer())
     }
 }
 

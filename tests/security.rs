@@ -394,3 +394,72 @@ async fn a_non_loopback_address_needs_tls_or_insecure() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("WARN") && err.contains("--insecure"), "no warning logged: {err}");
 }
+
+/// Sends `GET path` on a new raw connection to `port` and reads the answer's head (and what
+/// came with it); the connection is returned open.
+async fn raw_get(port: u16, path: &str) -> Result<(tokio::net::TcpStream, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.map_err(|e| e.to_string())?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        Ok::<_, String>(())
+    };
+    tokio::time::timeout(Duration::from_secs(10), read).await.map_err(|_| "no answer".to_string())??;
+    Ok((s, String::from_utf8_lossy(&head).into_owned()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_bounds_a_node_answers_overloaded() {
+    let c = Cluster::start(1, &["--max-subscribers", "1", "--max-connections", "8"]).await;
+    let port = c.node(1).port;
+    let (status, text) =
+        send(&http_client(Arc::new(TcpDialer)), "PUT", &format!("{}/v1/streams/s", c.url(1)), None, Bytes::new())
+            .await
+            .unwrap();
+    assert_eq!(status, 201, "{text}");
+
+    // One subscription holds the one subscriber slot; the next is 503 overloaded.
+    let (first, head) = raw_get(port, "/v1/streams/s/subscribe?after=0").await.unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let (_, head) = raw_get(port, "/v1/streams/s/subscribe?after=0").await.unwrap();
+    assert!(head.starts_with("HTTP/1.1 503") && head.to_ascii_lowercase().contains("retry-after: 1"), "{head}");
+    drop(first);
+    wait_for("the subscriber slot to be given back", FORM, Duration::from_millis(100), || async {
+        let (_, head) = raw_get(port, "/v1/streams/s/subscribe?after=0").await?;
+        head.starts_with("HTTP/1.1 200").then_some(()).ok_or(head)
+    })
+    .await;
+
+    // Connections held open: up to the bound they are served, past it 503 overloaded.
+    let mut held = Vec::new();
+    let mut refused = None;
+    for _ in 0..12 {
+        let (conn, head) = raw_get(port, "/healthz").await.unwrap();
+        if head.starts_with("HTTP/1.1 503") {
+            refused = Some(head);
+            break;
+        }
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        held.push(conn);
+    }
+    let refused = refused.expect("no connection was refused past --max-connections 8");
+    assert!(refused.contains("\"overloaded\"") || refused.to_ascii_lowercase().contains("retry-after"), "{refused}");
+    assert!(held.len() <= 8, "{} connections were served at once", held.len());
+    drop(held);
+    wait_for("connections to be served again", FORM, Duration::from_millis(100), || async {
+        let (_, head) = raw_get(port, "/healthz").await?;
+        head.starts_with("HTTP/1.1 200").then_some(()).ok_or(head)
+    })
+    .await;
+}

@@ -39,6 +39,8 @@ pub fn node_config(shared: &Shared, id: NodeId, data_dir: PathBuf) -> NodeConfig
         max_clock_offset_ms: runnev::limits::MAX_CLOCK_OFFSET_MS_DEFAULT,
         security: Default::default(),
         admin_token: None,
+        max_connections: runnev::limits::CONNECTIONS_MAX_DEFAULT,
+        max_subscribers: runnev::limits::SUBSCRIBERS_MAX_DEFAULT,
     }
 }
 

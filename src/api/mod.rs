@@ -84,6 +84,8 @@ pub struct AppState {
     pub contact: Arc<contact::LeaderContact>,
     /// Peer TLS and client authentication settings.
     pub security: auth::Security,
+    /// One permit per subscription being served (`--max-subscribers`).
+    pub subscribers: Arc<tokio::sync::Semaphore>,
 }
 
 /// Why this node's Raft core has stopped for good, if it has. openraft reports the fatal error
