@@ -2,8 +2,10 @@
 //! node serves on and the TLS dialer it (and the client tools) reach nodes with.
 //!
 //! Owns: loading PEM files into rustls configurations, reading which node or client a verified
-//! certificate names, the accept loop that runs TLS handshakes off the serving loop, and
-//! generating the CA, node and client certificates of `runnev cert …` (rcgen). Must never:
+//! certificate names, the accept loop that runs TLS handshakes off the serving loop, the
+//! listener that tells the router who connected and bounds the connections held open
+//! ([`PeerListener`]), and generating the CA, node and client certificates of `runnev cert …`
+//! (rcgen). Must never:
 //! parse certificates or do cryptography by hand (rustls verifies chains, x509-parser reads the
 //! names, rcgen writes certificates), or hand a connection to the router before its handshake
 //! completed and its certificate, if any, verified against the cluster's CA.
