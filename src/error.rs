@@ -62,6 +62,9 @@ pub enum ApiError {
     /// `507 storage_full`.
     #[error("{0}")]
     StorageFull(String),
+    /// `400 protocol_mismatch`: a Raft RPC from a peer that speaks another protocol version.
+    #[error("{0}")]
+    ProtocolMismatch(String),
     /// `500 internal`: a fault of this node, never of the request.
     #[error("{0}")]
     Internal(String),
@@ -105,6 +108,7 @@ impl ApiError {
             InvalidSeq(_) => (StatusCode::BAD_REQUEST, "invalid_seq"),
             InvalidParameter(_) => (StatusCode::BAD_REQUEST, "invalid_parameter"),
             InvalidBody(_) => (StatusCode::BAD_REQUEST, "invalid_body"),
+            ProtocolMismatch(_) => (StatusCode::BAD_REQUEST, "protocol_mismatch"),
             StreamNotFound(_) => (StatusCode::NOT_FOUND, "stream_not_found"),
             NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),

@@ -525,6 +525,12 @@ impl LocalCluster {
         self.get(id).map(|n| n.log_path.clone()).unwrap_or_default()
     }
 
+    /// Makes later starts of every node run `exe` (a rolling upgrade to another build); nodes
+    /// already running are not touched.
+    pub fn set_exe(&mut self, exe: impl Into<PathBuf>) {
+        self.spec.exe = exe.into();
+    }
+
     /// Starts node `id` on its data (a restart, if it ran before); returns the instant just
     /// before the spawn.
     ///

@@ -101,6 +101,9 @@ pub const CLOCK_VERIFY_WAIT_MS: u64 = 3_000;
 /// Least interval between two warnings that this node's clock is out of bounds, in ms.
 pub const CLOCK_WARN_EVERY_MS: u64 = 10_000;
 
+/// Most often a node logs that it refused Raft RPCs of another protocol version, ms.
+pub const PROTOCOL_WARN_EVERY_MS: u64 = 10_000;
+
 /// Interval between probes of the peers while a fresh node waits to form the cluster, in ms.
 pub const FORMATION_PROBE_MS: u64 = 300;
 

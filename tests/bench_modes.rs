@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
+use runnev::launcher::log_tail;
 use serde_json::Value;
 
 /// Builds `runnev-bench` beside `runnev` (once per test process).
@@ -61,9 +62,10 @@ async fn bench(args: &[&str], timeout: Duration) -> Vec<Value> {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(
         out.status.success(),
-        "runnev {} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        "runnev {} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}\n{}",
         args.join(" "),
-        out.status
+        out.status,
+        kept_logs(&stderr)
     );
     stdout
         .lines()
@@ -71,6 +73,22 @@ async fn bench(args: &[&str], timeout: Duration) -> Vec<Value> {
             serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line {l:?} is not JSON: {e}\nstderr:\n{stderr}"))
         })
         .collect()
+}
+
+/// The tails of the node logs a failed bench kept (it names the directory on stderr: "kept under
+/// DIR"), so the failure shows why a node failed even once the test's directory is removed.
+fn kept_logs(stderr: &str) -> String {
+    let Some(dir) = stderr.lines().find_map(|l| l.split_once("kept under ").map(|(_, d)| d.trim().to_string())) else {
+        return String::new();
+    };
+    let mut out = String::new();
+    let mut logs: Vec<_> = std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    logs.retain(|p: &std::path::PathBuf| p.extension().is_some_and(|x| x == "log"));
+    logs.sort();
+    for log in logs {
+        out.push_str(&format!("----- {} (last 60 lines) -----\n{}\n", log.display(), log_tail(&log, 60)));
+    }
+    out
 }
 
 fn assert_empty(dir: &Path) {

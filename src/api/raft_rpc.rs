@@ -9,7 +9,7 @@
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -17,13 +17,44 @@ use serde::Serialize;
 use super::auth::{check_any_node, check_peer};
 use super::{read_body, AppState};
 use crate::error::ApiError;
-use crate::limits::RAFT_RPC_BYTES_MAX;
+use crate::limits::{PROTOCOL_WARN_EVERY_MS, RAFT_RPC_BYTES_MAX};
+use crate::raft::network::{PROTOCOL_HEADER, PROTOCOL_VERSION};
 use axum::extract::Request;
 
 /// The node an RPC's vote names: the candidate of a vote request, the leader of an append or
 /// snapshot.
 fn sender(vote: &openraft::Vote<crate::raft::NodeId>) -> Option<crate::raft::NodeId> {
     vote.leader_id().voted_for()
+}
+
+/// When a protocol mismatch was last logged.
+static MISMATCH_WARNED: std::sync::Mutex<Option<tokio::time::Instant>> = std::sync::Mutex::new(None);
+
+/// Refuses an RPC that speaks another protocol version than [`PROTOCOL_VERSION`] (a missing
+/// header is version 1), before its body is read: an incompatible peer's bytes never reach
+/// openraft. Logs the mismatch at most every [`PROTOCOL_WARN_EVERY_MS`].
+///
+/// Errors: `400 protocol_mismatch`, naming both versions.
+fn check_protocol(headers: &HeaderMap) -> Result<(), ApiError> {
+    let theirs = match headers.get(PROTOCOL_HEADER) {
+        None => return Ok(()),
+        Some(v) => v.to_str().ok().and_then(|v| v.trim().parse::<u32>().ok()),
+    };
+    if theirs == Some(PROTOCOL_VERSION) {
+        return Ok(());
+    }
+    let said = theirs.map_or_else(|| "an unreadable version".to_string(), |v| format!("version {v}"));
+    let message = format!(
+        "this node speaks Raft RPC protocol version {PROTOCOL_VERSION}; the peer sent {said}: \
+         run the same runnev release on every node (upgrade one node at a time)"
+    );
+    let now = tokio::time::Instant::now();
+    let mut warned = MISMATCH_WARNED.lock().unwrap_or_else(|p| p.into_inner());
+    if warned.is_none_or(|t| now.duration_since(t) >= std::time::Duration::from_millis(PROTOCOL_WARN_EVERY_MS)) {
+        *warned = Some(now);
+        tracing::warn!(theirs = ?theirs, ours = PROTOCOL_VERSION, "refusing a Raft RPC: {message}");
+    }
+    Err(ApiError::ProtocolMismatch(message))
 }
 
 async fn decode_rpc<T: DeserializeOwned>(body: Body) -> Result<T, ApiError> {
@@ -42,6 +73,7 @@ fn encode_answer<T: Serialize>(answer: &T) -> Response {
 /// "higher vote") counts as hearing from a leader ([`super::contact`]).
 pub async fn append(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
+    check_protocol(&parts.headers)?;
     // Who is at the other end is known before the body is read: an anonymous peer's is not.
     check_any_node(&s, &parts.extensions)?;
     let req: openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig> = decode_rpc(body).await?;
@@ -56,6 +88,7 @@ pub async fn append(State(s): State<AppState>, req: Request) -> Result<Response,
 /// `POST /raft/vote`: request-vote (Raft paper §5.2).
 pub async fn vote(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
+    check_protocol(&parts.headers)?;
     // Who is at the other end is known before the body is read: an anonymous peer's is not.
     check_any_node(&s, &parts.extensions)?;
     let req: openraft::raft::VoteRequest<crate::raft::NodeId> = decode_rpc(body).await?;
@@ -67,6 +100,7 @@ pub async fn vote(State(s): State<AppState>, req: Request) -> Result<Response, A
 /// (its vote is not above the sender's) counts as hearing from a leader.
 pub async fn snapshot(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
+    check_protocol(&parts.headers)?;
     // Who is at the other end is known before the body is read: an anonymous peer's is not.
     check_any_node(&s, &parts.extensions)?;
     let req: openraft::raft::InstallSnapshotRequest<crate::raft::TypeConfig> = decode_rpc(body).await?;

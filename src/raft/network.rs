@@ -26,6 +26,16 @@ use super::{NodeId, TypeConfig};
 use crate::limits::{RAFT_APPEND_BYTES_MAX, RAFT_RPC_BYTES_MAX};
 use crate::net::HttpClient;
 
+/// The version of the Raft RPC protocol this build speaks: the paths, the postcard encoding of
+/// openraft's messages and of [`crate::raft::Command`]. Sent on every RPC in
+/// [`PROTOCOL_HEADER`]; a node refuses an RPC of another version (`400 protocol_mismatch`, with
+/// a log line naming both) rather than misread it. An RPC without the header is version 1,
+/// which is what nodes sent before the header existed.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The header that carries [`PROTOCOL_VERSION`] on every Raft RPC.
+pub const PROTOCOL_HEADER: &str = "runnev-protocol";
+
 /// Path of the append-entries RPC (Raft paper §5.3).
 pub const APPEND_PATH: &str = "/raft/append";
 /// Path of the request-vote RPC (Raft paper §5.2).
@@ -100,6 +110,7 @@ enum TransportError {
 fn post(addr: &str, path: &str, body: Bytes) -> Result<hyper::Request<Full<Bytes>>, axum::http::Error> {
     hyper::Request::post(format!("http://{addr}{path}"))
         .header("content-type", "application/octet-stream")
+        .header(PROTOCOL_HEADER, PROTOCOL_VERSION)
         .body(Full::new(body))
 }
 

@@ -221,7 +221,12 @@ pub fn restore(
         got
     };
     snapshot::publish(&store, &tmp)?;
-    snapshot::restore_state_machine(&store)?;
+    let (current, file) = snapshot::open_current(&store)?
+        .ok_or_else(|| StoreError::Backup("the restored snapshot vanished from the data directory".into()))?;
+    snapshot::install(&store, file, &current)?;
+    if let Some(last) = current.last_log_id {
+        store.set_applied(last.index);
+    }
     let term = meta.last_log_id.map(|l| l.leader_id.term).unwrap_or(0);
     store.seed_vote(&Vote::new(term, id))?;
     Ok(info)
