@@ -69,15 +69,30 @@ fn encode_answer<T: Serialize>(answer: &T) -> Response {
     }
 }
 
+/// Takes a peer's RPC of type `T`: checks its protocol version, and (with peer TLS) that the
+/// connection presented a node certificate, before the body is read; decodes the body; then
+/// checks that the certificate names the node the RPC's `vote` claims as its sender. Only an RPC
+/// that passes all of it is handed to openraft.
+///
+/// Errors: `400 protocol_mismatch`, `403 forbidden`, `400 invalid_body`, `413
+/// payload_too_large`.
+async fn admit<T: DeserializeOwned>(
+    s: &AppState,
+    req: Request,
+    vote: impl Fn(&T) -> &openraft::Vote<crate::raft::NodeId>,
+) -> Result<T, ApiError> {
+    let (parts, body) = req.into_parts();
+    check_protocol(&parts.headers)?;
+    check_any_node(s, &parts.extensions)?;
+    let rpc: T = decode_rpc(body).await?;
+    check_peer(s, &parts.extensions, sender(vote(&rpc)))?;
+    Ok(rpc)
+}
+
 /// `POST /raft/append`: append-entries (Raft paper §5.3). One this node accepts (any answer but
 /// "higher vote") counts as hearing from a leader ([`super::contact`]).
 pub async fn append(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
-    let (parts, body) = req.into_parts();
-    check_protocol(&parts.headers)?;
-    // Who is at the other end is known before the body is read: an anonymous peer's is not.
-    check_any_node(&s, &parts.extensions)?;
-    let req: openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig> = decode_rpc(body).await?;
-    check_peer(&s, &parts.extensions, sender(&req.vote))?;
+    let req = admit(&s, req, |r: &openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig>| &r.vote).await?;
     let answer = s.raft.append_entries(req).await;
     if matches!(&answer, Ok(r) if !matches!(r, openraft::raft::AppendEntriesResponse::HigherVote(_))) {
         s.contact.heard();
@@ -87,24 +102,14 @@ pub async fn append(State(s): State<AppState>, req: Request) -> Result<Response,
 
 /// `POST /raft/vote`: request-vote (Raft paper §5.2).
 pub async fn vote(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
-    let (parts, body) = req.into_parts();
-    check_protocol(&parts.headers)?;
-    // Who is at the other end is known before the body is read: an anonymous peer's is not.
-    check_any_node(&s, &parts.extensions)?;
-    let req: openraft::raft::VoteRequest<crate::raft::NodeId> = decode_rpc(body).await?;
-    check_peer(&s, &parts.extensions, sender(&req.vote))?;
+    let req = admit(&s, req, |r: &openraft::raft::VoteRequest<crate::raft::NodeId>| &r.vote).await?;
     Ok(encode_answer(&s.raft.vote(req).await))
 }
 
 /// `POST /raft/snapshot`: one chunk of install-snapshot (Raft paper §7). One this node accepts
 /// (its vote is not above the sender's) counts as hearing from a leader.
 pub async fn snapshot(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
-    let (parts, body) = req.into_parts();
-    check_protocol(&parts.headers)?;
-    // Who is at the other end is known before the body is read: an anonymous peer's is not.
-    check_any_node(&s, &parts.extensions)?;
-    let req: openraft::raft::InstallSnapshotRequest<crate::raft::TypeConfig> = decode_rpc(body).await?;
-    check_peer(&s, &parts.extensions, sender(&req.vote))?;
+    let req = admit(&s, req, |r: &openraft::raft::InstallSnapshotRequest<crate::raft::TypeConfig>| &r.vote).await?;
     let vote = req.vote;
     let answer = s.raft.install_snapshot(req).await;
     if matches!(&answer, Ok(r) if r.vote <= vote) {
