@@ -110,7 +110,7 @@ docker run --rm --network "$NET" "$IMAGE" probe \
 # The StatefulSet launcher derives the node id from the pod's host name.
 docker rm -f -v "$NET-a" >/dev/null
 docker run -d --name "$NET-a" --network "$NET" --hostname runnev-2 --entrypoint /usr/local/bin/runnev-statefulset \
-  "$IMAGE" --data-dir /var/lib/runnev --listen 0.0.0.0:7001 --peers 3=127.0.0.1:7001 >/dev/null
+  "$IMAGE" --data-dir /var/lib/runnev --listen 0.0.0.0:7001 --insecure --peers 3=127.0.0.1:7001 >/dev/null
 ok=""
 for _ in $(seq 1 50); do
   if docker run --rm --network "$NET" "$IMAGE" probe \

@@ -588,6 +588,52 @@ pub async fn restore(
 
 /// `runnev status`: every node's view of the cluster. Fails with [`ClientError::Unreachable`]
 /// (exit 3) when no node answers.
+/// `runnev auth token create`: prints the token (text) or the answer (JSON).
+pub async fn token_create(client: &Client, output: Output, name: &str, grants: Vec<runnev::auth::Grant>) -> Result<()> {
+    let answer = client.create_token(name, &grants).await?;
+    match output {
+        Output::Json => say(serde_json::to_string(&answer)?)?,
+        Output::Text => {
+            say(answer["token"].as_str().unwrap_or_default())?;
+            eprintln!("runnev: token {name:?} created; its secret is shown only now: keep it safe");
+        }
+    }
+    Ok(())
+}
+
+/// `runnev auth token list`: names and grants.
+pub async fn token_list(client: &Client, output: Output) -> Result<()> {
+    let answer = client.tokens().await?;
+    match output {
+        Output::Json => say(serde_json::to_string(&answer)?)?,
+        Output::Text => {
+            for t in answer["tokens"].as_array().into_iter().flatten() {
+                let grants: Vec<String> = t["grants"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|g| {
+                        format!("{}:{}", g["permission"].as_str().unwrap_or("?"), g["streams"].as_str().unwrap_or("?"))
+                    })
+                    .collect();
+                say(format!("{:<24} {}", t["name"].as_str().unwrap_or("?"), grants.join(" ")))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `runnev auth token delete`.
+pub async fn token_delete(client: &Client, output: Output, name: &str) -> Result<()> {
+    let deleted = client.delete_token(name).await?;
+    match output {
+        Output::Json => say(serde_json::json!({"deleted": name, "already": deleted == Deleted::Already}))?,
+        Output::Text => say(format!("deleted token {name}"))?,
+    }
+    Ok(())
+}
+
+/// `runnev status`: every node's view of the cluster.
 pub async fn status(client: &Client, output: Output) -> Result<()> {
     let started = Instant::now();
     let mut rows = Vec::new();

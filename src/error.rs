@@ -77,6 +77,20 @@ pub enum ApiError {
     /// `500 internal`: a fault of this node, never of the request.
     #[error("{0}")]
     Internal(String),
+    /// `401 unauthorized`: no token, or one this node does not know (SPEC §7). Answered with
+    /// `WWW-Authenticate: Bearer` (RFC 6750 §3).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// `403 forbidden`: the token (or the peer certificate) does not allow the request.
+    #[error("{0}")]
+    Forbidden(String),
+    /// `503 overloaded` (with `Retry-After`): the node is at one of its bounds (connections,
+    /// subscribers); another node, or a retry later, may take the request.
+    #[error("{0}")]
+    Overloaded(String),
+    /// `409 token_exists`: a token of that name exists; delete it first.
+    #[error("{0}")]
+    TokenExists(String),
     /// `501 not_implemented`: a transfer coding other than `chunked` (RFC 9112 §6.1); the body is
     /// not read, so the connection closes after the answer.
     #[error("{0}")]
@@ -120,6 +134,10 @@ impl ApiError {
             StorageFull(_) => (StatusCode::INSUFFICIENT_STORAGE, "storage_full"),
             Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             NotImplemented(_) => (StatusCode::NOT_IMPLEMENTED, "not_implemented"),
+            Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            TokenExists(_) => (StatusCode::CONFLICT, "token_exists"),
+            Overloaded(_) => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
         }
     }
 
@@ -155,7 +173,7 @@ impl IntoResponse for ApiError {
             ErrorBody { error: ErrorDetail { code: code.to_string(), message: self.to_string(), frame: self.frame() } };
         let mut resp = (status, axum::Json(body)).into_response();
         match self {
-            ApiError::NoLeader(_) => {
+            ApiError::NoLeader(_) | ApiError::Overloaded(_) => {
                 resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
             }
             ApiError::OutcomeUnknown(_) => {
@@ -164,6 +182,10 @@ impl IntoResponse for ApiError {
             }
             // The rest of the body is left unread, so the connection cannot carry another
             // request: say so, instead of letting the client find a closed socket.
+            ApiError::Unauthorized(_) => {
+                resp.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"runnev\""));
+            }
             ApiError::PayloadTooLarge { .. } | ApiError::NotImplemented(_) => {
                 resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             }

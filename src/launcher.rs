@@ -78,7 +78,8 @@ pub struct ClusterSpec {
     pub nodes: u64,
     /// Where they listen.
     pub ports: Ports,
-    /// Extra flags appended to every `runnev serve`.
+    /// Extra flags appended to every `runnev serve`; `{id}` in one is replaced by the node's id
+    /// (`--tls-cert DIR/node-{id}.pem`).
     pub serve_args: Vec<String>,
     /// Extra environment variables of every node.
     pub env: Vec<(String, String)>,
@@ -91,6 +92,11 @@ pub struct ClusterSpec {
     pub death_signal: Signal,
     /// Keep the root directory when the cluster is dropped (else it is removed, data and logs).
     pub keep_dir: bool,
+    /// The cluster CA's certificate when the nodes serve TLS: the probes speak TLS and verify
+    /// the nodes with it.
+    pub tls_ca: Option<PathBuf>,
+    /// A token the probes send (nodes run with `--auth`).
+    pub token: Option<String>,
 }
 
 impl ClusterSpec {
@@ -108,6 +114,8 @@ impl ClusterSpec {
             label: label.to_string(),
             death_signal: Signal::Kill,
             keep_dir: false,
+            tls_ca: None,
+            token: None,
         }
     }
 }
@@ -408,7 +416,14 @@ impl LocalCluster {
             ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect::<Vec<_>>().join(",");
         let nodes = ports.iter().enumerate().map(|(i, &port)| Self::node_at(&spec.root, i as u64 + 1, port)).collect();
         let keep = spec.keep_dir;
-        let mut c = LocalCluster { spec, peers, nodes, keep, http: http_client(Arc::new(TcpDialer)) };
+        let dialer: Arc<dyn crate::net::Dialer> = match &spec.tls_ca {
+            Some(ca) => {
+                let config = crate::tls::client_config(ca, None).map_err(|e| io::Error::other(e.to_string()))?;
+                Arc::new(crate::tls::TlsDialer::new(Arc::new(TcpDialer), config))
+            }
+            None => Arc::new(TcpDialer),
+        };
+        let mut c = LocalCluster { spec, peers, nodes, keep, http: http_client(dialer) };
         for id in c.ids() {
             c.start_node(id)?;
         }
@@ -522,7 +537,8 @@ impl LocalCluster {
     /// Errors: no such node, it is running, or the process could not be spawned.
     pub fn start_node(&mut self, id: u64) -> Result<Instant, LaunchError> {
         let (exe, peers) = (self.spec.exe.clone(), self.peers.clone());
-        let (label, death, args) = (self.spec.label.clone(), self.spec.death_signal, self.spec.serve_args.clone());
+        let args: Vec<String> = self.spec.serve_args.iter().map(|a| a.replace("{id}", &id.to_string())).collect();
+        let (label, death) = (self.spec.label.clone(), self.spec.death_signal);
         let mut env = self.spec.env.clone();
         env.extend(self.spec.node_env.get(&id).cloned().unwrap_or_default());
         let node = self.node_mut(id)?;
@@ -662,8 +678,14 @@ impl LocalCluster {
     /// is none.
     async fn probe(&self, id: u64, path: &str) -> Result<(u16, bytes::Bytes), String> {
         let url = format!("{}{path}", self.url(id));
-        let (status, body) =
-            crate::net::get(&self.http, &url, Duration::from_millis(PROBE_TIMEOUT_MS), PROBE_BODY_BYTES_MAX).await?;
+        let (status, body) = crate::net::get_as(
+            &self.http,
+            &url,
+            Duration::from_millis(PROBE_TIMEOUT_MS),
+            PROBE_BODY_BYTES_MAX,
+            self.spec.token.as_deref(),
+        )
+        .await?;
         Ok((status.as_u16(), body))
     }
 

@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 
 pub mod api;
+pub mod auth;
 pub mod client;
 pub mod clock;
 pub mod disk;
@@ -36,5 +37,6 @@ pub mod outbox;
 pub mod raft;
 pub mod storage;
 pub mod stream;
+pub mod tls;
 pub mod units;
 pub mod wire;

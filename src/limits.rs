@@ -341,3 +341,13 @@ pub const SEGMENT_BYTES_MIN: u64 = 1024 * 1024;
 /// One repeated warning or error line of openraft's replication is logged at most once per
 /// call site in this many ms; the rest are counted in `runnev_log_lines_suppressed_total`.
 pub const LOG_REPEAT_MS: u64 = 10_000;
+/// How often a node with `--admin-token-file` checks, until one is applied, whether the
+/// cluster's bootstrap admin token must still be proposed, in ms.
+pub const BOOTSTRAP_TOKEN_RETRY_MS: u64 = 500;
+
+/// Default most connections one node holds open at once (`--max-connections`); past it a new
+/// connection is answered `503 overloaded` and closed.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 4_096;
+/// Default most subscriptions one node serves at once (`--max-subscribers`); past it a new one
+/// is answered `503 overloaded`.
+pub const SUBSCRIBERS_MAX_DEFAULT: usize = 1_024;

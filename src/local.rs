@@ -26,6 +26,70 @@ pub struct LocalOptions {
     pub base_port: u16,
     /// Extra flags passed to every `runnev serve`.
     pub serve_args: Vec<String>,
+    /// Run with peer TLS, client TLS and `--auth` ([`prepare_secure`]).
+    pub secure: bool,
+}
+
+/// What `runnev local --secure` made under its directory.
+#[derive(Debug, Clone)]
+pub struct SecureFiles {
+    /// `DIR/ca.pem`, the throwaway CA's certificate (its key is `DIR/ca.key`).
+    pub ca: PathBuf,
+    /// `DIR/admin.token` (mode 0600), the cluster's first admin token.
+    pub admin_token: PathBuf,
+    /// The flags that make a node use them (`{id}` stands for the node's id).
+    pub serve_args: Vec<String>,
+}
+
+/// Makes, on the first run, a throwaway CA (`DIR/ca.pem`, `DIR/ca.key`), a certificate for each
+/// of `nodes` nodes on 127.0.0.1 and localhost (`DIR/node-N.pem`, `DIR/node-N.key`) and an admin
+/// token (`DIR/admin.token`, mode 0600); later runs reuse them (a node missing its certificate
+/// gets one from the CA).
+///
+/// Errors: a file cannot be read or written, or a certificate cannot be made.
+pub fn prepare_secure(dir: &std::path::Path, nodes: u64) -> Result<SecureFiles, crate::tls::TlsError> {
+    use crate::tls::{create_ca, issue, read_ca, write_private, write_public, Subject, TlsError};
+    let io = |path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| TlsError::File { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let ca_path = dir.join("ca.pem");
+    if !ca_path.exists() {
+        let ca = create_ca("runnev local CA (throwaway)")?;
+        write_private(&dir.join("ca.key"), &ca.key_pem)?;
+        write_public(&ca_path, &ca.cert_pem)?;
+    }
+    let ca = read_ca(dir)?;
+    for id in 1..=nodes {
+        let cert = dir.join(format!("node-{id}.pem"));
+        if !cert.exists() {
+            let issued = issue(&ca, &Subject::Node(id), &["127.0.0.1".into(), "localhost".into()])?;
+            let key = dir.join(format!("node-{id}.key"));
+            let _ = std::fs::remove_file(&key);
+            write_private(&key, &issued.key_pem)?;
+            write_public(&cert, &issued.cert_pem)?;
+        }
+    }
+    let admin_token = dir.join("admin.token");
+    if !admin_token.exists() {
+        let token = crate::auth::Token::generate(crate::auth::ADMIN_TOKEN_NAME)
+            .map_err(|e| TlsError::Generate(format!("no randomness: {e}")))?;
+        write_private(&admin_token, &format!("{}\n", token.expose()))?;
+    }
+    let path = |p: PathBuf| p.to_string_lossy().into_owned();
+    let serve_args = vec![
+        "--tls-ca".into(),
+        path(ca_path.clone()),
+        "--tls-cert".into(),
+        path(dir.join("node-{id}.pem")),
+        "--tls-key".into(),
+        path(dir.join("node-{id}.key")),
+        "--auth".into(),
+        "--admin-token-file".into(),
+        path(admin_token.clone()),
+    ];
+    Ok(SecureFiles { ca: ca_path, admin_token, serve_args })
 }
 
 /// Why `runnev local` stopped without being asked to.
@@ -61,6 +125,9 @@ pub enum LocalError {
     /// The nodes could not be started, signalled or watched.
     #[error(transparent)]
     Launch(#[from] LaunchError),
+    /// The certificates or the admin token of `--secure` could not be made.
+    #[error(transparent)]
+    Secure(#[from] crate::tls::TlsError),
 }
 
 impl From<std::io::Error> for LocalError {
@@ -122,12 +189,24 @@ fn cause_from_log(log: &std::path::Path, port: u16) -> String {
 /// others are stopped); every node exited later ([`LocalError::AllExited`]); the ports would
 /// overflow, or a process could not be started.
 pub async fn run(opts: LocalOptions) -> Result<(), LocalError> {
+    let secure = match opts.secure {
+        true => Some(prepare_secure(&opts.dir, opts.nodes)?),
+        false => None,
+    };
+    let mut serve_args = opts.serve_args.clone();
+    serve_args.extend(secure.iter().flat_map(|s| s.serve_args.clone()));
+    let token = match &secure {
+        Some(s) => Some(std::fs::read_to_string(&s.admin_token)?.trim().to_string()),
+        None => None,
+    };
     let spec = ClusterSpec {
         exe: std::env::current_exe()?,
         root: opts.dir.clone(),
         nodes: opts.nodes,
         ports: Ports::Base(opts.base_port),
-        serve_args: opts.serve_args.clone(),
+        serve_args,
+        tls_ca: secure.as_ref().map(|s| s.ca.clone()),
+        token,
         env: Vec::new(),
         node_env: Default::default(),
         label: "runnev local".into(),
@@ -156,10 +235,17 @@ pub async fn run(opts: LocalOptions) -> Result<(), LocalError> {
             return Err(LocalError::NodeFailed { id, cause, log });
         }
     }
+    // The same addresses; with --secure they speak TLS only, which `https://` says to curl.
+    let url = |u: String| if secure.is_some() { u.replacen("http://", "https://", 1) } else { u };
     for n in cluster.nodes() {
-        out!("  node {}: {}   (log: {})", n.id, n.url(), n.log_path.display());
+        out!("  node {}: {}   (log: {})", n.id, url(n.url()), n.log_path.display());
     }
-    out!("RUNNEV_NODES={}", cluster.urls().join(","));
+    out!("RUNNEV_NODES={}", cluster.urls().into_iter().map(url).collect::<Vec<_>>().join(","));
+    if let Some(s) = &secure {
+        out!("RUNNEV_CA_FILE={}", s.ca.display());
+        out!("RUNNEV_TOKEN=$(cat {})   (the admin token; mode 0600)", s.admin_token.display());
+        out!("Peer TLS, client TLS and tokens are on: clients need both (or --ca-file and --token).");
+    }
     out!("Ctrl-C stops the cluster.");
 
     let mut term = signal(SignalKind::terminate())?;

@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use runnev::limits::{
-    APPEND_BYTES_DEFAULT, BATCH_BYTES_DEFAULT, MAX_CLOCK_OFFSET_MS_DEFAULT, MIN_FREE_DISK_BYTES_DEFAULT,
-    SNAPSHOT_KEEP_LOGS_DEFAULT, SNAPSHOT_LOGS_DEFAULT,
+    APPEND_BYTES_DEFAULT, BATCH_BYTES_DEFAULT, CONNECTIONS_MAX_DEFAULT, MAX_CLOCK_OFFSET_MS_DEFAULT,
+    MIN_FREE_DISK_BYTES_DEFAULT, SNAPSHOT_KEEP_LOGS_DEFAULT, SNAPSHOT_LOGS_DEFAULT, SUBSCRIBERS_MAX_DEFAULT,
 };
 use runnev::node::{self, NodeConfig};
 use runnev::units::{self, Limit};
@@ -58,6 +58,13 @@ struct TopClientArgs {
     /// [default: text on a terminal, json when stdout is not one]
     #[arg(short = 'o', long = "output", value_name = "FORMAT")]
     output: Option<Output>,
+    /// The token the client commands send (nodes run with --auth) [env: RUNNEV_TOKEN]
+    #[arg(long = "token", value_name = "TOKEN")]
+    token: Option<String>,
+    /// The cluster CA's certificate: the client commands speak TLS and verify the nodes with it
+    /// [env: RUNNEV_CA_FILE]
+    #[arg(long = "ca-file", value_name = "FILE")]
+    ca_file: Option<PathBuf>,
 }
 
 /// Where client commands find the cluster, and how they print (SPEC §5). Accepted anywhere after
@@ -72,17 +79,33 @@ struct ClientArgs {
     /// terminal, json when stdout is not one]
     #[arg(short = 'o', long = "output", value_name = "FORMAT", global = true)]
     output: Option<Output>,
+    /// The token to send (nodes run with --auth) [env: RUNNEV_TOKEN]
+    #[arg(long = "token", value_name = "TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+    /// The cluster CA's certificate: speak TLS to the nodes and verify them with it
+    /// [env: RUNNEV_CA_FILE]
+    #[arg(long = "ca-file", value_name = "FILE", global = true)]
+    ca_file: Option<PathBuf>,
 }
 
 /// The resolved client flags of one command.
 struct At {
     nodes: String,
     output: Output,
+    token: Option<String>,
+    ca_file: Option<PathBuf>,
 }
 
 impl At {
     fn client(&self) -> Result<runnev::client::Client> {
-        Ok(runnev::client::Client::new(&runnev::client::Client::parse_nodes(&self.nodes))?)
+        let nodes = runnev::client::Client::parse_nodes(&self.nodes);
+        let token = self
+            .token
+            .as_deref()
+            .map(runnev::auth::Token::parse)
+            .transpose()
+            .map_err(|e| cli::usage(&format!("--token (or RUNNEV_TOKEN): {e}")))?;
+        Ok(runnev::client::Client::secure(&nodes, self.ca_file.as_deref(), token)?)
     }
 }
 
@@ -114,6 +137,14 @@ fn after(s: &str) -> Result<u64, String> {
     match s.trim() {
         "-1" => Ok(0),
         t => t.parse::<u64>().map_err(|_| format!("after={t:?} must be a non-negative integer (or -1, the start)")),
+    }
+}
+
+/// A count of at least 1 (`--max-connections`, `--max-subscribers`).
+fn at_least_one_count(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s:?} is not a whole number from 1")),
     }
 }
 
@@ -291,6 +322,14 @@ enum Cmd {
         /// 0 turns the guard off.
         #[arg(long, value_name = "SIZE", default_value_t = MIN_FREE_DISK_BYTES_DEFAULT, value_parser = units::parse_bytes)]
         min_free_disk_bytes: u64,
+        /// Most connections held open at once; past it a new one is answered 503 overloaded.
+        #[arg(long, default_value_t = CONNECTIONS_MAX_DEFAULT, value_parser = at_least_one_count)]
+        max_connections: usize,
+        /// Most subscriptions served at once; past it a new one is answered 503 overloaded.
+        #[arg(long, default_value_t = SUBSCRIBERS_MAX_DEFAULT, value_parser = at_least_one_count)]
+        max_subscribers: usize,
+        #[command(flatten)]
+        security: ServeSecurity,
     },
     /// Start a local cluster of child processes on 127.0.0.1; Ctrl-C stops it.
     Local {
@@ -303,6 +342,23 @@ enum Cmd {
         /// Port of node 1; node N listens on base-port + N - 1.
         #[arg(long, default_value_t = 7001)]
         base_port: u16,
+        /// Run with peer TLS, client TLS and tokens: writes a throwaway CA, node certificates
+        /// and an admin token under --dir (DIR/ca.pem, DIR/admin.token) on its first run.
+        #[arg(long)]
+        secure: bool,
+    },
+    /// Make the cluster's certificates: a CA, node certificates naming their node id, client
+    /// certificates.
+    Cert {
+        #[command(subcommand)]
+        cmd: CertCmd,
+    },
+    /// Manage client tokens (nodes started with --auth).
+    Auth {
+        #[command(flatten)]
+        at: ClientArgs,
+        #[command(subcommand)]
+        cmd: AuthCmd,
     },
     /// Publish one batch and print the answer.
     Publish {
@@ -409,6 +465,136 @@ enum Cmd {
     SinkPostgres(runnev::outbox::cli::SinkArgs),
 }
 
+/// The security flags of `runnev serve`.
+#[derive(clap::Args)]
+struct ServeSecurity {
+    /// The cluster CA's certificate (PEM): peers and clients are verified against it. With
+    /// --tls-cert and --tls-key, the node serves TLS only, and a Raft RPC needs a node
+    /// certificate naming the node it claims to come from.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_cert", "tls_key"])]
+    tls_ca: Option<PathBuf>,
+    /// This node's certificate (PEM), from `runnev cert create-node`.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_ca", "tls_key"])]
+    tls_cert: Option<PathBuf>,
+    /// This node's private key (PEM).
+    #[arg(long, value_name = "FILE", requires_all = ["tls_ca", "tls_cert"])]
+    tls_key: Option<PathBuf>,
+    /// Serve a non-loopback address without TLS: anyone who reaches the port can send Raft
+    /// RPCs. Logged as a warning at every start.
+    #[arg(long)]
+    insecure: bool,
+    /// Require a token on every request but /healthz and /readyz (see `runnev auth`); needs
+    /// the TLS flags (the nodes call each other with their certificates).
+    #[arg(long, requires = "tls_ca")]
+    auth: bool,
+    /// A file holding the cluster's first admin token (grant admin:*), made at bootstrap by
+    /// the first leader; created (mode 0600) with a new token when missing. Give every node the
+    /// same file.
+    #[arg(long, value_name = "FILE", requires = "auth")]
+    admin_token_file: Option<PathBuf>,
+}
+
+/// `runnev cert` subcommands. Files are written under --dir and never overwritten; keys are
+/// mode 0600.
+#[derive(Subcommand)]
+enum CertCmd {
+    /// Make a new cluster CA: DIR/ca.pem (give it to every node and client) and DIR/ca.key
+    /// (keep it offline).
+    #[command(name = "create-ca")]
+    Ca {
+        /// Where to write.
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+    },
+    /// Make node N's certificate and key (DIR/node-N.pem, DIR/node-N.key), signed by DIR/ca.*.
+    #[command(name = "create-node")]
+    Node {
+        /// Where the CA is and the files go.
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+        /// The node's id, as in its --id.
+        #[arg(long, value_parser = node_id)]
+        id: u64,
+        /// A DNS name or IP address the node is reached at (repeat for several).
+        #[arg(long = "host", value_name = "HOST", required = true)]
+        hosts: Vec<String>,
+    },
+    /// Make a client certificate and key (DIR/client-NAME.pem, DIR/client-NAME.key).
+    #[command(name = "create-client")]
+    Client {
+        /// Where the CA is and the files go.
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+        /// The client's name.
+        #[arg(long)]
+        name: String,
+    },
+}
+
+/// `runnev auth` subcommands.
+#[derive(Subcommand)]
+enum AuthCmd {
+    /// Client tokens.
+    Token {
+        #[command(subcommand)]
+        cmd: TokenCmd,
+    },
+}
+
+/// `runnev auth token` subcommands.
+#[derive(Subcommand)]
+enum TokenCmd {
+    /// Create a token and print it (the only time its secret is shown).
+    Create {
+        /// Its name: 1-64 of A-Z a-z 0-9 . -
+        name: String,
+        /// PERMISSION:PATTERN, e.g. publish:orders.* or read:* (repeat for several);
+        /// permissions: read, publish, admin.
+        #[arg(long = "grant", value_name = "GRANT", required = true)]
+        grants: Vec<runnev::auth::Grant>,
+    },
+    /// List tokens: names and grants, never secrets.
+    #[command(visible_alias = "ls")]
+    List,
+    /// Delete a token: it stops working on every node once applied there.
+    #[command(visible_alias = "rm")]
+    Delete {
+        /// Its name.
+        name: String,
+    },
+}
+
+/// Whether `listen` (HOST:PORT) is on a loopback address only.
+async fn is_loopback(listen: &str) -> bool {
+    match tokio::net::lookup_host(listen).await {
+        Ok(addrs) => {
+            let addrs: Vec<_> = addrs.collect();
+            !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback())
+        }
+        Err(_) => false,
+    }
+}
+
+/// Reads the admin token file, or creates it (mode 0600, atomically: nodes sharing a directory
+/// may race) with a new token.
+fn admin_token(path: &std::path::Path) -> Result<runnev::auth::Token> {
+    if !path.exists() {
+        let token = runnev::auth::Token::generate(runnev::auth::ADMIN_TOKEN_NAME)?;
+        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+        runnev::tls::write_private(&tmp, &format!("{}\n", token.expose()))?;
+        // A hard link fails if another process made the file first: then theirs is the one.
+        let linked = std::fs::hard_link(&tmp, path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => tracing::info!(file = %path.display(), "wrote a new admin token"),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e).with_context(|| format!("writing {}", path.display())),
+        }
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    runnev::auth::Token::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
 fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>> {
     let mut peers = BTreeMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -476,7 +662,39 @@ fn resolve(top: &TopClientArgs, at: &ClientArgs) -> At {
         .or_else(|| std::env::var("RUNNEV_NODES").ok().filter(|v| !v.trim().is_empty()))
         .unwrap_or_else(|| runnev::client::DEFAULT_NODES.to_string());
     let output = at.output.or(top.output).unwrap_or_else(Output::detect);
-    At { nodes, output }
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let token = at.token.clone().or_else(|| top.token.clone()).or_else(|| env("RUNNEV_TOKEN"));
+    let ca_file =
+        at.ca_file.clone().or_else(|| top.ca_file.clone()).or_else(|| env("RUNNEV_CA_FILE").map(PathBuf::from));
+    At { nodes, output, token, ca_file }
+}
+
+/// `runnev cert …`: writes the files and says where they are.
+fn cert(cmd: CertCmd) -> Result<()> {
+    use runnev::tls::{create_ca, issue, read_ca, write_private, write_public, Subject};
+    match cmd {
+        CertCmd::Ca { dir } => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let ca = create_ca("runnev cluster CA")?;
+            write_public(&dir.join("ca.pem"), &ca.cert_pem)?;
+            write_private(&dir.join("ca.key"), &ca.key_pem)?;
+            println!("wrote {0}/ca.pem and {0}/ca.key (keep the key offline)", dir.display());
+        }
+        CertCmd::Node { dir, id, hosts } => {
+            let issued = issue(&read_ca(&dir)?, &Subject::Node(id), &hosts)?;
+            write_public(&dir.join(format!("node-{id}.pem")), &issued.cert_pem)?;
+            write_private(&dir.join(format!("node-{id}.key")), &issued.key_pem)?;
+            println!("wrote {0}/node-{id}.pem and {0}/node-{id}.key", dir.display());
+        }
+        CertCmd::Client { dir, name } => {
+            runnev::auth::validate_name(&name).map_err(|e| cli::usage(&e))?;
+            let issued = issue(&read_ca(&dir)?, &Subject::Client(name.clone()), &[])?;
+            write_public(&dir.join(format!("client-{name}.pem")), &issued.cert_pem)?;
+            write_private(&dir.join(format!("client-{name}.key")), &issued.key_pem)?;
+            println!("wrote {0}/client-{name}.pem and {0}/client-{name}.key", dir.display());
+        }
+    }
+    Ok(())
 }
 
 async fn run(args: Cli) -> Result<()> {
@@ -488,16 +706,17 @@ async fn run(args: Cli) -> Result<()> {
             | Cmd::Streams { .. }
             | Cmd::Cluster { .. }
             | Cmd::Status { .. }
+            | Cmd::Auth { .. }
             | Cmd::Backup { .. }
     );
     if client_command {
         runnev::node::init_logging_or("warn");
     } else {
         runnev::node::init_logging();
-        if top.nodes.is_some() || top.output.is_some() {
+        if top.nodes.is_some() || top.output.is_some() || top.token.is_some() || top.ca_file.is_some() {
             return Err(cli::usage(
-                "--nodes and --output before the command belong to the client commands (publish, subscribe, \
-                 streams, status, cluster); give this command's own flags after it",
+                "--nodes, --output, --token and --ca-file before the command belong to the client commands \
+                 (publish, subscribe, streams, status, cluster, auth); give this command's own flags after it",
             ));
         }
     }
@@ -514,18 +733,37 @@ async fn run(args: Cli) -> Result<()> {
             snapshot_keep_logs,
             max_clock_offset_ms,
             min_free_disk_bytes,
+            max_connections,
+            max_subscribers,
+            security,
         } => {
             let peers = parse_peers(&peers).map_err(|e| cli::usage(&format!("--peers: {e:#}")))?;
-            let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("binding {listen}"))?;
-            // Answers are small: without TCP_NODELAY, Nagle and delayed ACKs add ~40 ms to each.
-            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-                if let Err(e) = tcp.set_nodelay(true) {
-                    tracing::warn!(error = %e, "TCP_NODELAY");
+            let tls = match (&security.tls_ca, &security.tls_cert, &security.tls_key) {
+                (Some(ca), Some(cert), Some(key)) => {
+                    Some(runnev::tls::TlsFiles { ca: ca.clone(), cert: cert.clone(), key: key.clone() })
                 }
-            });
+                _ => None,
+            };
+            if tls.is_none() {
+                if security.insecure {
+                    tracing::warn!(
+                        %listen,
+                        "running with --insecure: no peer TLS; anyone who reaches this port can send Raft RPCs and call the API"
+                    );
+                } else if !is_loopback(&listen).await {
+                    return Err(cli::usage(&format!(
+                        "--listen {listen} is not a loopback address: serve it with peer TLS (--tls-ca, --tls-cert, \
+                         --tls-key; `runnev cert` makes them), or pass --insecure to run it without"
+                    )));
+                }
+            }
+            let admin_token = security.admin_token_file.as_deref().map(admin_token).transpose()?;
             let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
                 .install_recorder()
                 .context("installing the metrics recorder")?;
+            let tcp = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("binding {listen}"))?;
+            let mut env = node::Environment::production(Some(prometheus));
+            let node_security = runnev::api::auth::Security { peer_tls: tls.is_some(), auth: security.auth };
             let cfg = NodeConfig {
                 id,
                 data_dir,
@@ -537,14 +775,52 @@ async fn run(args: Cli) -> Result<()> {
                 snapshot_keep_logs,
                 max_clock_offset_ms,
                 min_free_disk_bytes,
+                security: node_security,
+                admin_token,
+                max_connections,
+                max_subscribers,
             };
             let store =
                 runnev::storage::Store::open(&cfg.data_dir).map_err(|e| cli::store_open_error(&cfg.data_dir, e))?;
-            node::run(cfg, store, listener, node::Environment::production(Some(prometheus)), shutdown_signal()).await?;
+            match tls {
+                Some(files) => {
+                    let server = runnev::tls::server_config(&files)?;
+                    let client = runnev::tls::client_config(&files.ca, Some((&files.cert, &files.key)))?;
+                    env.dialer = std::sync::Arc::new(runnev::tls::TlsDialer::new(env.dialer.clone(), client));
+                    let listener = runnev::tls::TlsListener::start(tcp, server)?;
+                    tracing::info!(%listen, "serving TLS only; raft rpcs need a node certificate of the cluster's CA");
+                    node::run(cfg, store, listener, env, shutdown_signal()).await?;
+                }
+                None => {
+                    // Answers are small: without TCP_NODELAY, Nagle and delayed ACKs add ~40 ms to each.
+                    let listener = axum::serve::ListenerExt::tap_io(tcp, |tcp| {
+                        if let Err(e) = tcp.set_nodelay(true) {
+                            tracing::warn!(error = %e, "TCP_NODELAY");
+                        }
+                    });
+                    node::run(cfg, store, listener, env, shutdown_signal()).await?;
+                }
+            }
         }
-        Cmd::Local { count, dir, base_port } => {
-            runnev::local::run(runnev::local::LocalOptions { nodes: count, dir, base_port, serve_args: Vec::new() })
-                .await?;
+        Cmd::Local { count, dir, base_port, secure } => {
+            runnev::local::run(runnev::local::LocalOptions {
+                nodes: count,
+                dir,
+                base_port,
+                serve_args: Vec::new(),
+                secure,
+            })
+            .await?;
+        }
+        Cmd::Cert { cmd } => cert(cmd)?,
+        Cmd::Auth { at, cmd: AuthCmd::Token { cmd } } => {
+            let at = resolve(&top, &at);
+            let client = at.client()?;
+            match cmd {
+                TokenCmd::Create { name, grants } => cli::token_create(&client, at.output, &name, grants).await?,
+                TokenCmd::List => cli::token_list(&client, at.output).await?,
+                TokenCmd::Delete { name } => cli::token_delete(&client, at.output, &name).await?,
+            }
         }
         Cmd::Publish { at, stream, seq, data, file, frames } => {
             let at = resolve(&top, &at);

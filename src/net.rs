@@ -137,9 +137,26 @@ pub async fn get(
     timeout: Duration,
     body_bytes_max: usize,
 ) -> Result<(hyper::StatusCode, Bytes), String> {
-    let uri: Uri = url.parse().map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    get_as(http, url, timeout, body_bytes_max, None).await
+}
+
+/// [`get`], sending `token` as `Authorization: Bearer` when given.
+///
+/// Errors: as [`get`].
+pub async fn get_as(
+    http: &HttpClient,
+    url: &str,
+    timeout: Duration,
+    body_bytes_max: usize,
+    token: Option<&str>,
+) -> Result<(hyper::StatusCode, Bytes), String> {
+    let mut req = hyper::Request::get(url);
+    if let Some(t) = token {
+        req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let req = req.body(Full::new(Bytes::new())).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
     let exchange = async {
-        let resp = http.get(uri).await.map_err(|e| format!("{url}: {}", cause_text(&e)))?;
+        let resp = http.request(req).await.map_err(|e| format!("{url}: {}", cause_text(&e)))?;
         let status = resp.status();
         let body = http_body_util::Limited::new(resp.into_body(), body_bytes_max)
             .collect()

@@ -126,6 +126,15 @@ pub struct NodeConfig {
     /// Free bytes below which the node takes no new writes (`--min-free-disk-bytes`, 0: off;
     /// at most a quarter of the file system, [`crate::disk`]).
     pub min_free_disk_bytes: u64,
+    /// Peer TLS and client authentication (`--tls-*`, `--auth`).
+    pub security: crate::api::auth::Security,
+    /// Most connections held open at once (`--max-connections`).
+    pub max_connections: usize,
+    /// Most subscriptions served at once (`--max-subscribers`).
+    pub max_subscribers: usize,
+    /// The token of `--admin-token-file`: made the cluster's first admin token (grant
+    /// `admin:*`) by whichever node first leads a cluster that has none ([`bootstrap_admin`]).
+    pub admin_token: Option<crate::auth::Token>,
 }
 
 /// Why a node could not start or stopped abnormally.
@@ -228,7 +237,7 @@ pub async fn run<L>(
 ) -> Result<(), NodeError>
 where
     L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
+    L::Addr: std::fmt::Debug + crate::tls::PeerAddr,
 {
     let Environment { dialer, clock, prometheus, rpc_faults, disk_guard } = env;
     let http = net::http_client(dialer);
@@ -272,6 +281,8 @@ where
         contact: Arc::default(),
         disk: disk.clone(),
         peer_disks,
+        security: cfg.security,
+        subscribers: Arc::new(tokio::sync::Semaphore::new(cfg.max_subscribers)),
     };
     let formation = tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http.clone()));
     let clocks = tokio::spawn(crate::clock::run(cluster_clock.clone(), raft.clone(), http, cfg.id));
@@ -279,11 +290,19 @@ where
     let joint = tokio::spawn(finish_joint_changes(raft.clone(), cfg.id, membership_lock));
     let watch = tokio::spawn(report_raft_stop(raft.clone()));
     let disk_watch = disk_guard.then(|| tokio::spawn(watch_disk(disk)));
+    let bootstrap =
+        cfg.admin_token.clone().map(|t| tokio::spawn(bootstrap_admin(raft.clone(), store.clone(), cfg.id, t)));
     tracing::info!(id = cfg.id, data_dir = %cfg.data_dir.display(), "node serving");
-    let served = axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown).await;
+    let app = api::router(state).into_make_service_with_connect_info::<crate::tls::Peer>();
+    let served = axum::serve(crate::tls::PeerListener::new(listener, cfg.max_connections), app)
+        .with_graceful_shutdown(shutdown)
+        .await;
     watch.abort();
     if let Some(w) = disk_watch {
         w.abort();
+    }
+    if let Some(b) = bootstrap {
+        b.abort();
     }
     formation.abort();
     clocks.abort();
@@ -313,6 +332,46 @@ async fn watch_disk(disk: Arc<crate::disk::DiskGuard>) {
         every.tick().await;
         let d = disk.clone();
         let _ = crate::storage::blocking(move || Ok::<_, StoreError>(d.check())).await;
+    }
+}
+
+/// Makes `token` the cluster's first admin token (grant `admin:*`): while no bootstrap token
+/// was ever applied, this node, when leader, proposes it (the state machine makes it only if
+/// none was made before, so of several nodes with the file, one makes it, once). Once one is
+/// applied, warns if it is not this node's token (nodes given different files). The secret is
+/// never logged; only its salted hash is proposed.
+async fn bootstrap_admin(raft: Raft, store: Arc<Store>, id: NodeId, token: crate::auth::Token) {
+    let Some((name, secret)) = token.parts().map(|(n, s)| (n.to_string(), s.to_string())) else { return };
+    let mut every = tokio::time::interval(Duration::from_millis(BOOTSTRAP_TOKEN_RETRY_MS));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let s = store.clone();
+        let Ok((tokens, bootstrapped)) = crate::storage::blocking(move || s.tokens()).await else { continue };
+        if bootstrapped {
+            let ours = tokens.iter().any(|(n, r)| *n == name && r.verifies(&secret));
+            if !ours {
+                tracing::warn!(
+                    "the cluster's bootstrap token is not the one in this node's --admin-token-file (or it was deleted)"
+                );
+            }
+            return;
+        }
+        if raft.metrics().borrow().current_leader != Some(id) {
+            continue;
+        }
+        let grants = vec![crate::auth::Grant { permission: crate::auth::Permission::Admin, streams: "*".into() }];
+        let record = match crate::auth::TokenRecord::new(&secret, grants) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "no randomness for the bootstrap token's salt");
+                continue;
+            }
+        };
+        match raft.client_write(Command::PutToken { name: name.clone(), record, bootstrap: true }).await {
+            Ok(r) => tracing::info!(outcome = ?r.data, token = %name, "bootstrap admin token proposed"),
+            Err(e) => tracing::debug!(error = %e, "bootstrap token not committed; will retry"),
+        }
     }
 }
 
@@ -489,6 +548,10 @@ mod tests {
             snapshot_keep_logs: 100,
             max_clock_offset_ms: crate::limits::MAX_CLOCK_OFFSET_MS_DEFAULT,
             min_free_disk_bytes: 0,
+            security: Default::default(),
+            admin_token: None,
+            max_connections: crate::limits::CONNECTIONS_MAX_DEFAULT,
+            max_subscribers: crate::limits::SUBSCRIBERS_MAX_DEFAULT,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let node = tokio::spawn(run(cfg, store, listener, Environment::production(None), async {

@@ -206,6 +206,7 @@ impl Env {
                 "/var/lib/runnev",
                 "--listen",
                 "0.0.0.0:7001",
+                "--insecure",
                 "--peers",
                 &peers,
                 "--snapshot-logs",

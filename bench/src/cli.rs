@@ -49,6 +49,12 @@ struct PublishArgs {
     /// Nodes to talk to, comma-separated base URLs; the client fails over between them.
     #[arg(long = "nodes", env = "RUNNEV_NODES", default_value = runnev::client::DEFAULT_NODES)]
     nodes: String,
+    /// The token to send (nodes run with --auth).
+    #[arg(long = "token", env = "RUNNEV_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// The cluster CA's certificate: speak TLS to the nodes and verify them with it.
+    #[arg(long = "ca-file", env = "RUNNEV_CA_FILE")]
+    ca_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     load: LoadArgs,
 }
@@ -56,7 +62,9 @@ struct PublishArgs {
 /// `runnev bench publish` (and plain `runnev bench`): a bounded publish load with the generator
 /// of [`crate::publish`]; progress on stderr, then a table or one JSON line on stdout.
 async fn publish(a: PublishArgs) -> Result<()> {
-    let client = Client::new(&Client::parse_nodes(&a.nodes))?;
+    let token =
+        a.token.as_deref().map(runnev::auth::Token::parse).transpose().map_err(|e| anyhow::anyhow!("--token: {e}"))?;
+    let client = Client::secure(&Client::parse_nodes(&a.nodes), a.ca_file.as_deref(), token)?;
     let spec = a.load.spec();
     let names = stream_names(&a.load.stream, spec.streams);
     let target = Arc::new(RunnevTarget::new(client, names));

@@ -39,6 +39,10 @@ pub fn node_config(shared: &Shared, id: NodeId, data_dir: PathBuf) -> NodeConfig
         snapshot_keep_logs: shared.plan.snapshot_keep_logs,
         max_clock_offset_ms: runnev::limits::MAX_CLOCK_OFFSET_MS_DEFAULT,
         min_free_disk_bytes: 0,
+        security: Default::default(),
+        admin_token: None,
+        max_connections: runnev::limits::CONNECTIONS_MAX_DEFAULT,
+        max_subscribers: runnev::limits::SUBSCRIBERS_MAX_DEFAULT,
     }
 }
 

@@ -62,17 +62,10 @@ pub(super) async fn add(
     body: Body,
 ) -> Result<Response, ApiError> {
     let bytes = read_body(body, ADMIN_BODY_BYTES_MAX).await?;
-    let expected = |e: String| {
-        ApiError::InvalidBody(format!("expected {{\"id\": N, \"addr\": \"HOST:PORT\", \"voter\": bool}}: {e}"))
-    };
-    // An object only: serde would also take the fields as a JSON array (`[4, "h:1"]`).
-    let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| expected(e.to_string()))?;
-    if !value.is_object() {
-        return Err(expected("the body is not a JSON object".into()));
-    }
-    let b: crate::wire::AddMember = serde_json::from_value(value).map_err(|e| expected(e.to_string()))?;
+    let shape = r#"{"id": N, "addr": "HOST:PORT", "voter": bool}"#;
+    let b: crate::wire::AddMember = super::json_object(&bytes, shape)?;
     if b.id == 0 {
-        return Err(expected("node ids are positive integers; 0 is not one".into()));
+        return Err(ApiError::InvalidBody(format!("expected {shape}: node ids are positive integers; 0 is not one")));
     }
     if b.addr.trim().is_empty() || !b.addr.contains(':') {
         return Err(ApiError::InvalidBody(format!("addr {:?} is not HOST:PORT", b.addr)));

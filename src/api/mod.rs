@@ -14,6 +14,7 @@
 //! ends its subscriptions and waits, and fails `/healthz` and `/readyz` (so a supervisor
 //! restarts it); `/v1/cluster` and `/metrics` still describe it.
 
+pub mod auth;
 mod backup;
 mod cluster;
 pub mod contact;
@@ -87,6 +88,10 @@ pub struct AppState {
     pub disk: Arc<crate::disk::DiskGuard>,
     /// Which followers said their disk is low (read when leading).
     pub peer_disks: Arc<crate::raft::network::PeerDisks>,
+    /// Peer TLS and client authentication settings.
+    pub security: auth::Security,
+    /// One permit per subscription being served (`--max-subscribers`).
+    pub subscribers: Arc<tokio::sync::Semaphore>,
 }
 
 /// Why this node's Raft core has stopped for good, if it has. openraft reports the fatal error
@@ -148,6 +153,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/streams/{name}/subscribe", get(subscribe::subscribe))
         .route("/v1/cluster/members", post(members::add))
         .route("/v1/cluster/members/{id}", axum::routing::delete(members::remove))
+        .route("/v1/auth/tokens", post(auth::create).get(auth::list))
+        .route("/v1/auth/tokens/{name}", axum::routing::delete(auth::delete))
         // The routes above serve clients from Raft's state; the ones below describe the node.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), refuse_without_raft))
         .route("/v1/cluster", get(cluster::view))
@@ -161,6 +168,7 @@ pub fn router(state: AppState) -> Router {
         .route(crate::clock::CLOCK_PATH, get(raft_rpc::clock))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::authorize))
         .layer(DefaultBodyLimit::disable())
         .layer(axum::middleware::from_fn(refuse_transfer_codings))
         .layer(axum::middleware::from_fn(record_request))
@@ -268,6 +276,19 @@ pub(crate) async fn read_body(body: Body, limit_bytes: usize) -> Result<bytes::B
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::PayloadTooLarge { limit_bytes }),
         Err(e) => Err(ApiError::InvalidBody(format!("reading the body failed: {e}"))),
     }
+}
+
+/// Decodes `bytes` as the JSON object `T`, whose shape `shape` names in the error.
+///
+/// Errors: `400 invalid_body` for anything else, including a JSON array (serde would otherwise
+/// take a struct's fields from one).
+pub(crate) fn json_object<T: serde::de::DeserializeOwned>(bytes: &[u8], shape: &str) -> Result<T, ApiError> {
+    let expected = |e: String| ApiError::InvalidBody(format!("expected {shape}: {e}"));
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| expected(e.to_string()))?;
+    if !value.is_object() {
+        return Err(expected("the body is not a JSON object".into()));
+    }
+    serde_json::from_value(value).map_err(|e| expected(e.to_string()))
 }
 
 /// Counts one request in the gauge `runnev_waiting_requests{kind}` while it is alive, and once

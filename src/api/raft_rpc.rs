@@ -2,7 +2,10 @@
 //! it to openraft, encode the answer.
 //!
 //! Owns: nothing but the translation. Must never: panic on a peer's bytes; a body that does not
-//! decode gets `400` and reaches no Raft state.
+//! decode gets `400` and reaches no Raft state; nor hand openraft an RPC that, with peer TLS on,
+//! did not come over a connection whose verified certificate names the node the RPC claims as
+//! its sender (the candidate of a vote, the leader of an append or snapshot): that is `403
+//! forbidden` ([`super::auth::check_peer`]).
 
 use axum::body::Body;
 use axum::extract::State;
@@ -11,10 +14,18 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::auth::{check_any_node, check_peer};
 use super::{read_body, AppState};
 use crate::error::ApiError;
 use crate::limits::{PROTOCOL_WARN_EVERY_MS, RAFT_RPC_BYTES_MAX};
 use crate::raft::network::{DISK_LOW_HEADER, PROTOCOL_HEADER, PROTOCOL_VERSION};
+use axum::extract::Request;
+
+/// The node an RPC's vote names: the candidate of a vote request, the leader of an append or
+/// snapshot.
+fn sender(vote: &openraft::Vote<crate::raft::NodeId>) -> Option<crate::raft::NodeId> {
+    vote.leader_id().voted_for()
+}
 
 /// When a protocol mismatch was last logged.
 static MISMATCH_WARNED: std::sync::Mutex<Option<tokio::time::Instant>> = std::sync::Mutex::new(None);
@@ -58,6 +69,26 @@ fn encode_answer<T: Serialize>(answer: &T) -> Response {
     }
 }
 
+/// Takes a peer's RPC of type `T`: checks its protocol version, and (with peer TLS) that the
+/// connection presented a node certificate, before the body is read; decodes the body; then
+/// checks that the certificate names the node the RPC's `vote` claims as its sender. Only an RPC
+/// that passes all of it is handed to openraft.
+///
+/// Errors: `400 protocol_mismatch`, `403 forbidden`, `400 invalid_body`, `413
+/// payload_too_large`.
+async fn admit<T: DeserializeOwned>(
+    s: &AppState,
+    req: Request,
+    vote: impl Fn(&T) -> &openraft::Vote<crate::raft::NodeId>,
+) -> Result<T, ApiError> {
+    let (parts, body) = req.into_parts();
+    check_protocol(&parts.headers)?;
+    check_any_node(s, &parts.extensions)?;
+    let rpc: T = decode_rpc(body).await?;
+    check_peer(s, &parts.extensions, sender(vote(&rpc)))?;
+    Ok(rpc)
+}
+
 /// `POST /raft/append`: append-entries (Raft paper §5.3). One this node accepts (any answer but
 /// "higher vote") counts as hearing from a leader ([`super::contact`]).
 ///
@@ -70,10 +101,9 @@ fn encode_answer<T: Serialize>(answer: &T) -> Response {
 ///
 /// [`DISK_LOW_HEADER`]: crate::raft::network::DISK_LOW_HEADER
 /// [`PeerDisks`]: crate::raft::network::PeerDisks
-pub async fn append(State(s): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+pub async fn append(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
     use openraft::raft::AppendEntriesResponse;
-    check_protocol(&headers)?;
-    let mut req: openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig> = decode_rpc(body).await?;
+    let mut req = admit(&s, req, |r: &openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig>| &r.vote).await?;
     let low = s.disk.refusal().is_some();
     let refused = low && !req.entries.is_empty();
     if refused {
@@ -98,9 +128,8 @@ pub async fn append(State(s): State<AppState>, headers: HeaderMap, body: Body) -
 }
 
 /// `POST /raft/vote`: request-vote (Raft paper §5.2).
-pub async fn vote(State(s): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    check_protocol(&headers)?;
-    let req = decode_rpc(body).await?;
+pub async fn vote(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    let req = admit(&s, req, |r: &openraft::raft::VoteRequest<crate::raft::NodeId>| &r.vote).await?;
     Ok(encode_answer(&s.raft.vote(req).await))
 }
 
@@ -111,9 +140,8 @@ pub async fn vote(State(s): State<AppState>, headers: HeaderMap, body: Body) -> 
 /// [`DISK_LOW_HEADER`], before openraft sees it: installing writes the whole snapshot.
 ///
 /// [`DISK_LOW_HEADER`]: crate::raft::network::DISK_LOW_HEADER
-pub async fn snapshot(State(s): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    check_protocol(&headers)?;
-    let req: openraft::raft::InstallSnapshotRequest<crate::raft::TypeConfig> = decode_rpc(body).await?;
+pub async fn snapshot(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    let req = admit(&s, req, |r: &openraft::raft::InstallSnapshotRequest<crate::raft::TypeConfig>| &r.vote).await?;
     if let Some(low) = s.disk.refusal() {
         let mut resp =
             ApiError::StorageFull(format!("this node takes no snapshot now: {}", low.describe())).into_response();
@@ -130,6 +158,9 @@ pub async fn snapshot(State(s): State<AppState>, headers: HeaderMap, body: Body)
 
 /// `GET /raft/clock`: this node's wall clock, ms since the Unix epoch, as decimal text, for the
 /// other nodes' measurements ([`crate::clock`]).
-pub async fn clock(State(s): State<AppState>) -> Response {
+pub async fn clock(State(s): State<AppState>, req: Request) -> Response {
+    if let Err(e) = check_any_node(&s, req.extensions()) {
+        return e.into_response();
+    }
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], s.clock.wall_ms().to_string()).into_response()
 }

@@ -82,7 +82,7 @@ fn answer(name: &str, outcome: Outcome, index: u64) -> Result<Response, ApiError
         Outcome::StreamNotFound => Err(ApiError::StreamNotFound(name.to_string())),
         Outcome::Rejected(r) => Err(r.into()),
         Outcome::FramesRejected(r) => Err(r.into()),
-        Outcome::Nothing | Outcome::Batch(_) => {
+        Outcome::Nothing | Outcome::Batch(_) | Outcome::Token(_) => {
             Err(ApiError::Internal(format!("log index {index} applied with no outcome for this request")))
         }
     }

@@ -47,6 +47,31 @@ struct Cursor {
     stopping: watch::Receiver<bool>,
     /// Set once the `unavailable` event is queued: the subscription ends after sending it.
     ending: bool,
+    /// This subscription's place under `--max-subscribers`, given back when it ends.
+    _slot: Slot,
+}
+
+/// A subscription's permit, counted in the gauge `runnev_subscribers` while held.
+struct Slot(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
+
+impl Slot {
+    /// A place for one more subscription.
+    ///
+    /// Errors: `503 overloaded` when the node serves `--max-subscribers` already.
+    fn take(s: &AppState) -> Result<Slot, ApiError> {
+        let permit = s.subscribers.clone().try_acquire_owned().map_err(|_| {
+            metrics::counter!("runnev_overloaded_total", "bound" => "subscribers").increment(1);
+            ApiError::Overloaded("this node serves as many subscriptions as it may (--max-subscribers); subscribe on another node or retry later".into())
+        })?;
+        metrics::gauge!("runnev_subscribers").increment(1.0);
+        Ok(Slot(permit))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        metrics::gauge!("runnev_subscribers").decrement(1.0);
+    }
 }
 
 fn start_cursor(headers: &HeaderMap, q: &HashMap<String, String>) -> Result<u64, ApiError> {
@@ -164,6 +189,7 @@ pub(super) async fn subscribe(
     let name = stream_name(path)?;
     let q = query(q)?;
     let after = start_cursor(&headers, &q)?;
+    let slot = Slot::take(&s)?;
     if let Some(silence) = s.contact.cut_off(&s.raft, s.node_id) {
         return Err(ApiError::NotReady(format!(
             "node {} {silence}: it cannot tell whether it is behind; subscribe on another node",
@@ -176,7 +202,7 @@ pub(super) async fn subscribe(
     if *stopping.borrow() {
         return Err(ApiError::NotReady("this node is stopping; subscribe to another".into()));
     }
-    let cursor = Cursor { s, name, after, pending: VecDeque::new(), applied, stopping, ending: false };
+    let cursor = Cursor { s, name, after, pending: VecDeque::new(), applied, stopping, ending: false, _slot: slot };
     let events = futures::stream::unfold(cursor, |mut c| async move {
         if c.pending.is_empty() && !refill(&mut c).await {
             return None;

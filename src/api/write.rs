@@ -204,8 +204,11 @@ async fn forward(s: &AppState, addr: &str, req: &Forwardable) -> Result<Response
         .method(req.method.clone())
         .uri(format!("http://{addr}{}", req.path_and_query))
         .header(HOPS_HEADER, HeaderValue::from(req.hops() + 1));
-    if let Some(ct) = req.headers.get(axum::http::header::CONTENT_TYPE) {
-        builder = builder.header(axum::http::header::CONTENT_TYPE, ct);
+    // The client's token goes with its request: the leader checks it too.
+    for name in [axum::http::header::CONTENT_TYPE, axum::http::header::AUTHORIZATION] {
+        if let Some(v) = req.headers.get(&name) {
+            builder = builder.header(name, v);
+        }
     }
     let request = builder.body(Full::new(req.body.clone())).map_err(|e| ForwardError::Unknown(e.to_string()))?;
     let exchange = async {

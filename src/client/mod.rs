@@ -282,6 +282,8 @@ struct Inner {
     /// when unknown. Writes go there first, saving the forwarding hop.
     leader: AtomicUsize,
     policy: RetryPolicy,
+    /// Sent as `Authorization: Bearer` on every request (nodes run with `--auth`).
+    token: Option<crate::auth::Token>,
 }
 
 impl Client {
@@ -292,6 +294,36 @@ impl Client {
     /// `http://HOST:PORT`.
     pub fn new(nodes: &[String]) -> Result<Client, ClientError> {
         Client::with_dialer(nodes, Arc::new(TcpDialer), RetryPolicy::default())
+    }
+
+    /// A client over `nodes` that speaks TLS to them when `ca` (the cluster CA's certificate)
+    /// is given, verifying each node's certificate against it, and sends `token` on every
+    /// request when given.
+    ///
+    /// Errors: as [`Client::new`], and [`ClientError::Config`] if the CA file is unusable or a
+    /// node is `https://` without a CA.
+    pub fn secure(
+        nodes: &[String],
+        ca: Option<&std::path::Path>,
+        token: Option<crate::auth::Token>,
+    ) -> Result<Client, ClientError> {
+        let dialer: Arc<dyn Dialer> = match ca {
+            Some(ca) => {
+                let config = crate::tls::client_config(ca, None).map_err(|e| ClientError::Config(e.to_string()))?;
+                Arc::new(crate::tls::TlsDialer::new(Arc::new(TcpDialer), config))
+            }
+            None => Arc::new(TcpDialer),
+        };
+        // The dialer decides TLS: with a CA, `https://HOST:PORT` means the node at HOST:PORT.
+        let nodes: Vec<String> = match ca {
+            Some(_) => nodes.iter().map(|n| n.trim().replacen("https://", "http://", 1)).collect(),
+            None => nodes.to_vec(),
+        };
+        let mut client = Client::with_dialer(&nodes, dialer, RetryPolicy::default())?;
+        if let Some(inner) = Arc::get_mut(&mut client.inner) {
+            inner.token = token;
+        }
+        Ok(client)
     }
 
     /// A client over `nodes` with its own dialer (the simulation's) and retry policy.
@@ -310,7 +342,9 @@ impl Client {
                 || ClientError::Config(format!("{n:?} is not a node address: write HOST:PORT or http://HOST:PORT"));
             let uri: hyper::Uri = n.parse().map_err(|_| bad())?;
             if uri.scheme_str() != Some("http") {
-                return Err(ClientError::Config(format!("{n:?}: only http:// is supported")));
+                return Err(ClientError::Config(format!(
+                    "{n:?}: only http:// is supported (https:// with the cluster CA's certificate: --ca-file)"
+                )));
             }
             match uri.authority() {
                 Some(a) if a.port_u16().is_some() && !a.host().is_empty() => {}
@@ -328,6 +362,7 @@ impl Client {
                 next: AtomicUsize::new(0),
                 leader: AtomicUsize::new(usize::MAX),
                 policy,
+                token: None,
             }),
         })
     }
@@ -371,6 +406,14 @@ impl Client {
         self.inner.leader.store(found.unwrap_or(usize::MAX), Ordering::Relaxed);
     }
 
+    /// `req` with this client's token, if it has one, as `Authorization: Bearer`.
+    fn authorized(&self, req: hyper::http::request::Builder) -> hyper::http::request::Builder {
+        match &self.inner.token {
+            Some(token) => req.header(hyper::header::AUTHORIZATION, format!("Bearer {}", token.expose())),
+            None => req,
+        }
+    }
+
     async fn exchange(
         &self,
         node: &str,
@@ -380,7 +423,7 @@ impl Client {
         content_type: Option<&'static str>,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes, bool), Attempt> {
-        let mut req = hyper::Request::builder().method(method.clone()).uri(format!("{node}{path}"));
+        let mut req = self.authorized(hyper::Request::builder().method(method.clone()).uri(format!("{node}{path}")));
         if let Some(ct) = content_type {
             req = req.header(hyper::header::CONTENT_TYPE, ct);
         }
@@ -675,6 +718,41 @@ impl Client {
         }
     }
 
+    /// `POST /v1/auth/tokens`: creates token `name` with `grants`; returns the server's answer
+    /// (`{"name", "token", "index"}`: the only time the secret is shown). Not retried once sent
+    /// (a retry would meet `409 token_exists`).
+    ///
+    /// Errors: [`ClientError::Api`] (`401`, `403`, `409 token_exists`, `400 invalid_body`) and
+    /// the availability errors of [`Client::publish`].
+    pub async fn create_token(
+        &self,
+        name: &str,
+        grants: &[crate::auth::Grant],
+    ) -> Result<serde_json::Value, ClientError> {
+        let body = Bytes::from(Self::body(&serde_json::json!({ "name": name, "grants": grants }))?);
+        let a = self.call_with(Method::POST, "/v1/auth/tokens", (body, None), Duration::ZERO, false, false).await?;
+        Self::json(&a.node, &a.bytes)
+    }
+
+    /// `GET /v1/auth/tokens`: names and grants.
+    ///
+    /// Errors: as [`Client::create_token`].
+    pub async fn tokens(&self) -> Result<serde_json::Value, ClientError> {
+        let (node, _, bytes) = self.call(Method::GET, "/v1/auth/tokens", Bytes::new(), Duration::ZERO).await?;
+        Self::json(&node, &bytes)
+    }
+
+    /// `DELETE /v1/auth/tokens/{name}`; [`Deleted::Already`] when a retry finds it gone.
+    ///
+    /// Errors: [`ClientError::Api`] `404 not_found` for an unknown name, and those of
+    /// [`Client::create_token`].
+    pub async fn delete_token(&self, name: &str) -> Result<Deleted, ClientError> {
+        crate::auth::validate_name(name).map_err(ClientError::Config)?;
+        let path = format!("/v1/auth/tokens/{name}");
+        let a = self.call_with(Method::DELETE, &path, (Bytes::new(), None), Duration::ZERO, true, true).await?;
+        Ok(if a.status == StatusCode::NOT_FOUND { Deleted::Already } else { Deleted::Now })
+    }
+
     /// `GET /v1/cluster` from any node, with failover.
     ///
     /// Errors: the availability errors of [`Client::publish`].
@@ -738,7 +816,8 @@ impl Client {
             Some(m) => format!("http://{}", m.addr),
             None => self.inner.nodes[self.pick()].clone(),
         };
-        let req = hyper::Request::get(format!("{node}/v1/backup"))
+        let req = self
+            .authorized(hyper::Request::get(format!("{node}/v1/backup")))
             .body(Full::new(Bytes::new()))
             .map_err(|e| ClientError::Config(e.to_string()))?;
         let timeout = self.inner.policy.request_timeout;

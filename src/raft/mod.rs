@@ -96,6 +96,23 @@ pub enum Command {
         /// [`crate::limits::FRAMES_PER_APPEND_MAX`] of them when proposed by the API).
         frames: Vec<serde_bytes::ByteBuf>,
     },
+    // New variants go last: the log holds commands by their variant's position.
+    /// Create a client token (only its salted hash travels; [`crate::auth`]). With `bootstrap`,
+    /// the cluster's first admin token: made (or replaced) only if no bootstrap token was ever
+    /// made, so every node proposing its `--admin-token-file` at start makes one, once.
+    PutToken {
+        /// Token name, already validated.
+        name: String,
+        /// Salt, hash and grants.
+        record: crate::auth::TokenRecord,
+        /// Whether this is the bootstrap token.
+        bootstrap: bool,
+    },
+    /// Delete a client token.
+    DeleteToken {
+        /// Token name.
+        name: String,
+    },
 }
 
 /// A stream as the API shows it (SPEC §3, stream info).
@@ -157,6 +174,23 @@ pub enum Outcome {
     },
     /// A [`Command::PublishFrames`] was refused by SPEC §6; nothing was written.
     FramesRejected(FramesRejection),
+    /// A token command applied.
+    Token(TokenOutcome),
+}
+
+/// What applying [`Command::PutToken`] or [`Command::DeleteToken`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TokenOutcome {
+    /// The token was made.
+    Created,
+    /// A token of that name exists; nothing changed.
+    Exists,
+    /// A bootstrap token was made before; nothing changed.
+    AlreadyBootstrapped,
+    /// The token was deleted.
+    Deleted,
+    /// No token of that name; nothing changed.
+    NotFound,
 }
 
 impl Command {

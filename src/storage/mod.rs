@@ -7,7 +7,8 @@
 //!
 //! Layout (`--data-dir`):
 //! - `log/<index>.seg`: the Raft log (see [`segments`]);
-//! - `runnev.redb`: tables [`RAFT_META`], [`SM_META`], [`STREAMS`], [`TOMBSTONES`], [`BATCHES`];
+//! - `runnev.redb`: tables [`RAFT_META`], [`SM_META`], [`STREAMS`], [`TOMBSTONES`], [`BATCHES`],
+//!   [`TOKENS`];
 //! - `snapshot.bin`: the newest snapshot (see [`snapshot`]), replaced atomically by rename.
 //!
 //! The state machine commits without fsync (the log is the durable record and replays it) and
@@ -46,6 +47,13 @@ pub(crate) const STREAMS: TableDefinition<&str, &[u8]> = TableDefinition::new("s
 /// Deleted streams: name → the postcard-encoded [`StreamMeta`] it had when deleted, so a stream
 /// created again under the name continues after its last seq (seqs are never reused, SPEC §1).
 pub(crate) const TOMBSTONES: TableDefinition<&str, &[u8]> = TableDefinition::new("tombstones");
+/// Client tokens: name → postcard-encoded [`crate::auth::TokenRecord`] (salt and hash, never
+/// the secret); the key [`TOKENS_BOOTSTRAPPED`] (not a token name) marks that the cluster's
+/// bootstrap token was made.
+pub(crate) const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
+/// The key in [`TOKENS`] recording that the bootstrap admin token was made (empty: no token
+/// can have this name).
+pub(crate) const TOKENS_BOOTSTRAPPED: &str = "";
 /// Batches: (stream, seq) → [`BatchValue`] encoding (`ts` u64 LE, log index u64 LE, payload).
 pub(crate) const BATCHES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("batches");
 
@@ -234,6 +242,7 @@ impl Store {
             txn.open_table(STREAMS)?;
             txn.open_table(TOMBSTONES)?;
             txn.open_table(BATCHES)?;
+            txn.open_table(TOKENS)?;
         }
         txn.commit()?;
         let purged: Option<crate::raft::LogId> = {
@@ -353,6 +362,38 @@ impl Store {
         let txn = self.db.begin_read()?;
         let t = txn.open_table(STREAMS)?;
         t.get(name)?.map(|v| decode(v.value())).transpose()
+    }
+
+    /// The token named `name`, or `None`. A read of one key: cheap enough to run on the async
+    /// executor for every authenticated request.
+    ///
+    /// Errors: redb failures or a stored value that does not decode.
+    pub fn token(&self, name: &str) -> Result<Option<crate::auth::TokenRecord>, StoreError> {
+        if name == TOKENS_BOOTSTRAPPED {
+            return Ok(None);
+        }
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(TOKENS)?;
+        t.get(name)?.map(|v| decode(v.value())).transpose()
+    }
+
+    /// Every token, in name order, and whether the bootstrap token was made.
+    ///
+    /// Errors: redb failures or a stored value that does not decode.
+    pub fn tokens(&self) -> Result<(Vec<(String, crate::auth::TokenRecord)>, bool), StoreError> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(TOKENS)?;
+        let mut out = Vec::new();
+        let mut bootstrapped = false;
+        for row in t.iter()? {
+            let (k, v) = row?;
+            if k.value() == TOKENS_BOOTSTRAPPED {
+                bootstrapped = true;
+            } else {
+                out.push((k.value().to_string(), decode(v.value())?));
+            }
+        }
+        Ok((out, bootstrapped))
     }
 
     /// Every stream, in name order.

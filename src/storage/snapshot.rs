@@ -8,8 +8,8 @@
 //! Format (version 1): the 8-byte magic `RUNNEVS1`, then records, each a u32 LE length and that
 //! many bytes of a postcard-encoded [`Record`]: one `Header`, the `Clock` (the cluster clock of
 //! the state machine; a snapshot without one, from an older build, installs clock 0), then every
-//! `Stream`, every `Tombstone`, every `Batch` in (stream, seq) order, then `End` with the counts,
-//! which detects a truncated file.
+//! `Stream`, every `Tombstone`, every `Token` (salted hashes, never secrets), every `Batch` in
+//! (stream, seq) order, then `End` with the counts, which detects a truncated file.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
@@ -19,7 +19,7 @@ use redb::{ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
 use super::state_machine::CLOCK_KEY;
-use super::{decode, encode, Store, StoreError, BATCHES, RAFT_META, SM_META, STREAMS, TOMBSTONES};
+use super::{decode, encode, Store, StoreError, BATCHES, RAFT_META, SM_META, STREAMS, TOKENS, TOMBSTONES};
 use crate::limits::SNAPSHOT_RECORD_BYTES_MAX;
 use crate::raft::{LogId, NodeId};
 use crate::stream::StreamMeta;
@@ -56,6 +56,12 @@ enum Record<'a> {
     /// The state machine's cluster clock (last, so that older snapshots still decode).
     Clock {
         clock_ms: u64,
+    },
+    /// A row of the tokens table (after `Clock`, for the same reason).
+    Token {
+        name: &'a str,
+        #[serde(with = "serde_bytes")]
+        value: &'a [u8],
     },
 }
 
@@ -120,7 +126,7 @@ pub(crate) fn build(store: &Store) -> Result<(SnapshotMeta, File), StoreError> {
 }
 
 /// Writes the state machine as `txn` sees it, in the snapshot format (magic, header, clock,
-/// streams, tombstones, batches, end), to `w`; returns its metadata and the stream and batch
+/// streams, tombstones, tokens, batches, end), to `w`; returns its metadata and the stream and batch
 /// counts. The id is `{term}-{index}` of the last applied log id. One read transaction is one
 /// consistent cut of the applied state: what a snapshot and a backup need.
 ///
@@ -151,6 +157,10 @@ pub(crate) fn write_state(
     for row in txn.open_table(TOMBSTONES)?.iter()? {
         let (k, v) = row?;
         write_record(w, &Record::Tombstone { name: k.value(), meta: decode(v.value())? })?;
+    }
+    for row in txn.open_table(TOKENS)?.iter()? {
+        let (k, v) = row?;
+        write_record(w, &Record::Token { name: k.value(), value: v.value() })?;
     }
     for row in txn.open_table(BATCHES)?.iter()? {
         let (k, v) = row?;
@@ -229,6 +239,8 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
         let mut streams = txn.open_table(STREAMS)?;
         let mut batches = txn.open_table(BATCHES)?;
         let mut tombstones = txn.open_table(TOMBSTONES)?;
+        let mut tokens = txn.open_table(TOKENS)?;
+        tokens.retain(|_, _| false)?;
         streams.retain(|_, _| false)?;
         batches.retain(|_, _| false)?;
         tombstones.retain(|_, _| false)?;
@@ -250,6 +262,9 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
                     tombstones.insert(name, encode(&meta)?.as_slice())?;
                 }
                 Record::Clock { clock_ms: c } => clock_ms = c,
+                Record::Token { name, value } => {
+                    tokens.insert(name, value)?;
+                }
                 Record::End { streams, batches } => {
                     if (streams, batches) != (n_streams, n_batches) {
                         return Err(StoreError::Snapshot(format!(
@@ -313,7 +328,7 @@ pub(crate) fn copy_with_meta(
             Record::Header { .. } => return Err(StoreError::Snapshot("a second header".into())),
             Record::Stream { .. } => n_streams = n_streams.saturating_add(1),
             Record::Batch { .. } => n_batches = n_batches.saturating_add(1),
-            Record::Tombstone { .. } | Record::Clock { .. } => {}
+            Record::Tombstone { .. } | Record::Clock { .. } | Record::Token { .. } => {}
             Record::End { streams, batches } => {
                 if (*streams, *batches) != (n_streams, n_batches) {
                     return Err(StoreError::Snapshot(format!(

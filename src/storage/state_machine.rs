@@ -23,7 +23,8 @@ use redb::{ReadableDatabase, ReadableTable, Table};
 use super::io::SnapshotFile;
 use super::snapshot::{self, SnapshotMeta};
 use super::{
-    blocking, decode, encode, raft_err, BatchValue, Entry, Store, StoreError, BATCHES, SM_META, STREAMS, TOMBSTONES,
+    blocking, decode, encode, raft_err, BatchValue, Entry, Store, StoreError, BATCHES, SM_META, STREAMS, TOKENS,
+    TOKENS_BOOTSTRAPPED, TOMBSTONES,
 };
 use crate::limits::{SM_DURABLE_EVERY_BYTES, SM_DURABLE_EVERY_ENTRIES};
 use crate::raft::{Command, LogId, NodeId, Outcome, StorageError, StreamInfo, TypeConfig};
@@ -56,6 +57,7 @@ struct Tables<'t> {
     streams: Table<'t, &'static str, &'static [u8]>,
     tombstones: Table<'t, &'static str, &'static [u8]>,
     batches: Table<'t, (&'static str, u64), &'static [u8]>,
+    tokens: Table<'t, &'static str, &'static [u8]>,
     /// The highest `ts` applied so far, ms since the Unix epoch.
     clock_ms: u64,
 }
@@ -276,6 +278,30 @@ impl Tables<'_> {
                 }
                 Ok(Outcome::Batch(outcomes))
             }
+            Command::PutToken { name, record, bootstrap } => {
+                use crate::raft::TokenOutcome;
+                // A name that is not a token's (the bootstrap marker among them) changes nothing.
+                if crate::auth::validate_name(&name).is_err() {
+                    return Ok(Outcome::Token(TokenOutcome::NotFound));
+                }
+                if bootstrap {
+                    if self.tokens.get(TOKENS_BOOTSTRAPPED)?.is_some() {
+                        return Ok(Outcome::Token(TokenOutcome::AlreadyBootstrapped));
+                    }
+                    self.tokens.insert(TOKENS_BOOTSTRAPPED, [1u8].as_slice())?;
+                } else if self.tokens.get(name.as_str())?.is_some() {
+                    return Ok(Outcome::Token(TokenOutcome::Exists));
+                }
+                self.tokens.insert(name.as_str(), encode(&record)?.as_slice())?;
+                Ok(Outcome::Token(TokenOutcome::Created))
+            }
+            Command::DeleteToken { name } => {
+                use crate::raft::TokenOutcome;
+                if name == TOKENS_BOOTSTRAPPED || self.tokens.remove(name.as_str())?.is_none() {
+                    return Ok(Outcome::Token(TokenOutcome::NotFound));
+                }
+                Ok(Outcome::Token(TokenOutcome::Deleted))
+            }
             Command::Tick { ts } => {
                 let ts = self.tick_clock(ts);
                 let mut aging = Vec::new();
@@ -326,6 +352,7 @@ fn apply_entries(
             streams: txn.open_table(STREAMS)?,
             tombstones: txn.open_table(TOMBSTONES)?,
             batches: txn.open_table(BATCHES)?,
+            tokens: txn.open_table(TOKENS)?,
             clock_ms,
         };
         for entry in entries {
@@ -524,6 +551,59 @@ mod tests {
         // The cluster clock travelled too: an entry stamped before it takes its time.
         let late = sm_b.apply(vec![entry(9, publish("kept", None, 3, b"late"))]).await.unwrap();
         assert_eq!(late[0], Outcome::Published { seq: 7, ts: 15, duplicate: false, index: 9 });
+    }
+
+    /// Tokens: the bootstrap token is made once, a taken name is refused, a delete removes, and
+    /// a snapshot carries the tokens (salted hashes) and the bootstrap mark to a new replica.
+    #[tokio::test]
+    async fn tokens_apply_once_and_travel_in_snapshots() {
+        use crate::auth::{Grant, Permission, TokenRecord};
+        use crate::raft::TokenOutcome;
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let a = Store::open(a_dir.path()).unwrap();
+        let mut sm = StateMachine::new(a.clone());
+        let admin = vec![Grant { permission: Permission::Admin, streams: "*".into() }];
+        let rec = |secret: &str| TokenRecord::new(secret, admin.clone()).unwrap();
+        let put = |name: &str, secret: &str, bootstrap| Command::PutToken {
+            name: name.into(),
+            record: rec(secret),
+            bootstrap,
+        };
+        let cmds = vec![
+            put("admin", "first", true),
+            put("admin", "second", true),
+            put("ci", "c", false),
+            put("ci", "other", false),
+            put("", "x", false),
+            Command::DeleteToken { name: "ci".into() },
+            Command::DeleteToken { name: "ci".into() },
+            Command::DeleteToken { name: "".into() },
+            put("ops", "o", false),
+        ];
+        let entries: Vec<Entry> = cmds.into_iter().enumerate().map(|(i, c)| entry(i as u64 + 1, c)).collect();
+        let got: Vec<Outcome> = sm.apply(entries).await.unwrap();
+        use TokenOutcome::*;
+        let want = [Created, AlreadyBootstrapped, Created, Exists, NotFound, Deleted, NotFound, NotFound, Created];
+        assert_eq!(got, want.iter().map(|o| Outcome::Token(*o)).collect::<Vec<_>>());
+        let (tokens, bootstrapped) = a.tokens().unwrap();
+        assert!(bootstrapped);
+        assert_eq!(tokens.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["admin", "ops"]);
+        assert!(a.token("admin").unwrap().unwrap().verifies("first"), "the first bootstrap token stays");
+        assert_eq!(a.token("").unwrap(), None);
+
+        let snap = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        let mut bytes = Vec::new();
+        let mut file = snap.snapshot;
+        file.read_to_end(&mut bytes).await.unwrap();
+        assert!(!bytes.windows(5).any(|w| w == b"first"), "a secret in the snapshot");
+        let b = Store::open(b_dir.path()).unwrap();
+        let mut sm_b = StateMachine::new(b.clone());
+        let mut incoming = sm_b.begin_receiving_snapshot().await.unwrap();
+        incoming.write_all(&bytes).await.unwrap();
+        sm_b.install_snapshot(&snap.meta, incoming).await.unwrap();
+        assert_eq!(b.tokens().unwrap(), a.tokens().unwrap());
+        let again = sm_b.apply(vec![entry(10, put("admin", "third", true))]).await.unwrap();
+        assert_eq!(again, [Outcome::Token(AlreadyBootstrapped)], "the bootstrap mark travelled");
     }
 
     /// Cluster time is monotonic: an entry proposed with a ts below one already applied takes

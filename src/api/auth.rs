@@ -1,0 +1,284 @@
+//! Who may call what: the check every request passes before its handler when authentication is
+//! on, the peer check of the Raft RPCs, and the token endpoints (`/v1/auth/tokens`).
+//!
+//! Owns: mapping a route to the permission and scope it needs ([`crate::auth`] decides whether
+//! a token's grants cover them), and the `401` / `403` answers. Must never: let a request reach a
+//! handler unchecked when authentication is on (only `/healthz`, `/readyz` and the Raft paths,
+//! which need a node certificate instead, pass without a token), or answer, log or store a
+//! token's secret except in the one answer that creates it.
+
+use std::collections::BTreeMap;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, MatchedPath, Path, RawPathParams, State};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use super::write::{write, Forwardable, Led};
+use super::{json, read_body, AppState};
+use crate::auth::{Grant, Permission, Scope, Token, TokenRecord, GRANTS_MAX};
+use crate::error::ApiError;
+use crate::limits::ADMIN_BODY_BYTES_MAX;
+use crate::raft::{Command, NodeId, Outcome, TokenOutcome};
+use crate::tls::{Identity, Peer};
+
+/// A node's security settings (flags of `runnev serve`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Security {
+    /// Peer TLS is on (`--tls-ca`, `--tls-cert`, `--tls-key`): a Raft RPC needs a verified node
+    /// certificate naming the node it claims to come from.
+    pub peer_tls: bool,
+    /// Client authentication is on (`--auth`): every request but `/healthz`, `/readyz` and the
+    /// Raft RPCs needs a token (or comes from a node of the cluster).
+    pub auth: bool,
+}
+
+/// The peer of a request, from axum's connection info (absent when the router is served
+/// without it: then no one is known, and nothing that needs a certificate is allowed).
+fn peer_of(ext: &axum::http::Extensions) -> Option<&Peer> {
+    ext.get::<ConnectInfo<Peer>>().map(|c| &c.0)
+}
+
+/// Refuses a Raft RPC claiming to come from `claimed` unless peer TLS is off, or the connection
+/// presented a verified certificate naming that very node (SPEC §7). The refusal is `403
+/// forbidden` and reaches no Raft state.
+pub(crate) fn check_peer(s: &AppState, ext: &axum::http::Extensions, claimed: Option<NodeId>) -> Result<(), ApiError> {
+    if !s.security.peer_tls {
+        return Ok(());
+    }
+    let refuse = |why: String| {
+        metrics::counter!("runnev_peer_rpcs_refused_total").increment(1);
+        tracing::warn!(peer = ?peer_of(ext).and_then(|p| p.remote), "refused a raft rpc: {why}");
+        Err(ApiError::Forbidden(why))
+    };
+    match (peer_of(ext).map(|p| &p.identity), claimed) {
+        (Some(Identity::Node(id)), Some(c)) if *id == c => Ok(()),
+        (Some(Identity::Node(id)), None) => refuse(format!("node {id}'s certificate sent a raft rpc naming no node")),
+        (Some(Identity::Node(id)), Some(c)) => {
+            refuse(format!("the certificate names node {id} but the raft rpc claims to come from node {c}"))
+        }
+        _ => refuse("a raft rpc needs a node certificate of this cluster's CA".into()),
+    }
+}
+
+/// Refuses a cluster-internal read (the clock probe) unless peer TLS is off or the connection
+/// presented a node certificate.
+pub(crate) fn check_any_node(s: &AppState, ext: &axum::http::Extensions) -> Result<(), ApiError> {
+    match peer_of(ext).map(|p| &p.identity) {
+        _ if !s.security.peer_tls => Ok(()),
+        Some(Identity::Node(_)) => Ok(()),
+        _ => Err(ApiError::Forbidden("this path is for the nodes of the cluster (a node certificate)".into())),
+    }
+}
+
+/// What a route needs: `None` for the open paths.
+fn needs<'a>(method: &Method, route: Option<&str>, stream: Option<&'a str>) -> Option<(Permission, Scope<'a>)> {
+    let on_stream = |p| Some((p, stream.map_or(Scope::Cluster, Scope::Stream)));
+    match route {
+        Some("/healthz" | "/readyz") => None,
+        Some(r) if r.starts_with("/raft/") => None,
+        Some("/v1/streams/{name}") if method == Method::GET => on_stream(Permission::Read),
+        Some("/v1/streams/{name}") => on_stream(Permission::Admin),
+        Some("/v1/streams/{name}/batches") if method == Method::POST => on_stream(Permission::Publish),
+        Some("/v1/streams/{name}/batches" | "/v1/streams/{name}/subscribe") => on_stream(Permission::Read),
+        Some("/v1/streams" | "/v1/cluster" | "/metrics") if method == Method::GET => {
+            Some((Permission::Read, Scope::Any))
+        }
+        // Membership, tokens, and anything else (unknown paths included): the whole cluster.
+        _ => Some((Permission::Admin, Scope::Cluster)),
+    }
+}
+
+/// The token of an `Authorization: Bearer` header.
+fn bearer(headers: &HeaderMap) -> Result<Option<Token>, ApiError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else { return Ok(None) };
+    let text = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).ok_or_else(|| {
+        ApiError::Unauthorized("the Authorization header must be `Bearer TOKEN` (a token rnv_…)".into())
+    })?;
+    Token::parse(text).map(Some).map_err(|e| ApiError::Unauthorized(format!("the bearer token is {e}")))
+}
+
+/// Checks a request against its route's needs when authentication is on: a token whose grants
+/// cover it, or, without any `Authorization` header, a connection with a node certificate (the
+/// nodes' own calls: formation probes and forwarded writes, which carry the client's token
+/// when it had one).
+pub(crate) async fn authorize(
+    State(s): State<AppState>,
+    params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !s.security.auth {
+        return next.run(req).await;
+    }
+    let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string());
+    let stream = params.as_ref().ok().and_then(|p| p.iter().find(|(k, _)| *k == "name").map(|(_, v)| v.to_string()));
+    let Some((need, scope)) = needs(req.method(), route.as_deref(), stream.as_deref()) else {
+        return next.run(req).await;
+    };
+    let decided = match bearer(req.headers()) {
+        Err(e) => Err(e),
+        Ok(None) if matches!(peer_of(req.extensions()).map(|p| &p.identity), Some(Identity::Node(_))) => Ok(()),
+        Ok(None) => Err(ApiError::Unauthorized(
+            "this node requires a token: send `Authorization: Bearer TOKEN` (the CLI: --token or RUNNEV_TOKEN)".into(),
+        )),
+        Ok(Some(token)) => check_token(&s, &token, need, scope),
+    };
+    match decided {
+        Ok(()) => next.run(req).await,
+        Err(e) => {
+            let code = e.status_and_code().1;
+            metrics::counter!("runnev_auth_refused_total", "code" => code).increment(1);
+            e.into_response()
+        }
+    }
+}
+
+fn check_token(s: &AppState, token: &Token, need: Permission, scope: Scope<'_>) -> Result<(), ApiError> {
+    let Some((name, secret)) = token.parts() else {
+        return Err(ApiError::Unauthorized("not a Runnev token".into()));
+    };
+    let record = s.store.token(name)?;
+    match record {
+        Some(r) if r.verifies(secret) => {
+            if r.allows(need, scope) {
+                Ok(())
+            } else {
+                let on = match scope {
+                    Scope::Stream(n) => format!("stream {n:?}"),
+                    Scope::Any => "any stream".into(),
+                    Scope::Cluster => "the whole cluster (`*`)".into(),
+                };
+                Err(ApiError::Forbidden(format!(
+                    "token {name:?} has no {} grant on {on}",
+                    serde_json::to_value(need).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+                )))
+            }
+        }
+        _ => Err(ApiError::Unauthorized("unknown token (wrong, deleted, or not yet applied on this node)".into())),
+    }
+}
+
+/// `POST /v1/auth/tokens` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateToken {
+    name: String,
+    grants: Vec<Grant>,
+}
+
+/// `POST /v1/auth/tokens` answer: the only place the secret ever appears.
+#[derive(Serialize)]
+struct Created<'a> {
+    name: &'a str,
+    token: &'a str,
+    index: u64,
+}
+
+/// One token in `GET /v1/auth/tokens`: no secret, no hash.
+#[derive(Serialize)]
+struct Listed<'a> {
+    name: &'a str,
+    grants: &'a [Grant],
+}
+
+/// `POST /v1/auth/tokens {"name", "grants": [{"permission", "streams"}]}` → `201 {"name",
+/// "token", "index"}`. The secret is drawn on the node that proposes (the leader; a follower
+/// forwards the request) and only its salted hash enters the log.
+pub(super) async fn create(
+    State(s): State<AppState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read_body(body, ADMIN_BODY_BYTES_MAX).await?;
+    let req: CreateToken = super::json_object(&body, r#"{"name", "grants": [{"permission", "streams"}]}"#)?;
+    crate::auth::validate_name(&req.name).map_err(ApiError::InvalidBody)?;
+    if req.grants.is_empty() || req.grants.len() > GRANTS_MAX {
+        return Err(ApiError::InvalidBody(format!("a token needs 1 to {GRANTS_MAX} grants")));
+    }
+    for g in &req.grants {
+        g.validate().map_err(ApiError::InvalidBody)?;
+    }
+    let token = Token::generate(&req.name).map_err(|e| ApiError::Internal(format!("no randomness: {e}")))?;
+    let secret = token.parts().map(|(_, secret)| secret).unwrap_or_default();
+    let record =
+        TokenRecord::new(secret, req.grants.clone()).map_err(|e| ApiError::Internal(format!("no randomness: {e}")))?;
+    let fwd = Forwardable::new(method, &uri, headers, body);
+    let name = req.name.clone();
+    match write(&s, &fwd, |_| Command::PutToken { name: name.clone(), record: record.clone(), bootstrap: false })
+        .await?
+    {
+        Led::Forwarded(resp) => Ok(resp),
+        Led::Here((Outcome::Token(TokenOutcome::Created), index)) => {
+            tracing::info!(token = %name, "token created");
+            Ok(json(StatusCode::CREATED, &Created { name: &name, token: token.expose(), index }))
+        }
+        Led::Here((Outcome::Token(TokenOutcome::Exists), _)) => {
+            Err(ApiError::TokenExists(format!("a token named {name:?} exists; delete it first")))
+        }
+        Led::Here((other, index)) => Err(ApiError::Internal(format!("log index {index} applied as {other:?}"))),
+    }
+}
+
+/// `GET /v1/auth/tokens` → `200 {"tokens": [{"name", "grants"}]}`, from this node's applied
+/// state: names and grants only.
+pub(super) async fn list(State(s): State<AppState>) -> Result<Response, ApiError> {
+    let store = s.store.clone();
+    let (tokens, _) = crate::storage::blocking(move || store.tokens()).await?;
+    let listed: Vec<Listed<'_>> = tokens.iter().map(|(name, r)| Listed { name, grants: &r.grants }).collect();
+    Ok(json(StatusCode::OK, &BTreeMap::from([("tokens", listed)])))
+}
+
+/// `DELETE /v1/auth/tokens/{name}` → `204`; `404 not_found` for an unknown name. The token
+/// stops working on each node as it applies the delete.
+pub(super) async fn delete(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    crate::auth::validate_name(&name).map_err(ApiError::InvalidParameter)?;
+    let fwd = Forwardable::new(method, &uri, headers, bytes::Bytes::new());
+    match write(&s, &fwd, |_| Command::DeleteToken { name: name.clone() }).await? {
+        Led::Forwarded(resp) => Ok(resp),
+        Led::Here((Outcome::Token(TokenOutcome::Deleted), _)) => {
+            tracing::info!(token = %name, "token deleted");
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Led::Here((Outcome::Token(TokenOutcome::NotFound), _)) => {
+            Err(ApiError::NotFound(format!("no token named {name:?}")))
+        }
+        Led::Here((other, index)) => Err(ApiError::Internal(format!("log index {index} applied as {other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_need_what_the_contract_says() {
+        let get = Method::GET;
+        assert_eq!(needs(&get, Some("/healthz"), None), None);
+        assert_eq!(needs(&Method::POST, Some("/raft/vote"), None), None);
+        assert_eq!(
+            needs(&Method::POST, Some("/v1/streams/{name}/batches"), Some("s")),
+            Some((Permission::Publish, Scope::Stream("s")))
+        );
+        assert_eq!(
+            needs(&Method::DELETE, Some("/v1/streams/{name}"), Some("s")),
+            Some((Permission::Admin, Scope::Stream("s")))
+        );
+        assert_eq!(needs(&get, Some("/v1/streams"), None), Some((Permission::Read, Scope::Any)));
+        assert_eq!(
+            needs(&Method::DELETE, Some("/v1/cluster/members/{id}"), None),
+            Some((Permission::Admin, Scope::Cluster))
+        );
+        assert_eq!(needs(&get, Some("/v1/auth/tokens"), None), Some((Permission::Admin, Scope::Cluster)));
+        assert_eq!(needs(&get, None, None), Some((Permission::Admin, Scope::Cluster)));
+    }
+}

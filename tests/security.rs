@@ -1,0 +1,465 @@
+//! Peer TLS and client tokens, against real `runnev serve` processes (docs/security.md): forged
+//! Raft RPCs reach no node's Raft state, tokens are checked on every node with their grants,
+//! deleted tokens stop everywhere, and secrets are never stored, logged or listed.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+use openraft::{CommittedLeaderId, LogId, Vote};
+use runnev::net::{http_client, HttpClient, TcpDialer};
+use runnev::tls::{client_config, create_ca, issue, write_private, write_public, Subject, TlsDialer};
+
+const FORM: Duration = Duration::from_secs(60);
+
+/// A CA and node certificates 1..=n under a fresh directory, an admin token file, and the
+/// flags that make a node use them.
+struct Pki {
+    dir: PathBuf,
+    admin: String,
+}
+
+impl Pki {
+    fn new(nodes: u64) -> Pki {
+        let dir = tempfile::Builder::new().prefix("runnev-test-pki-").tempdir().unwrap().keep();
+        let files = runnev::local::prepare_secure(&dir, nodes).unwrap();
+        let admin = std::fs::read_to_string(&files.admin_token).unwrap().trim().to_string();
+        Pki { dir, admin }
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    fn cert(&self, id: u64) -> (PathBuf, PathBuf) {
+        (self.dir.join(format!("node-{id}.pem")), self.dir.join(format!("node-{id}.key")))
+    }
+
+    /// An HTTP client speaking TLS to the nodes, presenting node `as_node`'s certificate (or
+    /// none).
+    fn client(&self, as_node: Option<u64>) -> HttpClient {
+        let identity = as_node.map(|id| self.cert(id));
+        let config = client_config(&self.ca(), identity.as_ref().map(|(c, k)| (c.as_path(), k.as_path()))).unwrap();
+        http_client(Arc::new(TlsDialer::new(Arc::new(TcpDialer), config)))
+    }
+
+    async fn start(&self, n: usize, extra: &[&str]) -> Cluster {
+        let files = runnev::local::prepare_secure(&self.dir, n as u64).unwrap();
+        let mut args: Vec<String> = files.serve_args.clone();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (ca, admin) = (self.ca(), self.admin.clone());
+        Cluster::start_edited(n, &args, move |spec| {
+            spec.tls_ca = Some(ca);
+            spec.token = Some(admin);
+        })
+        .await
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One request; the status and body, or why no HTTP answer came (a refused handshake).
+async fn send(
+    http: &HttpClient,
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    body: Bytes,
+) -> Result<(u16, String), String> {
+    let mut req = hyper::Request::builder().method(method).uri(url);
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
+    let exchange = async {
+        let resp = http.request(req).await.map_err(|e| runnev::net::cause_text(&e))?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange).await.map_err(|_| "timed out".to_string())?
+}
+
+/// Leader and term as every node sees them (through the admin token).
+async fn views(c: &Cluster, http: &HttpClient, admin: &str) -> Vec<(u64, Option<u64>, u64)> {
+    let mut out = Vec::new();
+    for id in c.ids() {
+        let (status, body) =
+            send(http, "GET", &format!("{}/v1/cluster", c.url(id)), Some(admin), Bytes::new()).await.unwrap();
+        assert_eq!(status, 200, "node {id}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        out.push((id, v["leader_id"].as_u64(), v["term"].as_u64().unwrap()));
+    }
+    out
+}
+
+/// A postcard-encoded vote request from `candidate` at a high term with a far-ahead log: what
+/// deposes a leader when it reaches openraft.
+fn forged_vote(candidate: u64) -> Bytes {
+    let rpc = openraft::raft::VoteRequest::new(
+        Vote::new(1_000, candidate),
+        Some(LogId::new(CommittedLeaderId::new(1_000, candidate), 1_000_000)),
+    );
+    Bytes::from(postcard::to_stdvec(&rpc).unwrap())
+}
+
+/// A postcard-encoded append-entries from `leader` at a high, committed term.
+fn forged_append(leader: u64) -> Bytes {
+    let rpc = openraft::raft::AppendEntriesRequest::<runnev::raft::TypeConfig> {
+        vote: Vote::new_committed(1_000, leader),
+        prev_log_id: None,
+        entries: vec![],
+        leader_commit: None,
+    };
+    Bytes::from(postcard::to_stdvec(&rpc).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_raft_rpcs_reach_no_node() {
+    let pki = Pki::new(3);
+    let c = pki.start(3, &[]).await;
+    let anonymous = pki.client(None);
+    let before = views(&c, &anonymous, &pki.admin).await;
+    let (leader, term) = (before[0].1, before[0].2);
+    assert!(leader.is_some() && before.iter().all(|v| (v.1, v.2) == (leader, term)), "{before:?}");
+
+    // Another CA's certificate for node 1, the same name and id.
+    let other = tempfile::tempdir().unwrap();
+    let other_ca = create_ca("an attacker's CA").unwrap();
+    let forged_cert = issue(&other_ca, &Subject::Node(1), &["127.0.0.1".into()]).unwrap();
+    write_public(&other.path().join("ca.pem"), &other_ca.cert_pem).unwrap();
+    write_public(&other.path().join("n1.pem"), &forged_cert.cert_pem).unwrap();
+    write_private(&other.path().join("n1.key"), &forged_cert.key_pem).unwrap();
+    let other_ca_client = |verify_with: &Path| {
+        let config = client_config(
+            verify_with,
+            Some((other.path().join("n1.pem").as_path(), other.path().join("n1.key").as_path())),
+        )
+        .unwrap();
+        http_client(Arc::new(TlsDialer::new(Arc::new(TcpDialer), config)))
+    };
+    // Presents the other CA's certificate while trusting the cluster's CA (so the server is
+    // accepted and the refusal is the server's).
+    let wrong_ca_peer = other_ca_client(&pki.ca());
+    // Trusts only the other CA: the nodes' certificates are refused by this client.
+    let wrong_ca_server = other_ca_client(&other.path().join("ca.pem"));
+    let plain = Http::new();
+
+    for target in c.ids() {
+        let url = |path: &str| format!("{}{path}", c.url(target));
+        let claimed = if target == 1 { 2 } else { 1 };
+        // Plain HTTP: the node speaks TLS only; no HTTP answer at all.
+        if let Ok(r) = plain.post(&url("/raft/vote"), forged_vote(claimed)).await {
+            panic!("a plain-HTTP vote got an HTTP answer from node {target}: {}", r.describe());
+        }
+        // TLS without a client certificate: 403 before the body is read.
+        for (path, body) in [("/raft/vote", forged_vote(claimed)), ("/raft/append", forged_append(claimed))] {
+            let (status, text) = send(&anonymous, "POST", &url(path), None, body).await.unwrap();
+            assert_eq!(status, 403, "anonymous {path} to node {target}: {text}");
+            assert!(text.contains("\"forbidden\""), "{text}");
+        }
+        let (status, text) =
+            send(&anonymous, "POST", &url("/raft/snapshot"), None, Bytes::from_static(b"x")).await.unwrap();
+        assert_eq!(status, 403, "anonymous snapshot to node {target}: {text}");
+        // A valid certificate of another node: it may not speak for `claimed`.
+        let impostor = c.ids().into_iter().find(|id| *id != claimed).unwrap();
+        let as_other_node = pki.client(Some(impostor));
+        for (path, body) in [("/raft/vote", forged_vote(claimed)), ("/raft/append", forged_append(claimed))] {
+            let (status, text) = send(&as_other_node, "POST", &url(path), None, body).await.unwrap();
+            assert_eq!(
+                status, 403,
+                "node {impostor}'s certificate, {path} claiming node {claimed}, to node {target}: {text}"
+            );
+            assert!(text.contains(&format!("names node {impostor}")), "{text}");
+        }
+        // A certificate from another CA: the handshake is refused.
+        let r = send(&wrong_ca_peer, "POST", &url("/raft/vote"), None, forged_vote(1)).await;
+        assert!(r.is_err(), "a certificate of another CA reached node {target}: {r:?}");
+        let r = send(&wrong_ca_server, "GET", &url("/healthz"), None, Bytes::new()).await;
+        assert!(r.is_err(), "a client trusting another CA accepted node {target}: {r:?}");
+    }
+
+    let after = views(&c, &anonymous, &pki.admin).await;
+    assert_eq!(after, before, "a forged rpc moved the leader or the term");
+    // The node's own traffic still flows: a write commits on the authenticated cluster.
+    let (status, text) =
+        send(&anonymous, "PUT", &format!("{}/v1/streams/s", c.url(1)), Some(&pki.admin), Bytes::new()).await.unwrap();
+    assert_eq!(status, 201, "{text}");
+    assert_eq!(views(&c, &anonymous, &pki.admin).await.iter().map(|v| v.2).max(), Some(term));
+}
+
+/// Waits until every node has applied the leader's commit index as of now.
+async fn wait_all_applied(c: &Cluster, http: &HttpClient, admin: &str) {
+    let leader = c.leader().await;
+    let (_, body) =
+        send(http, "GET", &format!("{}/v1/cluster", c.url(leader)), Some(admin), Bytes::new()).await.unwrap();
+    let commit = serde_json::from_str::<serde_json::Value>(&body).unwrap()["commit_index"].as_u64().unwrap();
+    for id in c.ids() {
+        wait_for(&format!("node {id} applying index {commit}"), FORM, Duration::from_millis(50), || async {
+            let (_, body) = send(http, "GET", &format!("{}/v1/cluster", c.url(id)), Some(admin), Bytes::new()).await?;
+            let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+            match v["applied_index"].as_u64() {
+                Some(a) if a >= commit => Ok(()),
+                other => Err(format!("applied {other:?}")),
+            }
+        })
+        .await;
+    }
+}
+
+async fn create_token(c: &Cluster, http: &HttpClient, admin: &str, node: u64, name: &str, grants: &str) -> String {
+    let body = format!("{{\"name\": \"{name}\", \"grants\": {grants}}}");
+    let (status, text) =
+        send(http, "POST", &format!("{}/v1/auth/tokens", c.url(node)), Some(admin), Bytes::from(body)).await.unwrap();
+    assert_eq!(status, 201, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["token"].as_str().unwrap().to_string()
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_checked_on_every_node_and_never_kept() {
+    let pki = Pki::new(3);
+    // Frequent snapshots, so the tokens travel in one too.
+    let c = pki.start(3, &["--snapshot-logs", "3"]).await;
+    let http = pki.client(None);
+    let admin = pki.admin.as_str();
+    let url = |id: u64, path: &str| format!("{}{path}", c.url(id));
+    let (status, text) = send(&http, "PUT", &url(1, "/v1/streams/orders.eu"), Some(admin), Bytes::new()).await.unwrap();
+    assert_eq!(status, 201, "{text}");
+
+    // Created through a follower and through the leader.
+    let leader = c.leader().await;
+    let follower = c.ids().into_iter().find(|i| *i != leader).unwrap();
+    let reader =
+        create_token(&c, &http, admin, follower, "reader", r#"[{"permission": "read", "streams": "orders.*"}]"#).await;
+    let publisher =
+        create_token(&c, &http, admin, leader, "publisher", r#"[{"permission": "publish", "streams": "orders.*"}]"#)
+            .await;
+    let (status, text) = send(
+        &http,
+        "POST",
+        &url(leader, "/v1/streams/orders.eu/batches"),
+        Some(&publisher),
+        Bytes::from_static(b"one"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 201, "{text}");
+    wait_all_applied(&c, &http, admin).await;
+
+    let wrong = format!("{}0", &reader[..reader.len() - 1]);
+    for id in c.ids() {
+        let read = url(id, "/v1/streams/orders.eu/batches?after=0");
+        let (status, text) = send(&http, "GET", &read, None, Bytes::new()).await.unwrap();
+        assert_eq!(status, 401, "node {id}, no token: {text}");
+        assert!(text.contains("\"unauthorized\""), "{text}");
+        let (status, text) = send(&http, "GET", &read, Some(&wrong), Bytes::new()).await.unwrap();
+        assert_eq!(status, 401, "node {id}, wrong secret: {text}");
+        let (status, text) = send(&http, "GET", &read, Some(&reader), Bytes::new()).await.unwrap();
+        assert_eq!(status, 200, "node {id}, read token: {text}");
+        assert!(text.contains(&b64(b"one")), "{text}");
+        // Outside its pattern, or another permission: 403.
+        let (status, text) =
+            send(&http, "GET", &url(id, "/v1/streams/billing"), Some(&reader), Bytes::new()).await.unwrap();
+        assert_eq!(status, 403, "node {id}, read token on another stream: {text}");
+        let (status, text) =
+            send(&http, "POST", &url(id, "/v1/streams/orders.eu/batches"), Some(&reader), Bytes::from_static(b"x"))
+                .await
+                .unwrap();
+        assert_eq!(status, 403, "node {id}, publish with a read token: {text}");
+        assert!(text.contains("\"forbidden\""), "{text}");
+        let (status, text) =
+            send(&http, "DELETE", &url(id, "/v1/cluster/members/3"), Some(&publisher), Bytes::new()).await.unwrap();
+        assert_eq!(status, 403, "node {id}, member removal with a publish token: {text}");
+        let (status, text) =
+            send(&http, "GET", &url(id, "/v1/auth/tokens"), Some(&reader), Bytes::new()).await.unwrap();
+        assert_eq!(status, 403, "node {id}, token list with a read token: {text}");
+        // The open paths stay open.
+        let (status, _) = send(&http, "GET", &url(id, "/healthz"), None, Bytes::new()).await.unwrap();
+        assert_eq!(status, 200);
+    }
+    let (_, view) = send(&http, "GET", &url(leader, "/v1/cluster"), Some(admin), Bytes::new()).await.unwrap();
+    let members = serde_json::from_str::<serde_json::Value>(&view).unwrap()["members"].as_array().map(Vec::len);
+    assert_eq!(members, Some(3), "the refused removal removed a member: {view}");
+
+    // The list shows names and grants, no secret and no hash.
+    let (status, listed) =
+        send(&http, "GET", &url(follower, "/v1/auth/tokens"), Some(admin), Bytes::new()).await.unwrap();
+    assert_eq!(status, 200, "{listed}");
+    assert!(
+        listed.contains("\"reader\"") && listed.contains("\"publisher\"") && listed.contains("\"admin\""),
+        "{listed}"
+    );
+
+    // Deleted on one node: refused on every node once applied.
+    let (status, text) =
+        send(&http, "DELETE", &url(follower, "/v1/auth/tokens/reader"), Some(admin), Bytes::new()).await.unwrap();
+    assert_eq!(status, 204, "{text}");
+    wait_all_applied(&c, &http, admin).await;
+    for id in c.ids() {
+        let (status, text) =
+            send(&http, "GET", &url(id, "/v1/streams/orders.eu/batches?after=0"), Some(&reader), Bytes::new())
+                .await
+                .unwrap();
+        assert_eq!(status, 401, "node {id}, deleted token: {text}");
+    }
+    let (status, _) =
+        send(&http, "DELETE", &url(leader, "/v1/auth/tokens/reader"), Some(admin), Bytes::new()).await.unwrap();
+    assert_eq!(status, 404);
+
+    // No secret anywhere: not in the list, not in any file of any data dir (database, log,
+    // snapshot), not in any node's log.
+    let secrets: Vec<String> = [admin, reader.as_str(), publisher.as_str()]
+        .iter()
+        .map(|t| runnev::auth::Token::parse(t).unwrap().parts().unwrap().1.to_string())
+        .collect();
+    let mut scanned = 0;
+    let mut files: Vec<PathBuf> = c.ids().iter().flat_map(|id| files_under(&c.data_dir(*id))).collect();
+    files.extend(c.ids().iter().map(|id| c.log_path(*id)));
+    assert!(files.iter().any(|f| f.ends_with("snapshot.bin")), "no snapshot was built: {files:?}");
+    for f in &files {
+        let bytes = std::fs::read(f).unwrap_or_default();
+        scanned += bytes.len();
+        for s in &secrets {
+            assert!(!bytes.windows(s.len()).any(|w| w == s.as_bytes()), "a token's secret is in {}", f.display());
+        }
+    }
+    assert!(scanned > 0);
+    for s in &secrets {
+        assert!(!listed.contains(s.as_str()), "a secret is in GET /v1/auth/tokens: {listed}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_loopback_address_needs_tls_or_insecure() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = runnev::launcher::free_ports(1).unwrap()[0];
+    let run = |extra: &[&str]| {
+        let mut cmd = std::process::Command::new(BIN);
+        cmd.args([
+            "serve",
+            "--id",
+            "1",
+            "--listen",
+            &format!("0.0.0.0:{port}"),
+            "--peers",
+            &format!("1=127.0.0.1:{port}"),
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+        cmd
+    };
+    let out = run(&[]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--insecure") && err.contains("not a loopback address"), "{err}");
+
+    let child = run(&["--insecure"]).spawn().unwrap();
+    let http = Http::new();
+    wait_for("the --insecure node to serve", FORM, Duration::from_millis(100), || async {
+        let r = http.get(&format!("http://127.0.0.1:{port}/healthz")).await?;
+        (r.status == 200).then_some(()).ok_or(r.describe())
+    })
+    .await;
+    // SAFETY: signalling our own child, not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("WARN") && err.contains("--insecure"), "no warning logged: {err}");
+}
+
+/// Sends `GET path` on a new raw connection to `port` and reads the answer's head (and what
+/// came with it); the connection is returned open.
+async fn raw_get(port: u16, path: &str) -> Result<(tokio::net::TcpStream, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.map_err(|e| e.to_string())?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        Ok::<_, String>(())
+    };
+    tokio::time::timeout(Duration::from_secs(10), read).await.map_err(|_| "no answer".to_string())??;
+    Ok((s, String::from_utf8_lossy(&head).into_owned()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_bounds_a_node_answers_overloaded() {
+    let c = Cluster::start(1, &["--max-subscribers", "1", "--max-connections", "8"]).await;
+    let port = c.node(1).port;
+    let (status, text) =
+        send(&http_client(Arc::new(TcpDialer)), "PUT", &format!("{}/v1/streams/s", c.url(1)), None, Bytes::new())
+            .await
+            .unwrap();
+    assert_eq!(status, 201, "{text}");
+
+    // One subscription holds the one subscriber slot; the next is 503 overloaded.
+    let (first, head) = raw_get(port, "/v1/streams/s/subscribe?after=0").await.unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let (_, head) = raw_get(port, "/v1/streams/s/subscribe?after=0").await.unwrap();
+    assert!(head.starts_with("HTTP/1.1 503") && head.to_ascii_lowercase().contains("retry-after: 1"), "{head}");
+    drop(first);
+    wait_for("the subscriber slot to be given back", FORM, Duration::from_millis(100), || async {
+        let (_, head) = raw_get(port, "/v1/streams/s/subscribe?after=0").await?;
+        head.starts_with("HTTP/1.1 200").then_some(()).ok_or(head)
+    })
+    .await;
+
+    // Connections held open: up to the bound they are served, past it 503 overloaded.
+    let mut held = Vec::new();
+    let mut refused = None;
+    for _ in 0..12 {
+        let (conn, head) = raw_get(port, "/healthz").await.unwrap();
+        if head.starts_with("HTTP/1.1 503") {
+            refused = Some(head);
+            break;
+        }
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        held.push(conn);
+    }
+    let refused = refused.expect("no connection was refused past --max-connections 8");
+    assert!(refused.contains("\"overloaded\"") || refused.to_ascii_lowercase().contains("retry-after"), "{refused}");
+    assert!(held.len() <= 8, "{} connections were served at once", held.len());
+    drop(held);
+    wait_for("connections to be served again", FORM, Duration::from_millis(100), || async {
+        let (_, head) = raw_get(port, "/healthz").await?;
+        head.starts_with("HTTP/1.1 200").then_some(()).ok_or(head)
+    })
+    .await;
+}
