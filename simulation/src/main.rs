@@ -2,7 +2,7 @@
 //! its own process, so a livelocked seed is reported and the sweep goes on);
 //! `-- --seed S` runs (replays) one seed in this process, printing its plan and fault log when
 //! it fails. Other flags: `--fault-ms MS` (length of the fault phase), `--twice` (run each seed
-//! twice and compare the histories), `--plan` (print the plans only), `--history` (print the
+//! again in a new process and compare the histories), `--plan` (print the plans only), `--history` (print the
 //! plan and fault log even when the seed passes). Every failure prints the one command that
 //! replays it. See `README.md`.
 
@@ -106,19 +106,45 @@ fn run_here(seed: u64, args: &Args) -> bool {
     let mut sim_ms = r.stats.sim_ms;
     let mut second = String::new();
     if args.twice {
-        let again = run_seed(seed, args.knobs);
-        sim_ms += again.stats.sim_ms;
-        println!(
-            "    determinism: plan {}, history {} ({:016x} vs {:016x})",
-            if again.plan_digest == r.plan_digest { "same" } else { "DIFFERENT" },
-            if again.history_digest == r.history_digest { "same" } else { "different" },
-            r.history_digest,
-            again.history_digest
-        );
-        second = format!(" {:016x}", again.history_digest);
+        match run_again(seed, args.knobs) {
+            Ok((again_ms, again_digest)) => {
+                sim_ms += again_ms;
+                println!(
+                    "    determinism: history {} ({:016x} vs {again_digest:016x})",
+                    if again_digest == r.history_digest { "same" } else { "DIFFERENT" },
+                    r.history_digest,
+                );
+                second = format!(" {again_digest:016x}");
+            }
+            Err(e) => println!("    determinism: the second run did not finish: {e}"),
+        }
     }
     println!("RESULT {seed} {} {sim_ms} {:016x}{second}", if ok { "ok" } else { "fail" }, r.history_digest);
     ok
+}
+
+/// Runs `seed` again in a child process, as a replay does (`--seed S` in a new process), and
+/// returns its simulated ms and history digest. Not in this process: tokio numbers tasks from
+/// one process-wide counter, and a crashed host's runtime drops its tasks in an order that
+/// depends on those numbers, so a second run in the same process can diverge at its first crash
+/// (README, "Determinism").
+fn run_again(seed: u64, knobs: Knobs) -> Result<(u64, u64), String> {
+    let out = Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+        .arg("--seed")
+        .arg(seed.to_string())
+        .arg("--fault-ms")
+        .arg(knobs.fault_phase_ms.to_string())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let result =
+        text.lines().find_map(|l| l.strip_prefix("RESULT ")).ok_or(format!("status {}, no RESULT line", out.status))?;
+    let fields: Vec<&str> = result.split(' ').collect();
+    let sim_ms = fields.get(2).and_then(|v| v.parse().ok()).ok_or(format!("bad RESULT line: {result}"))?;
+    let digest =
+        fields.get(3).and_then(|v| u64::from_str_radix(v, 16).ok()).ok_or(format!("bad RESULT line: {result}"))?;
+    Ok((sim_ms, digest))
 }
 
 fn spawn(seed: u64, args: &Args) -> std::io::Result<Child> {
@@ -231,4 +257,35 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// The C library's `getrandom(2)` wrapper, replaced in this executable by a fixed byte stream
+/// (the same on every call): `buf` receives `len` bytes, the return value is `len`; `flags` is
+/// ignored and the call never fails or blocks.
+///
+/// Why: std seeds every `HashMap`'s `RandomState` from this call, and dependencies on simulated
+/// paths iterate such maps (hyper-util's connection pool sweeps its idle connections that way,
+/// for one), so with OS keys the order things happen in after a restart varied from process to
+/// process and about one seed in eight did not replay. Fixed keys make that order a function of
+/// the run. This executable only simulates: nothing in it needs unpredictable hash keys or OS
+/// randomness (openraft's draws are seeded by `runnev::raft::runtime::with_seed`; `rand` 0.8's
+/// `thread_rng`, used outside that scope, reads the system call directly and is not affected).
+/// The symbol is found because an executable's exported symbols come before the C library's.
+///
+/// # Safety
+/// `buf` must point to `len` writable bytes, as `getrandom(2)` requires of its callers.
+#[no_mangle]
+pub unsafe extern "C" fn getrandom(buf: *mut u8, len: usize, _flags: u32) -> isize {
+    if buf.is_null() || len == 0 {
+        return 0;
+    }
+    // SAFETY: the caller guarantees `len` writable bytes at `buf` (non-null, checked above).
+    let out = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for b in out {
+        // A 64-bit LCG (Knuth's MMIX constants); only the high bits are used.
+        x = x.wrapping_mul(0x5851_F42D_4C95_7F2D).wrapping_add(0x1405_7B7E_F767_814F);
+        *b = (x >> 56) as u8;
+    }
+    isize::try_from(len).unwrap_or(isize::MAX)
 }

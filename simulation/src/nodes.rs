@@ -3,7 +3,8 @@
 //!
 //! Owns: a node's host factory (turmoil calls it again on every restart). Must never: give a
 //! node anything production does not (no shortcut around the router, the Raft transport or the
-//! store): only the socket, clock, disk and RPC-fault seams differ.
+//! store): only the socket, clock, disk and RPC-fault seams differ, and the seed openraft's
+//! election timeouts are drawn from (`runnev::raft::runtime::with_seed`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,6 +19,7 @@ use crate::disk::SimDisk;
 use crate::history::NodeId;
 use crate::net::{SimDialer, SimListener};
 use crate::plan::{node_host, NODES, NODE_PORT};
+use crate::rng::SimRng;
 use crate::world::{now_ms, Shared, SimRpcFaults};
 
 /// Simulated time as ms since the Unix epoch: what stamps `ts` on proposals.
@@ -77,7 +79,10 @@ pub fn node_software(
                 rpc_faults: Some(Arc::new(SimRpcFaults::new(shared.clone(), id, incarnation))),
                 disk_guard: false,
             };
-            if let Err(e) = runnev::node::run(cfg, store, listener, env, std::future::pending()).await {
+            // openraft's election timeouts: drawn from the seed, per node and incarnation.
+            let election_seed = SimRng::derive(shared.plan.seed, "election", id << 32 | incarnation).next_u64();
+            let node = runnev::node::run(cfg, store, listener, env, std::future::pending());
+            if let Err(e) = runnev::raft::runtime::with_seed(election_seed, node).await {
                 let why = format!("n{id} incarnation {incarnation} at {} ms: node stopped: {e}", now_ms());
                 shared.record(|h| h.node_errors.push(why));
             }

@@ -487,10 +487,14 @@ pub fn run_seed(seed: u64, knobs: Knobs) -> RunReport {
             tracing::info!(target: "simulation", at_ms = now, "simulated time");
         }
         driver.tick(&mut sim, now);
-        match sim.step() {
-            Ok(true) => break None,
-            Ok(false) => {}
-            Err(e) => break Some(e.to_string()),
+        // Under `--cfg tokio_unstable` (.cargo/config.toml) turmoil makes a panic in any host
+        // task shut that host's runtime down, and the step panics with it. The panic itself is
+        // already recorded (`install_panic_recorder`); end the run and check what happened.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sim.step())) {
+            Ok(Ok(true)) => break None,
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => break Some(e.to_string()),
+            Err(_) => break Some(format!("a host's runtime shut down after a panic at {now} ms")),
         }
     };
     let sim_ms = sim.elapsed().as_millis() as u64;

@@ -29,8 +29,8 @@ fn must_pass(seed: u64) {
     assert!(ok, "seed {seed} failed:\n{out}");
 }
 
-/// A known bug's seed: passes only once the bug is fixed. Runs resist the seed's
-/// nondeterminism (README, "Determinism") by running it `runs` times.
+/// A known bug's seed: passes only once the bug is fixed. Runs it `runs` times, which mattered
+/// when a replay was not exact (README, "Determinism"); a seed now replays exactly.
 fn must_pass_repeatedly(seed: u64, runs: usize) {
     for _ in 0..runs {
         must_pass(seed);

@@ -6,6 +6,7 @@
 
 pub mod formation;
 pub mod network;
+pub mod runtime;
 
 use serde::{Deserialize, Serialize};
 
@@ -24,7 +25,7 @@ openraft::declare_raft_types!(
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
         SnapshotData = crate::storage::io::SnapshotFile,
-        AsyncRuntime = openraft::TokioRuntime,
+        AsyncRuntime = runtime::SeededTokio,
 );
 
 /// The Raft handle of a Runnev node.
