@@ -12,16 +12,6 @@ use std::time::Duration;
 use common::*;
 use runnev::launcher::Ports;
 
-/// A base port with it and the next `n - 1` free on loopback now.
-fn free_base(n: u16) -> u16 {
-    loop {
-        let base = closed_port();
-        if base < 60_000 && (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
-            return base;
-        }
-    }
-}
-
 /// `runnev restore` with these flags; the answer once it exits.
 async fn restore(from: &str, data_dir: &str, id: &str, peers: &str) -> CliRun {
     cli(&["restore", "--from", from, "--data-dir", data_dir, "--id", id, "--peers", peers], &[]).await

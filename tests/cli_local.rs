@@ -10,16 +10,6 @@ use common::*;
 use runnev::launcher::port_holder;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-/// A base port with it and the next `n - 1` free on loopback now.
-fn free_base(n: u16) -> u16 {
-    loop {
-        let base = closed_port();
-        if base < 60_000 && (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
-            return base;
-        }
-    }
-}
-
 fn peers(base: u16) -> String {
     (0..3).map(|i| format!("{}=127.0.0.1:{}", i + 1, base + i)).collect::<Vec<_>>().join(",")
 }

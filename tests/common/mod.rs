@@ -641,6 +641,17 @@ pub fn closed_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// A base port with it and the next `n - 1` free on loopback now (for `runnev local
+/// --base-port` and other consecutive-port layouts).
+pub fn free_base(n: u16) -> u16 {
+    loop {
+        let base = closed_port();
+        if base < 60_000 && (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return base;
+        }
+    }
+}
+
 /// A TCP proxy on loopback to `upstream` (`HOST:PORT`) that loses the answers of its first
 /// `lose` connections: it delivers the request, waits for the upstream's answer to begin (the
 /// request was processed), then closes the connection without passing it on. Later connections
