@@ -162,7 +162,8 @@ fn read(
     if r.read(&mut [0u8; 1])? != 0 {
         return Err(damaged("bytes follow its trailer".into()));
     }
-    Ok((meta.clone(), BackupInfo::of(&meta, streams, batches, len.saturating_add(20))))
+    let info = BackupInfo::of(&meta, streams, batches, len.saturating_add(20));
+    Ok((meta, info))
 }
 
 /// Checks the backup file at `path` from its first byte to its last.
