@@ -31,6 +31,7 @@ pub mod error;
 pub mod launcher;
 pub mod limits;
 pub mod local;
+pub mod logging;
 pub mod net;
 pub mod node;
 pub mod outbox;

@@ -341,6 +341,12 @@ pub const SEGMENT_BYTES_MIN: u64 = 1024 * 1024;
 /// One repeated warning or error line of openraft's replication is logged at most once per
 /// call site in this many ms; the rest are counted in `runnev_log_lines_suppressed_total`.
 pub const LOG_REPEAT_MS: u64 = 10_000;
+
+/// Bucket bounds of every latency histogram in `/metrics` (the metrics named `…_seconds`), in
+/// seconds: from 100 µs (an fsync on a fast disk) to 10 s (a request that waited out its
+/// commit), about three per decade.
+pub const LATENCY_BUCKETS_SECONDS: &[f64] =
+    &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 /// How often a node with `--admin-token-file` checks, until one is applied, whether the
 /// cluster's bootstrap admin token must still be proposed, in ms.
 pub const BOOTSTRAP_TOKEN_RETRY_MS: u64 = 500;

@@ -42,6 +42,16 @@ fn command() -> clap::Command {
 struct Cli {
     #[command(flatten)]
     at: TopClientArgs,
+    /// How log lines are written on stderr: text (readable) or json (one object per line; in
+    /// `runnev serve` each carries the node id and its Raft term)
+    #[arg(
+        long = "log-format",
+        value_name = "FORMAT",
+        global = true,
+        env = "RUNNEV_LOG_FORMAT",
+        default_value = "text"
+    )]
+    log_format: runnev::logging::LogFormat,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -710,9 +720,9 @@ async fn run(args: Cli) -> Result<()> {
             | Cmd::Backup { .. }
     );
     if client_command {
-        runnev::node::init_logging_or("warn");
+        runnev::logging::init_with(args.log_format, "warn");
     } else {
-        runnev::node::init_logging();
+        runnev::logging::init(args.log_format);
         if top.nodes.is_some() || top.output.is_some() || top.token.is_some() || top.ca_file.is_some() {
             return Err(cli::usage(
                 "--nodes, --output, --token and --ca-file before the command belong to the client commands \
@@ -758,7 +768,15 @@ async fn run(args: Cli) -> Result<()> {
                 }
             }
             let admin_token = security.admin_token_file.as_deref().map(admin_token).transpose()?;
+            runnev::logging::set_node(id);
+            // Latencies as Prometheus histograms (buckets), not summaries: a dashboard can then
+            // take quantiles over all nodes (`histogram_quantile` of summed buckets).
             let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
+                    runnev::limits::LATENCY_BUCKETS_SECONDS,
+                )
+                .context("setting the latency buckets")?
                 .install_recorder()
                 .context("installing the metrics recorder")?;
             let tcp = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("binding {listen}"))?;

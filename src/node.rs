@@ -22,83 +22,6 @@ use crate::storage::log_store::LogStore;
 use crate::storage::state_machine::StateMachine;
 use crate::storage::{Store, StoreError};
 
-/// Installs this process's `tracing` subscriber: plain lines on stderr (coloured on a
-/// terminal), filtered by `RUST_LOG`, else `info,openraft=warn`. For `runnev serve` and the other
-/// long-running commands, and `runnev-bench`.
-pub fn init_logging() {
-    init_logging_or(LOG_DEFAULT);
-}
-
-/// The log filter when `RUST_LOG` is not set: Runnev's own info lines, openraft's warnings.
-pub const LOG_DEFAULT: &str = "info,openraft=warn";
-
-/// [`init_logging`] with another filter when `RUST_LOG` is not set (`warn` for the client
-/// commands, whose own output is on stdout and whose notes are printed by themselves).
-///
-/// One warning of openraft is always dropped: "A message will be ignored because vote changed".
-/// openraft 0.9.25 logs it (`RaftCore::does_vote_match`, at WARN) whenever a vote response
-/// arrives at a node that is no longer the candidate it was sent for, and for the response it
-/// sends itself after saving any vote it did not cast for itself: on every election, at every
-/// follower, it is the normal course of Raft (Raft paper §5.2), not a fault. Runnev's own
-/// formation makes it certain at every first start, as every node initialises and campaigns at
-/// term 1 at once. openraft offers no way to lower it to debug, so it is filtered out at its one
-/// call site; the election itself is still logged at info by openraft (`RUST_LOG=openraft=info`).
-pub fn init_logging_or(default: &str) {
-    use tracing_subscriber::filter::{dynamic_filter_fn, filter_fn, FilterExt};
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::Layer;
-
-    let env = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let layer = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_filter(
-            env.and(filter_fn(|meta| !is_benign_vote_race(meta)))
-                // Dynamic: a plain `filter_fn` is asked once per call site and its answer cached.
-                .and(dynamic_filter_fn(|meta, _| !is_repeated_replication_error(meta))),
-        );
-    tracing_subscriber::registry().with(layer).init();
-}
-
-/// Whether `meta` is a warning or error of openraft's replication (a follower that cannot be
-/// reached, or refuses, is reported on every retry, several times a second, at error level)
-/// whose call site already logged within [`LOG_REPEAT_MS`]: the first line of each kind is kept,
-/// and what is dropped is counted in `runnev_log_lines_suppressed_total`. Runnev's own lines say
-/// when a node's state changes (its disk is low, its Raft core stopped).
-fn is_repeated_replication_error(meta: &tracing::Metadata<'_>) -> bool {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    use std::time::{Duration, Instant};
-    static LAST: OnceLock<Mutex<HashMap<tracing::callsite::Identifier, Instant>>> = OnceLock::new();
-    if *meta.level() > tracing::Level::WARN || !meta.target().starts_with("openraft::replication") || !meta.is_event() {
-        return false;
-    }
-    let site = meta.callsite();
-    let mut last = LAST.get_or_init(Mutex::default).lock().unwrap_or_else(|p| p.into_inner());
-    let now = Instant::now();
-    match last.get(&site) {
-        Some(t) if now.duration_since(*t) < Duration::from_millis(LOG_REPEAT_MS) => {
-            metrics::counter!("runnev_log_lines_suppressed_total").increment(1);
-            true
-        }
-        _ => {
-            last.insert(site, now);
-            false
-        }
-    }
-}
-
-/// Whether `meta` is openraft 0.9.25's "message will be ignored because vote changed" warning
-/// (see [`init_logging_or`]); openraft is pinned to that exact version, so its call site is too.
-fn is_benign_vote_race(meta: &tracing::Metadata<'_>) -> bool {
-    *meta.level() == tracing::Level::WARN
-        && meta.target() == "openraft::core::raft_core"
-        && meta.file().is_some_and(|f| f.ends_with("raft_core.rs"))
-        && meta.line() == Some(1553)
-}
-
 /// A node's configuration (the flags of `runnev serve`, SPEC §5).
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -292,6 +215,7 @@ where
     let disk_watch = disk_guard.then(|| tokio::spawn(watch_disk(disk)));
     let bootstrap =
         cfg.admin_token.clone().map(|t| tokio::spawn(bootstrap_admin(raft.clone(), store.clone(), cfg.id, t)));
+    api::export_zeroes();
     tracing::info!(id = cfg.id, data_dir = %cfg.data_dir.display(), "node serving");
     let app = api::router(state).into_make_service_with_connect_info::<crate::tls::Peer>();
     let served = axum::serve(crate::tls::PeerListener::new(listener, cfg.max_connections), app)
@@ -317,10 +241,27 @@ where
 
 /// Logs once, as an error, that the Raft core stopped for good while the node serves: from
 /// then on the node answers client requests `503` and `/healthz` fails, until the process is
-/// restarted (see `api`).
+/// restarted (see `api`). Until then it keeps the term of the JSON log lines current
+/// ([`crate::logging::set_term`]).
 async fn report_raft_stop(raft: Raft) {
-    let why = api::raft_stops(&raft).await;
+    let why = tokio::select! {
+        biased;
+        why = api::raft_stops(&raft) => why,
+        never = follow_term(&raft) => match never {},
+    };
     tracing::error!(reason = %why, "the raft core has stopped: this node serves no reads or writes and /healthz answers 503 until the process is restarted");
+}
+
+/// Sets the term of the JSON log lines ([`crate::logging::set_term`]) at every change of this
+/// node's Raft metrics; never ends (a stopped core's last term stays).
+async fn follow_term(raft: &Raft) -> std::convert::Infallible {
+    let mut rx = raft.metrics();
+    loop {
+        crate::logging::set_term(rx.borrow_and_update().current_term);
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// Measures the data directory's free space every [`DISK_CHECK_MS`], so the ballast is deleted

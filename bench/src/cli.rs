@@ -92,7 +92,7 @@ async fn run(cli: Cli) -> Result<()> {
 /// Parses the command line, runs the mode, and prints an error on stderr; the exit code says
 /// whether it succeeded.
 pub fn main() -> std::process::ExitCode {
-    runnev::node::init_logging();
+    runnev::logging::init(runnev::logging::LogFormat::Text);
     // Run through `runnev bench`, usage and errors name that command.
     let via_runnev = std::env::var_os(RUNNEV_EXE_ENV).is_some();
     let name = if via_runnev { "runnev bench" } else { "runnev-bench" };

@@ -142,6 +142,25 @@ async fn refuse_without_raft(
     }
 }
 
+/// Registers the series that count rare events (refusals, gaps) and the gauges of connections
+/// and subscribers at 0, so `/metrics` shows them before the first event: a dashboard then
+/// draws 0 instead of nothing, and `rate` or `increase` over them has a start.
+pub(crate) fn export_zeroes() {
+    for code in ["unauthorized", "forbidden"] {
+        metrics::counter!("runnev_auth_refused_total", "code" => code).increment(0);
+    }
+    for bound in ["connections", "subscribers"] {
+        metrics::counter!("runnev_overloaded_total", "bound" => bound).increment(0);
+    }
+    for via in ["read", "subscribe"] {
+        metrics::counter!("runnev_gaps_delivered_total", "via" => via).increment(0);
+    }
+    metrics::counter!("runnev_writes_refused_disk_low_total").increment(0);
+    metrics::counter!("runnev_appends_refused_disk_low_total").increment(0);
+    metrics::gauge!("runnev_subscribers").increment(0.0);
+    metrics::gauge!("runnev_connections").increment(0.0);
+}
+
 /// The router serving SPEC §3 and the Raft RPCs.
 pub fn router(state: AppState) -> Router {
     let node_header = HeaderValue::from(state.node_id);
@@ -172,6 +191,8 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::disable())
         .layer(axum::middleware::from_fn(refuse_transfer_codings))
         .layer(axum::middleware::from_fn(record_request))
+        .layer(tower_http::request_id::PropagateRequestIdLayer::x_request_id())
+        .layer(tower_http::request_id::SetRequestIdLayer::x_request_id(RequestIds::new(state.node_id)))
         .layer(axum::middleware::map_response(move |mut resp: Response| {
             let v = node_header.clone();
             let leader = leader_addr(&raft);
@@ -202,20 +223,46 @@ fn leader_addr(raft: &Raft) -> Option<String> {
 
 /// Counts requests by route and status, and times them (`/metrics`).
 async fn record_request(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use tracing::Instrument as _;
     let route = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
     let method = req.method().to_string();
+    let id = req.headers().get("x-request-id").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    // Every line logged while the request is handled names it (in JSON: "span": {"id", …}).
+    let span = tracing::info_span!("request", id = id.as_deref().unwrap_or_default(), method = %method, route = %route);
     let started = std::time::Instant::now();
-    let resp = next.run(req).await;
+    let resp = next.run(req).instrument(span).await;
     let status = resp.status().as_u16().to_string();
     metrics::counter!("runnev_http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status)
         .increment(1);
     metrics::histogram!("runnev_http_request_seconds", "method" => method, "route" => route)
         .record(started.elapsed().as_secs_f64());
     resp
+}
+
+/// Gives a request without an `X-Request-Id` header the id `n<node>-<count>` (counted from 0
+/// at each start of the process); a client's own id is kept as sent. The answer carries the
+/// same header, and the request's log span names it.
+#[derive(Clone)]
+struct RequestIds {
+    node: u64,
+    next: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl RequestIds {
+    fn new(node: u64) -> Self {
+        RequestIds { node, next: Arc::default() }
+    }
+}
+
+impl tower_http::request_id::MakeRequestId for RequestIds {
+    fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<tower_http::request_id::RequestId> {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        HeaderValue::from_str(&format!("n{}-{n}", self.node)).ok().map(tower_http::request_id::RequestId::new)
+    }
 }
 
 async fn not_found(uri: Uri) -> ApiError {

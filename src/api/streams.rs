@@ -371,8 +371,11 @@ pub(super) async fn read(
             }
             continue;
         };
-        let has_news = !view.batches.is_empty() || stream::gap_for(&view.meta, after).is_some();
-        if has_news || done {
+        let gap = stream::gap_for(&view.meta, after).is_some();
+        if gap {
+            metrics::counter!("runnev_gaps_delivered_total", "via" => "read").increment(1);
+        }
+        if gap || !view.batches.is_empty() || done {
             return Ok(([(header::CONTENT_TYPE, "application/json")], read_answer_body(view, after)).into_response());
         }
         // Long poll: a node behind the cursor waits rather than answering a false "empty"; a

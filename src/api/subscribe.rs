@@ -118,6 +118,7 @@ async fn refill(c: &mut Cursor) -> bool {
         match found {
             Ok(Some(view)) => {
                 if let Some((from, to)) = stream::gap_for(&view.meta, c.after) {
+                    metrics::counter!("runnev_gaps_delivered_total", "via" => "subscribe").increment(1);
                     c.pending
                         .push_back(Event::default().event("gap").json_data(wire::Gap { from, to }).unwrap_or_default());
                     c.after = to;

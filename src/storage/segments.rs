@@ -143,8 +143,12 @@ impl SegmentFile for FsSegment {
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         std::os::unix::fs::FileExt::write_all_at(&self.0, data, offset)
     }
+    /// Timed into `runnev_log_fsync_seconds` (a histogram), the durability cost of every append.
     fn sync_data(&self) -> io::Result<()> {
-        self.0.sync_data()
+        let started = std::time::Instant::now();
+        let synced = self.0.sync_data();
+        metrics::histogram!("runnev_log_fsync_seconds").record(started.elapsed().as_secs_f64());
+        synced
     }
     fn zero_from(&self, offset: u64) -> io::Result<()> {
         let cap = self.0.metadata()?.len();
