@@ -139,8 +139,14 @@ class SecureCluster:
             wait_until("the CA and token files", lambda: self.token_file.exists() and Path(self.ca).exists())
             self.token = self.token_file.read_text().strip()
             ctx = ssl.create_default_context(cafile=self.ca)
+            auth = {"Authorization": f"Bearer {self.token}"}
             for u in self.urls:
                 wait_until(f"{u} ready", lambda: httpx.get(u + "/readyz", verify=ctx, timeout=2).status_code == 200)
+                # The admin token works on a node once it has applied its creation.
+                wait_until(
+                    f"{u} knows the admin token",
+                    lambda: httpx.get(u + "/v1/streams", headers=auth, verify=ctx, timeout=2).status_code == 200,
+                )
         except BaseException:
             self.stop()
             raise

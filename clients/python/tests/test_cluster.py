@@ -52,12 +52,14 @@ def test_async_client_round_trip(cluster: Cluster) -> None:
             got = await c.read("py-async", min_index=frames.index)
             assert [b.data for b in got.batches] == [b"one", b"two", b"three", b"four"]
             seen: List[int] = []
-            async for item in c.subscribe("py-async", after=1):
+            sub = c.subscribe("py-async", after=1)
+            async for item in sub:
                 assert isinstance(item, Batch)
                 seen.append(item.seq)
                 if item.seq == 4:
                     break
-            assert seen == [2, 3, 4]
+            await sub.aclose()
+            assert seen == [2, 3, 4] and sub.cursor == 4
             assert (await c.stream("py-async")).last_seq == 4
             assert await c.delete_stream("py-async")
 

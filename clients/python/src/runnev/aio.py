@@ -8,7 +8,7 @@ decide a retry itself (``_core.Call`` and ``_core.Resume`` do, for both clients 
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, List, Optional, Sequence, Union
+from typing import AsyncGenerator, AsyncIterator, List, Optional, Sequence, Union
 
 import httpx
 from httpx_sse import SSEError, aconnect_sse
@@ -125,6 +125,7 @@ class AsyncSubscription:
     def __init__(self, client: AsyncClient, stream: str, after: int, max_outage: Optional[float]) -> None:
         self._client = client
         self._resume = _core.Resume(client._nodes, client.policy, stream, after, max_outage)
+        self._gen: Optional[AsyncGenerator[Delivery, None]] = None
 
     @property
     def cursor(self) -> int:
@@ -137,9 +138,15 @@ class AsyncSubscription:
         return self._resume.node
 
     def __aiter__(self) -> AsyncIterator[Delivery]:
-        return self._run()
+        self._gen = self._run()
+        return self._gen
 
-    async def _run(self) -> AsyncIterator[Delivery]:
+    async def aclose(self) -> None:
+        """Ends the subscription and closes its connection."""
+        if self._gen is not None:
+            await self._gen.aclose()
+
+    async def _run(self) -> AsyncGenerator[Delivery, None]:
         r = self._resume
         while True:
             url, headers = r.request()
