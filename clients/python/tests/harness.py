@@ -12,7 +12,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import httpx
 
@@ -60,6 +60,16 @@ def wait_until(what: str, cond, timeout: float = 60.0):  # type: ignore[no-untyp
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what}: not within {timeout} s")
         time.sleep(0.1)
+
+
+def eventually(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Whether ``cond`` holds within ``timeout`` seconds (a node's applied view catches up)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 class Cluster:
