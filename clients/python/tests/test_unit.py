@@ -3,6 +3,7 @@ names, errors and the file cursor."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -67,6 +68,21 @@ def test_a_publish_without_seq_whose_outcome_is_unknown_is_not_retried(fake_node
             c.publish("s", b"x")
         assert "no leader" in str(e.value)
     assert unknown.seen == ["/v1/streams/s/batches"] and plain.seen == []
+
+
+def test_the_async_client_keeps_the_same_rule(fake_nodes: Tuple[FakeNode, FakeNode]) -> None:
+    unknown, plain = fake_nodes
+
+    async def run() -> None:
+        async with runnev.AsyncClient([unknown.url, plain.url], policy=QUICK) as c:
+            with pytest.raises(runnev.UnknownOutcome):
+                await c.publish("s", b"x")
+            with pytest.raises(runnev.Unavailable):
+                await c.publish("s", b"x", seq=3)
+
+    asyncio.run(run())
+    assert unknown.seen[0] == "/v1/streams/s/batches" and "/v1/streams/s/batches" not in plain.seen
+    assert set(unknown.seen[1:] + plain.seen) == {"/v1/streams/s/batches?seq=3"} and len(plain.seen) >= 2
 
 
 def test_a_publish_with_seq_whose_outcome_is_unknown_is_retried_with_the_same_seq(
