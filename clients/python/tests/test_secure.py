@@ -1,0 +1,57 @@
+"""The client against ``runnev local --secure``: client TLS verified with the cluster's CA file,
+and tokens sent as ``Authorization: Bearer``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from harness import SecureCluster
+
+import runnev
+from runnev import Batch, Client, RetryPolicy
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureCluster]:
+    c = SecureCluster(tmp_path_factory.mktemp("secure"))
+    yield c
+    c.stop()
+
+
+def test_token_and_ca_file_publish_read_and_subscribe(secure: SecureCluster) -> None:
+    # HOST:PORT without a scheme means https when a CA file is given.
+    nodes = [u.removeprefix("https://") for u in secure.urls]
+    with Client(nodes, token=secure.token, ca_file=secure.ca) as c:
+        assert c.nodes == secure.urls
+        c.create_stream("py-secure")
+        ack = c.publish("py-secure", b"secret", seq=1)
+        assert c.read("py-secure", min_index=ack.index).batches[0].data == b"secret"
+        for item in c.subscribe("py-secure"):
+            assert item == Batch(1, ack.ts, b"secret")
+            break
+
+
+def test_no_token_is_unauthorized(secure: SecureCluster) -> None:
+    with Client(secure.urls, ca_file=secure.ca) as c:
+        with pytest.raises(runnev.Unauthorized) as e:
+            c.streams()
+        assert e.value.status == 401 and e.value.code == "unauthorized"
+        with pytest.raises(runnev.Unauthorized):
+            next(iter(c.subscribe("py-secure")))
+    with Client(secure.urls, token="rnv_admin_" + "0" * 64, ca_file=secure.ca) as c:
+        with pytest.raises(runnev.Unauthorized):
+            c.publish("py-secure", b"x")
+
+
+def test_without_the_ca_file_no_node_is_trusted(secure: SecureCluster, tmp_path: Path) -> None:
+    quick = RetryPolicy(request_timeout=2.0, unreachable_after=0.5, give_up_after=2.0)
+    with Client(secure.urls, token=secure.token, policy=quick) as c:
+        with pytest.raises(runnev.Unreachable) as e:
+            c.streams()
+        assert "CERTIFICATE_VERIFY_FAILED" in str(e.value)
+    bad = tmp_path / "ca.pem"
+    bad.write_text("not a certificate")
+    with pytest.raises(runnev.ConfigError):
+        Client(secure.urls, ca_file=str(bad))
