@@ -24,6 +24,15 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
         }
         m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map(|l| l.index)
     };
+    // On the leader: entries behind its last log index. One that has matched nothing yet is
+    // behind by the whole log.
+    let lag = |id: &NodeId| -> Option<u64> {
+        if m.current_leader != Some(s.node_id) {
+            return None;
+        }
+        let last = m.last_log_index.unwrap_or(0);
+        Some(last.saturating_sub(matched(id).unwrap_or(0)))
+    };
     let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
     let offsets = s.clock.peer_offsets();
     let members = membership
@@ -39,6 +48,7 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
                 (true, true) => Some(s.disk.last().low),
                 (true, false) => Some(s.peer_disks.is_low(*id)),
             },
+            lag_entries: lag(id),
         })
         .collect();
     let a = s.clock.assess(s.node_id, &voters);
