@@ -3,8 +3,8 @@
 Debian's chromium (/usr/bin/chromium), driven by Playwright for Python, opens the page of a real
 three-node cluster of the debug binary (target/debug/runnev, or RUNNEV_BIN) on free loopback
 ports, and checks what a person would see: the leader and the members, a stream's last seq once
-batches are published, and, after the leader is killed with SIGKILL, a new leader and the dead
-node marked unreachable within FAILOVER_BOUND_S. With `--auth` (`runnev local --secure`) the
+batches are published, after the leader is killed with SIGKILL, a new leader and the dead node
+marked unreachable within FAILOVER_BOUND_S, and, once its own node is killed too, that it says so. With `--auth` (`runnev local --secure`) the
 page asks for a token, says why on 401 and 403, and shows the cluster with a read token kept in
 sessionStorage only. Every request the page makes must go to the node that served it.
 
@@ -16,6 +16,7 @@ directory); the path is printed. Run with scripts/test, or by hand:
 
 import json
 import os
+import re
 import signal
 import socket
 import ssl
@@ -275,6 +276,11 @@ def test_the_page_follows_publishes_and_a_failover(browser, logs, workdir):
         expect(page.locator(f'#nodes tr[data-node="{new}"]')).to_have_attribute("data-role", "Leader")
         expect(page.locator("#reachable")).to_have_text("2 of 3")
         shot(page, logs, "status-page-after-failover.png")
+
+        # The page's own node killed: it says so and marks what it shows as stale.
+        c.kill9(viewer)
+        expect(page.locator("#message")).to_contain_text("This node does not answer", timeout=10_000)
+        expect(page.locator("#updated")).to_have_class(re.compile(r"\bstale\b"), timeout=10_000)
 
         assert page.foreign_requests == [], f"the page asked other places: {page.foreign_requests}"
         assert page.script_errors == [], f"script errors: {page.script_errors}"
