@@ -4,9 +4,9 @@ Debian's chromium (/usr/bin/chromium), driven by Playwright for Python, opens th
 three-node cluster of the debug binary (target/debug/runnev, or RUNNEV_BIN) on free loopback
 ports, and checks what a person would see: the leader and the members, a stream's last seq once
 batches are published, after the leader is killed with SIGKILL, a new leader and the dead node
-marked unreachable within FAILOVER_BOUND_S, and, once its own node is killed too, that it says so. With `--auth` (`runnev local --secure`) the
-page asks for a token, says why on 401 and 403, and shows the cluster with a read token kept in
-sessionStorage only. Every request the page makes must go to the node that served it.
+marked unreachable within FAILOVER_BOUND_S, and, once its own node is killed too, that it says
+so. With `--auth` (`runnev local --secure`) the page asks for a token, says why on 401 and 403,
+and shows the cluster with a read token kept in sessionStorage only. Every request the page makes must go to the node that served it.
 
 Screenshots (PNG) and the nodes' logs go to RUNNEV_BROWSER_LOGS (else a new temporary
 directory); the path is printed. Run with scripts/test, or by hand:
