@@ -197,6 +197,11 @@ pub const PEER_PROBE_MS: u64 = 1_000;
 /// Largest probe answer read from a peer, in bytes.
 pub const PEER_PROBE_BYTES_MAX: usize = 1024 * 1024;
 
+/// Deadline of one member's `GET /v1/cluster` asked for `GET /v1/cluster/nodes` (the status
+/// page polls it every second), in ms: a member that has not answered by then is shown
+/// unreachable.
+pub const STATUS_PEER_MS: u64 = 800;
+
 /// How long an idle pooled HTTP connection between nodes (or of a client) is kept, in ms.
 pub const HTTP_POOL_IDLE_MS: u64 = 30_000;
 

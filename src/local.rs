@@ -240,6 +240,9 @@ pub async fn run(opts: LocalOptions) -> Result<(), LocalError> {
     for n in cluster.nodes() {
         out!("  node {}: {}   (log: {})", n.id, url(n.url()), n.log_path.display());
     }
+    if let Some(first) = cluster.urls().into_iter().next() {
+        out!("Status page (in a browser; every node serves it): {}/", url(first));
+    }
     out!("RUNNEV_NODES={}", cluster.urls().into_iter().map(url).collect::<Vec<_>>().join(","));
     if let Some(s) = &secure {
         out!("RUNNEV_CA_FILE={}", s.ca.display());

@@ -326,6 +326,11 @@ pub struct Member {
     /// no new entries); `null` elsewhere.
     #[serde(default)]
     pub disk_low: Option<bool>,
+    /// On the leader: how many log entries the member is behind it, its `last_log_index` minus
+    /// `matched_index` (a member it has matched nothing on yet counts from 0; 0 for the leader
+    /// itself); `null` elsewhere.
+    #[serde(default)]
+    pub lag_entries: Option<u64>,
 }
 
 /// A node's wall clock against the cluster's, in a [`ClusterView`].
@@ -391,6 +396,34 @@ pub struct DiskView {
     /// Whether the node takes no new writes for lack of space: a leader answers `507
     /// storage_full`, a follower takes no new entries, until space is freed.
     pub low: bool,
+}
+
+/// The answer to `GET /v1/cluster/nodes`: every member's own view of the cluster, as the
+/// answering node asked each of them just now (the status page's source, [`crate::api`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodesView {
+    /// The answering node's id.
+    pub node_id: u64,
+    /// Every member of the configuration the answering node knows, in id order (itself alone,
+    /// unreachable from nowhere, before the cluster formed).
+    pub nodes: Vec<NodeReport>,
+}
+
+/// One member in a [`NodesView`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// Its node id.
+    pub id: u64,
+    /// Its address, `HOST:PORT`, as the membership records it.
+    pub addr: String,
+    /// Whether it answered its `GET /v1/cluster` within the deadline
+    /// ([`crate::limits::STATUS_PEER_MS`]) with a cluster view.
+    pub reachable: bool,
+    /// Why it is not reachable (connection refused, no answer in time, an error status);
+    /// `null` when it is.
+    pub error: Option<String>,
+    /// Its own view, as it answered; `null` when unreachable.
+    pub view: Option<ClusterView>,
 }
 
 impl ClusterView {

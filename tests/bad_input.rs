@@ -654,6 +654,9 @@ async fn methods_a_path_does_not_serve_are_405_with_allow() {
         (Method::GET, "/v1/cluster/members", ["POST"].as_slice()),
         (Method::PATCH, "/v1/cluster/members/2", ["DELETE"].as_slice()),
         (Method::POST, "/healthz", get),
+        // The status page and its data only read.
+        (Method::POST, "/", get),
+        (Method::DELETE, "/v1/cluster/nodes", get),
         (Method::GET, "/raft/append", ["POST"].as_slice()),
     ];
     for id in f.c.ids() {

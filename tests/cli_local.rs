@@ -52,6 +52,7 @@ async fn start_local(dir: &std::path::Path, base: u16) -> tokio::process::Child 
     .await
     .expect("runnev local's banner within 60 s");
     assert!(banner.iter().any(|l| l.starts_with("RUNNEV_NODES=http://127.0.0.1:")), "{banner:#?}");
+    assert!(banner.iter().any(|l| l.starts_with("Status page") && l.ends_with(&format!(":{base}/"))), "{banner:#?}");
     local
 }
 

@@ -463,3 +463,37 @@ async fn past_its_bounds_a_node_answers_overloaded() {
     })
     .await;
 }
+
+/// The status page (`GET /`) is served without a token, holds no data, and its data paths need
+/// one: without, `401`; with a token of no `read` grant, `403`; with a read token, every member's
+/// view, which each node gathers from the others as itself (its node certificate), without the
+/// client's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_is_open_and_its_data_needs_a_read_token() {
+    let pki = Pki::new(3);
+    let c = pki.start(3, &[]).await;
+    let http = pki.client(None);
+    let admin = pki.admin.as_str();
+    let reader = create_token(&c, &http, admin, 1, "viewer", r#"[{"permission": "read", "streams": "*"}]"#).await;
+    let publisher =
+        create_token(&c, &http, admin, 1, "writer", r#"[{"permission": "publish", "streams": "orders.*"}]"#).await;
+    wait_all_applied(&c, &http, admin).await;
+    for id in c.ids() {
+        let url = |path: &str| format!("{}{path}", c.url(id));
+        let (status, page) = send(&http, "GET", &url("/"), None, Bytes::new()).await.unwrap();
+        assert_eq!(status, 200, "node {id}: the page without a token");
+        assert!(page.contains("sessionStorage") && !page.contains("rnv_viewer"), "node {id}");
+        for path in ["/v1/cluster/nodes", "/v1/streams"] {
+            let (status, text) = send(&http, "GET", &url(path), None, Bytes::new()).await.unwrap();
+            assert_eq!(status, 401, "node {id} {path} without a token: {text}");
+            let (status, text) = send(&http, "GET", &url(path), Some(&publisher), Bytes::new()).await.unwrap();
+            assert_eq!(status, 403, "node {id} {path} with a publish token: {text}");
+            let (status, text) = send(&http, "GET", &url(path), Some(&reader), Bytes::new()).await.unwrap();
+            assert_eq!(status, 200, "node {id} {path} with a read token: {text}");
+        }
+        let (_, text) = send(&http, "GET", &url("/v1/cluster/nodes"), Some(&reader), Bytes::new()).await.unwrap();
+        let v: runnev::wire::NodesView = serde_json::from_str(&text).unwrap();
+        assert_eq!(v.nodes.len(), 3, "{text}");
+        assert!(v.nodes.iter().all(|n| n.reachable && n.view.as_ref().is_some_and(|w| w.node_id == n.id)), "{text}");
+    }
+}

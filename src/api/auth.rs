@@ -3,8 +3,9 @@
 //!
 //! Owns: mapping a route to the permission and scope it needs ([`crate::auth`] decides whether
 //! a token's grants cover them), and the `401` / `403` answers. Must never: let a request reach a
-//! handler unchecked when authentication is on (only `/healthz`, `/readyz` and the Raft paths,
-//! which need a node certificate instead, pass without a token), or answer, log or store a
+//! handler unchecked when authentication is on (only `/healthz`, `/readyz`, the status page `/`,
+//! which holds no data, and the Raft paths, which need a node certificate instead, pass without
+//! a token), or answer, log or store a
 //! token's secret except in the one answer that creates it.
 
 use std::collections::BTreeMap;
@@ -76,13 +77,14 @@ pub(crate) fn check_any_node(s: &AppState, ext: &axum::http::Extensions) -> Resu
 fn needs<'a>(method: &Method, route: Option<&str>, stream: Option<&'a str>) -> Option<(Permission, Scope<'a>)> {
     let on_stream = |p| Some((p, stream.map_or(Scope::Cluster, Scope::Stream)));
     match route {
-        Some("/healthz" | "/readyz") => None,
+        // The status page holds no data: what it shows comes from the paths below.
+        Some("/healthz" | "/readyz" | "/") => None,
         Some(r) if r.starts_with("/raft/") => None,
         Some("/v1/streams/{name}") if method == Method::GET => on_stream(Permission::Read),
         Some("/v1/streams/{name}") => on_stream(Permission::Admin),
         Some("/v1/streams/{name}/batches") if method == Method::POST => on_stream(Permission::Publish),
         Some("/v1/streams/{name}/batches" | "/v1/streams/{name}/subscribe") => on_stream(Permission::Read),
-        Some("/v1/streams" | "/v1/cluster" | "/metrics") if method == Method::GET => {
+        Some("/v1/streams" | "/v1/cluster" | "/v1/cluster/nodes" | "/metrics") if method == Method::GET => {
             Some((Permission::Read, Scope::Any))
         }
         // Membership, tokens, and anything else (unknown paths included): the whole cluster.
@@ -264,6 +266,8 @@ mod tests {
     fn routes_need_what_the_contract_says() {
         let get = Method::GET;
         assert_eq!(needs(&get, Some("/healthz"), None), None);
+        assert_eq!(needs(&get, Some("/"), None), None);
+        assert_eq!(needs(&get, Some("/v1/cluster/nodes"), None), Some((Permission::Read, Scope::Any)));
         assert_eq!(needs(&Method::POST, Some("/raft/vote"), None), None);
         assert_eq!(
             needs(&Method::POST, Some("/v1/streams/{name}/batches"), Some("s")),

@@ -24,6 +24,15 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
         }
         m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map(|l| l.index)
     };
+    // On the leader: entries behind its last log index. One that has matched nothing yet is
+    // behind by the whole log.
+    let lag = |id: &NodeId| -> Option<u64> {
+        if m.current_leader != Some(s.node_id) {
+            return None;
+        }
+        let last = m.last_log_index.unwrap_or(0);
+        Some(last.saturating_sub(matched(id).unwrap_or(0)))
+    };
     let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
     let offsets = s.clock.peer_offsets();
     let members = membership
@@ -39,6 +48,7 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
                 (true, true) => Some(s.disk.last().low),
                 (true, false) => Some(s.peer_disks.is_low(*id)),
             },
+            lag_entries: lag(id),
         })
         .collect();
     let a = s.clock.assess(s.node_id, &voters);
@@ -124,25 +134,16 @@ pub(super) async fn ready(State(s): State<AppState>) -> Response {
     }
 }
 
-/// Sets `runnev_raft_follower_lag_entries{follower}`: on the leader, how many log entries each
-/// follower's (and learner's) matched log index is behind the leader's last log index (Raft
-/// paper §5.3, `matchIndex`); a follower nothing is known of yet counts from index 0. On any
-/// other node every follower it reported while it led is set back to 0, so only the leader's
-/// figures are ever above 0.
-fn record_follower_lag(s: &AppState) {
+/// Sets `runnev_raft_follower_lag_entries{follower}` from the view's `lag_entries`: on the
+/// leader, each follower's (and learner's) lag in log entries (Raft paper §5.3, `matchIndex`).
+/// On any other node every follower it reported while it led is set back to 0, so only the
+/// leader's figures are ever above 0.
+fn record_follower_lag(v: &ClusterView) {
     use std::collections::BTreeSet;
     use std::sync::{Mutex, OnceLock};
     static REPORTED: OnceLock<Mutex<BTreeSet<u64>>> = OnceLock::new();
-    let m = s.raft.metrics().borrow().clone();
-    let last = m.last_log_index.unwrap_or(0);
-    let lags: Vec<(u64, u64)> = match &m.replication {
-        Some(followers) if m.current_leader == Some(s.node_id) => followers
-            .iter()
-            .filter(|(id, _)| **id != s.node_id)
-            .map(|(id, matched)| (*id, last.saturating_sub(matched.map_or(0, |l| l.index))))
-            .collect(),
-        _ => Vec::new(),
-    };
+    let lags: Vec<(u64, u64)> =
+        v.members.iter().filter(|m| m.id != v.node_id).filter_map(|m| Some((m.id, m.lag_entries?))).collect();
     let mut reported = REPORTED.get_or_init(Mutex::default).lock().unwrap_or_else(|p| p.into_inner());
     for id in reported.iter() {
         if !lags.iter().any(|(f, _)| f == id) {
@@ -164,7 +165,7 @@ pub(super) async fn metrics(State(s): State<AppState>) -> Response {
     metrics::gauge!("runnev_raft_is_leader").set(if v.leader_id == Some(s.node_id) { 1.0 } else { 0.0 });
     // 0 once the Raft core has stopped for good (then /healthz fails too): alert on it.
     metrics::gauge!("runnev_raft_running").set(if v.raft_stopped.is_none() { 1.0 } else { 0.0 });
-    record_follower_lag(&s);
+    record_follower_lag(&v);
     let body = s.prometheus.as_ref().map(|p| p.render()).unwrap_or_default();
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }

@@ -21,6 +21,7 @@ pub mod contact;
 mod members;
 pub mod proposer;
 pub mod raft_rpc;
+mod status;
 mod streams;
 mod subscribe;
 mod write;
@@ -177,6 +178,8 @@ pub fn router(state: AppState) -> Router {
         // The routes above serve clients from Raft's state; the ones below describe the node.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), refuse_without_raft))
         .route("/v1/cluster", get(cluster::view))
+        .route("/v1/cluster/nodes", get(status::nodes))
+        .route("/", get(status::page))
         .route("/v1/backup", get(backup::backup))
         .route("/healthz", get(cluster::health))
         .route("/readyz", get(cluster::ready))
