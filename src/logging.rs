@@ -17,16 +17,17 @@ use tracing_subscriber::registry::LookupSpan;
 use crate::limits::LOG_REPEAT_MS;
 
 /// How log lines are written (`--log-format`, `RUNNEV_LOG_FORMAT`).
+///
+/// `Json` is tracing-subscriber's JSON format, one object per line: `timestamp` (RFC 3339,
+/// UTC), `level`, `target`, `fields` (with `message`), `span` (the innermost span's fields, e.g.
+/// `{"name": "request", "id": "n1-42", "method", "route"}`), and, in `runnev serve`, `node` (the
+/// node id) and `term` (its current Raft term, Raft paper §5.1, as last seen).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
-    /// One readable line per event: time, level, spans, target, message and fields (coloured on
-    /// a terminal).
+    /// Readable lines (coloured on a terminal).
     #[default]
     Text,
-    /// One JSON object per line (tracing-subscriber's JSON format): `timestamp` (RFC 3339, UTC),
-    /// `level`, `target`, `fields` (with `message`), `span` (the innermost span's fields, e.g.
-    /// `{"name": "request", "id": "n1-42", "method", "route"}`), and, in `runnev serve`, `node`
-    /// (the node id) and `term` (its current Raft term, Raft paper §5.1, as last seen).
+    /// One JSON object per line.
     Json,
 }
 
