@@ -86,6 +86,14 @@ docker run --rm "$IMAGE" --version
 if docker run --rm "$IMAGE" probe http://127.0.0.1:7001/readyz --timeout-ms 500; then
   echo "build-image.sh: the probe reported a closed port as healthy" >&2; exit 1
 fi
+# Secure by default: without its credentials under /etc/runnev the default command refuses to
+# start, naming the file it lacks (it never falls back to plain HTTP).
+if out=$(docker run --rm "$IMAGE" 2>&1); then
+  echo "build-image.sh: the image started without credentials: $out" >&2; exit 1
+fi
+grep -q '/etc/runnev/ca.pem' <<<"$out" ||
+  { echo "build-image.sh: without credentials the image should name /etc/runnev/ca.pem: $out" >&2; exit 1; }
+echo "without credentials the default command refuses to start: $out"
 # Name resolution inside a scratch container: Docker's /etc/hosts (the container's own host name)
 # and, on a user-defined network, Docker's DNS server for another container's name.
 NET=runnev-build-check-$$
@@ -95,9 +103,11 @@ cleanup() {
 }
 trap cleanup EXIT
 docker network create "$NET" >/dev/null
-docker run -d --name "$NET-a" --network "$NET" --network-alias peer-a "$IMAGE" >/dev/null
+docker run -d --name "$NET-a" --network "$NET" --network-alias peer-a "$IMAGE" \
+  serve --id 1 --data-dir /var/lib/runnev --listen 0.0.0.0:7001 --insecure --peers 1=127.0.0.1:7001 >/dev/null
 # runnev probe resolves the alias with getaddrinfo (the same call runnev's dialer makes), then
-# connects: the one-node default cluster in peer-a answers /healthz.
+# connects: the one-node cluster in peer-a (plain HTTP: this checks name resolution only)
+# answers /healthz.
 ok=""
 for _ in $(seq 1 50); do
   if docker run --rm --network "$NET" "$IMAGE" probe \
@@ -110,7 +120,7 @@ docker run --rm --network "$NET" "$IMAGE" probe \
 # The StatefulSet launcher derives the node id from the pod's host name.
 docker rm -f -v "$NET-a" >/dev/null
 docker run -d --name "$NET-a" --network "$NET" --hostname runnev-2 --entrypoint /usr/local/bin/runnev-statefulset \
-  "$IMAGE" --data-dir /var/lib/runnev --listen 0.0.0.0:7001 --insecure --peers 3=127.0.0.1:7001 >/dev/null
+  "$IMAGE" --data-dir '/var/lib/runnev/node-{id}' --listen 0.0.0.0:7001 --insecure --peers 3=127.0.0.1:7001 >/dev/null
 ok=""
 for _ in $(seq 1 50); do
   if docker run --rm --network "$NET" "$IMAGE" probe \
@@ -120,6 +130,8 @@ done
 [[ -n "$ok" ]] || { echo "build-image.sh: the launcher's node never became ready" >&2; docker logs "$NET-a" >&2 || true; exit 1; }
 docker logs "$NET-a" 2>&1 | grep -q 'host runnev-2 -> node id 3' \
   || { echo "build-image.sh: runnev-statefulset did not map runnev-2 to node id 3" >&2; docker logs "$NET-a" >&2; exit 1; }
-echo "runnev-statefulset: host runnev-2 runs node id 3, ready"
+docker logs "$NET-a" 2>&1 | grep -q 'data_dir=/var/lib/runnev/node-3' \
+  || { echo "build-image.sh: runnev-statefulset did not put the node id in place of {id}" >&2; docker logs "$NET-a" >&2; exit 1; }
+echo "runnev-statefulset: host runnev-2 runs node id 3 (with {id} replaced), ready"
 docker image ls "$IMAGE"
 echo "build-image.sh: $IMAGE is ready"

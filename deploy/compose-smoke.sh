@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Smoke test of deploy/docker-compose.yml: brings the three-node cluster up under a project name of
-# its own on free loopback ports, waits for all three healthchecks (/readyz through runnev probe),
-# publishes through one node, reads it back through another, restarts a node and reads again,
-# then removes everything (containers, network, volumes), also on failure.
+# Smoke test of deploy/docker-compose.yml: makes the cluster's credentials with deploy/secrets.sh
+# in a directory of its own, brings the three-node cluster up under a project name of its own on
+# free loopback ports, waits for all three healthchecks (/readyz through runnev probe over TLS),
+# checks that plain HTTP and a request without a token are refused, publishes through one node
+# over TLS with the admin token, reads it back through another, restarts a node and reads again,
+# then removes everything (containers, network, volumes, credentials), also on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +27,13 @@ print(*[s.getsockname()[1] for s in socks])
 PY
 )
 export RUNNEV_PORT1 RUNNEV_PORT2 RUNNEV_PORT3
+RUNNEV_SECRETS=$(mktemp -d "${TMPDIR:-/tmp}/runnev-compose-secrets.XXXXXX")
+export RUNNEV_SECRETS
+./deploy/secrets.sh "$RUNNEV_SECRETS"
 C=("${COMPOSE[@]}" -p "$PROJECT" -f deploy/docker-compose.yml)
+TOKEN=$(cat "$RUNNEV_SECRETS/admin.token")
+# Every request: TLS verified against the cluster's CA, with the admin token.
+api() { curl -fsS --cacert "$RUNNEV_SECRETS/ca.pem" -H "Authorization: Bearer $TOKEN" "$@"; }
 
 cleanup() {
   local rc=$?
@@ -34,6 +42,7 @@ cleanup() {
     "${C[@]}" logs --tail 40 || true
   fi
   "${C[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+  rm -rf "$RUNNEV_SECRETS"
   exit $rc
 }
 trap cleanup EXIT
@@ -56,10 +65,19 @@ wait_healthy() {
 echo "== ${C[*]} up -d (ports $RUNNEV_PORT1 $RUNNEV_PORT2 $RUNNEV_PORT3)"
 "${C[@]}" up -d
 wait_healthy
-curl -fsS "http://127.0.0.1:$RUNNEV_PORT1/v1/cluster"; echo
-curl -fsS -X PUT "http://127.0.0.1:$RUNNEV_PORT2/v1/streams/smoke" >/dev/null
-curl -fsS -X POST "http://127.0.0.1:$RUNNEV_PORT3/v1/streams/smoke/batches?seq=7" --data-binary 'hello from compose'; echo
-got=$(curl -fsS "http://127.0.0.1:$RUNNEV_PORT1/v1/streams/smoke/batches?after=0&wait_ms=5000")
+# Secure by default: no plain HTTP, no request without a token.
+if curl -fsS -m 5 "http://127.0.0.1:$RUNNEV_PORT1/readyz" >/dev/null 2>&1; then
+  echo "compose-smoke.sh: a node answered plain HTTP" >&2; exit 1
+fi
+code=$(curl -sS -o /dev/null -w '%{http_code}' --cacert "$RUNNEV_SECRETS/ca.pem" "https://127.0.0.1:$RUNNEV_PORT1/v1/cluster")
+[[ "$code" == 401 ]] || { echo "compose-smoke.sh: a request without a token got $code, not 401" >&2; exit 1; }
+echo "plain HTTP refused; no token: 401"
+# The admin token becomes valid once the first leader has committed it: wait for it on node 2.
+for _ in $(seq 1 40); do api -o /dev/null "https://127.0.0.1:$RUNNEV_PORT2/v1/streams" 2>/dev/null && break; sleep 0.5; done
+api "https://127.0.0.1:$RUNNEV_PORT1/v1/cluster"; echo
+api -X PUT "https://127.0.0.1:$RUNNEV_PORT2/v1/streams/smoke" >/dev/null
+api -X POST "https://127.0.0.1:$RUNNEV_PORT3/v1/streams/smoke/batches?seq=7" --data-binary 'hello from compose'; echo
+got=$(api "https://127.0.0.1:$RUNNEV_PORT1/v1/streams/smoke/batches?after=0&wait_ms=5000")
 echo "$got"
 grep -q "\"seq\":7" <<<"$got" && grep -q "$(printf 'hello from compose' | base64)" <<<"$got" \
   || { echo "compose-smoke.sh: node 1 does not serve the batch published on node 3" >&2; exit 1; }
@@ -67,6 +85,6 @@ grep -q "\"seq\":7" <<<"$got" && grep -q "$(printf 'hello from compose' | base64
 echo "== restart runnev1 and read again"
 "${C[@]}" restart runnev1 >/dev/null
 wait_healthy
-got=$(curl -fsS "http://127.0.0.1:$RUNNEV_PORT1/v1/streams/smoke/batches?after=0")
+got=$(api "https://127.0.0.1:$RUNNEV_PORT1/v1/streams/smoke/batches?after=0")
 grep -q "\"seq\":7" <<<"$got" || { echo "compose-smoke.sh: the batch is gone after a restart: $got" >&2; exit 1; }
 echo "compose-smoke.sh: ok"

@@ -6,7 +6,8 @@
 //!
 //! The host name is read from $HOSTNAME, else /proc/sys/kernel/hostname. $RUNNEV_ID_OFFSET (default
 //! 0) is added to the id, so a second StatefulSet that replaces nodes gets ids that do not collide.
-//! $RUNNEV_BIN overrides the path of runnev (default /usr/local/bin/runnev).
+//! $RUNNEV_BIN overrides the path of runnev (default /usr/local/bin/runnev). `{id}` in any argument
+//! is replaced by the node id.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode};
@@ -53,7 +54,9 @@ fn main() -> ExitCode {
     };
     let id = id + offset;
     let bin = std::env::var("RUNNEV_BIN").unwrap_or_else(|_| "/usr/local/bin/runnev".to_string());
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // `{id}` in an argument is the node id: each pod finds its own certificate and key
+    // (`--tls-cert=/etc/runnev/tls/node-{id}.pem`) in a Secret that holds every node's.
+    let args: Vec<String> = std::env::args().skip(1).map(|a| a.replace("{id}", &id.to_string())).collect();
     eprintln!("runnev-statefulset: host {} -> node id {id}", host.trim());
     let err = Command::new(&bin).arg("serve").arg("--id").arg(id.to_string()).args(&args).exec();
     eprintln!("runnev-statefulset: running {bin}: {err}");

@@ -71,6 +71,23 @@ else:
         problems.append(f"--peers lists {entries}, expected {want} (pod runnev-N is node N+1)")
 if c.get("readinessProbe", {}).get("httpGet", {}).get("path") != "/readyz":
     problems.append("readinessProbe must GET /readyz")
+for probe in ("readinessProbe", "livenessProbe"):
+    if c.get(probe, {}).get("httpGet", {}).get("scheme") != "HTTPS":
+        problems.append(f"{probe} must use scheme HTTPS (the nodes serve TLS)")
+if "--insecure" in args:
+    problems.append("--insecure: the manifests run with peer TLS and --auth")
+for flag in ("--tls-ca=", "--tls-cert=", "--tls-key=", "--admin-token-file="):
+    if not any(a.startswith(flag) for a in args):
+        problems.append(f"the container needs {flag}… (secure by default)")
+if "--auth" not in args:
+    problems.append("the container needs --auth")
+secret_mounts = {m["mountPath"] for m in c.get("volumeMounts", []) if m["name"] in
+                 {v["name"] for v in spec["template"]["spec"].get("volumes", []) if "secret" in v}}
+for a in args:
+    if a.startswith(("--tls-", "--admin-token-file=")):
+        path = a.split("=", 1)[1]
+        if not any(path.startswith(m.rstrip("/") + "/") for m in secret_mounts):
+            problems.append(f"{a}: not under a mounted Secret")
 if not spec.get("volumeClaimTemplates"):
     problems.append("no volumeClaimTemplates: the data directory must be persistent")
 mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
@@ -82,7 +99,7 @@ if not pdb or pdb[0]["spec"].get("maxUnavailable") != 1:
 if problems:
     print("\n".join("PROBLEM: " + p for p in problems))
     sys.exit(1)
-print(f"ok: {replicas} replicas, peers via {svc_name}, readiness /readyz, PDB maxUnavailable 1")
+print(f"ok: {replicas} replicas, peers via {svc_name}, readiness /readyz over HTTPS, TLS and --auth from a Secret, PDB maxUnavailable 1")
 PY
 
 if command -v docker-compose >/dev/null; then
@@ -104,5 +121,18 @@ if command -v systemd-analyze >/dev/null; then
 else
   echo "systemd-analyze not installed: skipping the unit file check"
 fi
+log "secure by default: Compose, the systemd unit and the image run with TLS and --auth"
+for f in deploy/docker-compose.yml deploy/runnev.service deploy/Dockerfile; do
+  if grep -v '^ *#' "$f" | grep -q -- '--insecure'; then
+    echo "validate.sh: $f runs a node with --insecure" >&2; exit 1
+  fi
+  for flag in --tls-ca --tls-cert --tls-key --auth --admin-token-file; do
+    grep -v '^ *#' "$f" | grep -q -- "$flag" || { echo "validate.sh: $f lacks $flag" >&2; exit 1; }
+  done
+done
+grep -q '^LoadCredential=node.key:' deploy/runnev.service ||
+  { echo "validate.sh: the unit must pass the node key as a credential (LoadCredential=)" >&2; exit 1; }
+echo ok
+
 echo
 echo "validate.sh: all deployment files are valid"

@@ -875,9 +875,21 @@ pub fn bench(args: Vec<std::ffi::OsString>) -> anyhow::Error {
 
 /// `runnev probe URL`: succeeds when URL answers 2xx in time (for health checks in images that
 /// have no curl).
-pub async fn probe(url: &str, timeout: Duration) -> Result<()> {
-    let http = runnev::net::http_client(std::sync::Arc::new(runnev::net::TcpDialer));
-    match runnev::net::get(&http, url, timeout, runnev::limits::CLI_PROBE_BYTES_MAX).await {
+pub async fn probe(url: &str, timeout: Duration, ca: Option<&std::path::Path>) -> Result<()> {
+    use std::sync::Arc;
+    let tcp: Arc<dyn runnev::net::Dialer> = Arc::new(runnev::net::TcpDialer);
+    let (dialer, url) = match (ca, url.strip_prefix("https://")) {
+        // The dialer speaks TLS; the request itself is addressed as plain http.
+        (Some(ca), Some(rest)) => {
+            let config = runnev::tls::client_config(ca, None)?;
+            let tls: Arc<dyn runnev::net::Dialer> = Arc::new(runnev::tls::TlsDialer::new(tcp, config));
+            (tls, format!("http://{rest}"))
+        }
+        (None, Some(_)) => bail!("{url}: an https:// URL needs the cluster CA's certificate (--ca-file)"),
+        (_, None) => (tcp, url.to_string()),
+    };
+    let http = runnev::net::http_client(dialer);
+    match runnev::net::get(&http, &url, timeout, runnev::limits::CLI_PROBE_BYTES_MAX).await {
         Ok((status, _)) if status.is_success() => Ok(()),
         Ok((status, _)) => bail!("{url} answered {status}"),
         Err(e) => bail!("{e}"),

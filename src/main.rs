@@ -455,6 +455,9 @@ enum Cmd {
         /// Timeout, in ms.
         #[arg(long, default_value_t = 2000)]
         timeout_ms: u64,
+        /// The cluster CA's certificate: probe an https:// URL, verifying the node with it
+        #[arg(long, value_name = "FILE", env = "RUNNEV_CA_FILE")]
+        ca_file: Option<PathBuf>,
     },
     /// Show each node's view of the cluster; exit 3 when no node answers.
     Status {
@@ -528,6 +531,14 @@ enum CertCmd {
         /// A DNS name or IP address the node is reached at (repeat for several).
         #[arg(long = "host", value_name = "HOST", required = true)]
         hosts: Vec<String>,
+    },
+    /// Make the cluster's first admin token: DIR/admin.token (mode 0600), for every node's
+    /// --admin-token-file; the first leader makes it the admin token (grant admin:*).
+    #[command(name = "create-admin-token")]
+    AdminToken {
+        /// Where to write.
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
     },
     /// Make a client certificate and key (DIR/client-NAME.pem, DIR/client-NAME.key).
     #[command(name = "create-client")]
@@ -696,6 +707,15 @@ fn cert(cmd: CertCmd) -> Result<()> {
             write_private(&dir.join(format!("node-{id}.key")), &issued.key_pem)?;
             println!("wrote {0}/node-{id}.pem and {0}/node-{id}.key", dir.display());
         }
+        CertCmd::AdminToken { dir } => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let path = dir.join("admin.token");
+            if path.exists() {
+                bail!("{} exists: it is never overwritten (delete it first to make a new one)", path.display());
+            }
+            admin_token(&path)?;
+            println!("wrote {} (keep it secret: it holds the admin token)", path.display());
+        }
         CertCmd::Client { dir, name } => {
             runnev::auth::validate_name(&name).map_err(|e| cli::usage(&e))?;
             let issued = issue(&read_ca(&dir)?, &Subject::Client(name.clone()), &[])?;
@@ -766,6 +786,11 @@ async fn run(args: Cli) -> Result<()> {
                          --tls-key; `runnev cert` makes them), or pass --insecure to run it without"
                     )));
                 }
+            }
+            // A missing certificate or key is named before anything else is tried (a container
+            // started without its credentials mounted says which file it lacks).
+            for path in tls.iter().flat_map(|t| [&t.ca, &t.cert, &t.key]) {
+                std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
             }
             let admin_token = security.admin_token_file.as_deref().map(admin_token).transpose()?;
             runnev::logging::set_node(id);
@@ -856,7 +881,9 @@ async fn run(args: Cli) -> Result<()> {
             let at = resolve(&top, &at);
             cli::status(&at.client()?, at.output).await?
         }
-        Cmd::Probe { url, timeout_ms } => cli::probe(&url, Duration::from_millis(timeout_ms)).await?,
+        Cmd::Probe { url, timeout_ms, ca_file } => {
+            cli::probe(&url, Duration::from_millis(timeout_ms), ca_file.as_deref()).await?
+        }
         Cmd::Cluster { at, cmd } => {
             let at = resolve(&top, &at);
             cli::cluster(&at.client()?, at.output, cmd).await?

@@ -14,6 +14,9 @@
 //! injection to the first publish acknowledged after it) is printed, with the longest stall
 //! between two acknowledgements during the fault.
 //!
+//! The nodes run secure, as deploy/ runs them: peer and client TLS with a CA the test makes, and
+//! `--auth` with an admin token; every request of the test goes over TLS with that token.
+//!
 //! The test reaches the containers only through ports published on 127.0.0.1. It needs a Docker
 //! engine and the image `runnev:local` (`deploy/build-image.sh`, which `deploy/ci.sh` runs first);
 //! without either it fails, saying which is missing, unless `RUNNEV_SKIP_DOCKER=1` opts out on
@@ -32,7 +35,6 @@ use bytes::Bytes;
 use futures::StreamExt;
 use runnev::client::{Client, ClientError, Delivery, RetryPolicy};
 use runnev::wire::ClusterView;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const STREAM: &str = "chaos";
 /// Written only while a follower is paused, through the two live nodes.
@@ -144,10 +146,46 @@ impl NodeBox {
 }
 
 /// The cluster's containers, volumes and network; all removed on drop, even when the test fails
-/// (then each container's log tail is printed first).
+/// (then each container's log tail is printed first). The nodes run as in production: peer and
+/// client TLS with a CA of the test's own, and `--auth` with an admin token.
 struct Env {
     network: String,
     nodes: Vec<NodeBox>,
+    /// The CA, the node certificates and keys, and the admin token (a directory of mode 0700).
+    secrets: std::path::PathBuf,
+    token: runnev::auth::Token,
+}
+
+/// Makes the cluster's credentials in `dir`: `ca.pem`, `node-N.pem`/`node-N.key` naming each
+/// node's container (and 127.0.0.1, where the test reaches it), `admin.token`. The image runs as
+/// uid 10001, which must read its key and the token through the bind mounts: as root the files
+/// are given to it, otherwise they are made readable (the directory itself stays 0700).
+fn make_secrets(dir: &std::path::Path, names: &[(u64, String)]) -> runnev::auth::Token {
+    use runnev::tls::{create_ca, issue, read_ca, write_private, write_public, Subject};
+    use std::os::unix::fs::PermissionsExt;
+    let ca = create_ca("runnev container chaos test CA").expect("making the CA");
+    write_public(&dir.join("ca.pem"), &ca.cert_pem).expect("ca.pem");
+    write_private(&dir.join("ca.key"), &ca.key_pem).expect("ca.key");
+    let ca = read_ca(dir).expect("reading the CA");
+    let mut private = vec![dir.join("admin.token")];
+    for (id, name) in names {
+        let issued = issue(&ca, &Subject::Node(*id), &[name.clone(), "127.0.0.1".into()]).expect("node certificate");
+        write_public(&dir.join(format!("node-{id}.pem")), &issued.cert_pem).expect("node certificate");
+        write_private(&dir.join(format!("node-{id}.key")), &issued.key_pem).expect("node key");
+        private.push(dir.join(format!("node-{id}.key")));
+    }
+    let token = runnev::auth::Token::generate(runnev::auth::ADMIN_TOKEN_NAME).expect("randomness");
+    write_private(&private[0], &format!("{}\n", token.expose())).expect("admin.token");
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    for path in &private {
+        if root {
+            std::os::unix::fs::chown(path, Some(10001), Some(10001)).expect("chown for the image's user");
+        } else {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        }
+    }
+    token
 }
 
 impl Env {
@@ -157,7 +195,10 @@ impl Env {
         let tag = format!("rnvchaos-{pid}-{:x}", nanos & 0xffff);
         let pid_label = format!("runnev.test.pid={pid}");
         let network = format!("{tag}-net");
-        let mut env = Env { network: network.clone(), nodes: Vec::new() };
+        let secrets = tempfile::Builder::new().prefix("runnev-chaos-secrets-").tempdir().expect("tempdir").keep();
+        let names: Vec<(u64, String)> = (1..=3u64).map(|id| (id, format!("{tag}-n{id}"))).collect();
+        let token = make_secrets(&secrets, &names);
+        let mut env = Env { network: network.clone(), nodes: Vec::new(), secrets, token };
         docker(&["network", "create", "--label", LABEL, "--label", &pid_label, &network])
             .unwrap_or_else(|e| panic!("{e}"));
         // Free loopback ports for the published client API.
@@ -177,6 +218,13 @@ impl Env {
             let publish = format!("127.0.0.1:{}:7001", n.port);
             let mount = format!("{}:/var/lib/runnev", n.volume);
             let id = n.id.to_string();
+            let file = |name: &str, at: &str| format!("{}:/etc/runnev/{at}:ro", env.secrets.join(name).display());
+            let (ca, cert, key, token) = (
+                file("ca.pem", "ca.pem"),
+                file(&format!("node-{id}.pem"), "node.pem"),
+                file(&format!("node-{id}.key"), "node.key"),
+                file("admin.token", "admin.token"),
+            );
             docker(&[
                 "run",
                 "-d",
@@ -194,6 +242,14 @@ impl Env {
                 &publish,
                 "-v",
                 &mount,
+                "-v",
+                &ca,
+                "-v",
+                &cert,
+                "-v",
+                &key,
+                "-v",
+                &token,
                 "-e",
                 "RUST_LOG=info,openraft=warn",
                 "-e",
@@ -206,7 +262,15 @@ impl Env {
                 "/var/lib/runnev",
                 "--listen",
                 "0.0.0.0:7001",
-                "--insecure",
+                "--tls-ca",
+                "/etc/runnev/ca.pem",
+                "--tls-cert",
+                "/etc/runnev/node.pem",
+                "--tls-key",
+                "/etc/runnev/node.key",
+                "--auth",
+                "--admin-token-file",
+                "/etc/runnev/admin.token",
                 "--peers",
                 &peers,
                 "--snapshot-logs",
@@ -234,6 +298,17 @@ impl Env {
 
     fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(NodeBox::url).collect()
+    }
+
+    /// Dials the nodes over TLS, verifying them against the test's CA.
+    fn dialer(&self) -> Arc<dyn runnev::net::Dialer> {
+        let config = runnev::tls::client_config(&self.secrets.join("ca.pem"), None).expect("the CA file");
+        Arc::new(runnev::tls::TlsDialer::new(Arc::new(runnev::net::TcpDialer), config))
+    }
+
+    /// A client of `urls` over TLS with the admin token.
+    fn client(&self, urls: &[String], policy: RetryPolicy) -> Client {
+        Client::with_dialer(urls, self.dialer(), policy).expect("node addresses").with_token(Some(self.token.clone()))
     }
 }
 
@@ -265,6 +340,7 @@ impl Drop for Env {
         if let Err(e) = docker(&["network", "rm", &self.network]) {
             eprintln!("cleanup: {e}");
         }
+        let _ = std::fs::remove_dir_all(&self.secrets);
         println!("removed containers, volumes and network {}", self.network);
     }
 }
@@ -406,21 +482,13 @@ async fn subscriber(client: Client, sh: Arc<Shared>) {
 // Cluster views and checks
 // ---------------------------------------------------------------------------------------------
 
-/// One GET over plain HTTP/1.0 to 127.0.0.1:port (for /metrics and /readyz), bounded in time.
-async fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
-    let run = async {
-        let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
-        tcp.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut buf = Vec::new();
-        tcp.read_to_end(&mut buf).await.map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or("no status line")?;
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-        Ok((status, body))
-    };
-    tokio::time::timeout(Duration::from_secs(3), run).await.map_err(|_| "no answer within 3s".to_string())?
+/// One GET to node `n` over TLS with the admin token (for /metrics and /readyz), bounded in time.
+async fn http_get(env: &Env, n: &NodeBox, path: &str) -> Result<(u16, String), String> {
+    let http = runnev::net::http_client(env.dialer());
+    let url = format!("{}{path}", n.url());
+    let (status, body) =
+        runnev::net::get_as(&http, &url, Duration::from_secs(3), 1 << 20, Some(env.token.expose())).await?;
+    Ok((status.as_u16(), String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// The first sample of metric `name` in `/metrics` text, parsed by prometheus-parse.
@@ -515,7 +583,7 @@ impl Views<'_> {
                     }
                     Err(_) => ok = false,
                 }
-                match http_get(self.env.node(*id).port, "/readyz").await {
+                match http_get(self.env, self.env.node(*id), "/readyz").await {
                     Ok((200, _)) => {}
                     _ => ok = false,
                 }
@@ -534,7 +602,13 @@ impl Views<'_> {
 }
 
 /// Reads every batch with seq <= `upto` from one node, after it has applied `min_index`.
-async fn read_node(url: &str, stream: &str, upto: u64, min_index: u64) -> Result<Vec<(u64, u64, Bytes)>, String> {
+async fn read_node(
+    env: &Env,
+    url: &str,
+    stream: &str,
+    upto: u64,
+    min_index: u64,
+) -> Result<Vec<(u64, u64, Bytes)>, String> {
     let policy = RetryPolicy {
         request_timeout: Duration::from_secs(15),
         backoff_min: Duration::from_millis(100),
@@ -542,8 +616,7 @@ async fn read_node(url: &str, stream: &str, upto: u64, min_index: u64) -> Result
         give_up_after: Duration::from_secs(30),
         unreachable_after: Duration::from_secs(30),
     };
-    let one =
-        Client::with_dialer(&[url.to_string()], Arc::new(runnev::net::TcpDialer), policy).map_err(|e| e.to_string())?;
+    let one = env.client(&[url.to_string()], policy);
     let mut out = Vec::new();
     let mut after = 0;
     while after < upto {
@@ -579,7 +652,7 @@ async fn verify(env: &Env, sh: &Shared, what: &str) -> u64 {
     // Every node: exactly seqs 1..=upto, each with the acknowledged payload; all nodes identical.
     let mut replicas = Vec::new();
     for n in &env.nodes {
-        let got = read_node(&n.url(), STREAM, upto, min_index)
+        let got = read_node(env, &n.url(), STREAM, upto, min_index)
             .await
             .unwrap_or_else(|e| panic!("{what}: reading node {}: {e}", n.id));
         assert_eq!(got.len() as u64, upto, "{what}: node {} serves {} batches up to seq {upto}", n.id, got.len());
@@ -741,9 +814,8 @@ async fn chaos_across_containers() {
     let env = Env::create(&image);
     let views = Views {
         env: &env,
-        probe: Client::with_dialer(
+        probe: env.client(
             &env.urls(),
-            Arc::new(runnev::net::TcpDialer),
             RetryPolicy {
                 request_timeout: Duration::from_millis(500),
                 backoff_min: Duration::from_millis(50),
@@ -751,8 +823,7 @@ async fn chaos_across_containers() {
                 give_up_after: Duration::from_secs(2),
                 unreachable_after: Duration::from_secs(2),
             },
-        )
-        .unwrap(),
+        ),
     };
     let formed = views.wait_recovered("cluster formation", Duration::from_secs(60)).await;
     println!("cluster formed in {formed:.1?} (after containers started)");
@@ -767,12 +838,12 @@ async fn chaos_across_containers() {
         // Containers restart: refused connections are retried as long as the rest.
         unreachable_after: Duration::from_secs(30),
     };
-    let client = Client::with_dialer(&env.urls(), Arc::new(runnev::net::TcpDialer), policy).unwrap();
+    let client = env.client(&env.urls(), policy);
     client.put_stream(STREAM, None).await.expect("creating the stream");
     // The answer to PUT carries no log index to wait for, and a subscription to a node that has
     // not applied the creation yet ends with 404: wait until every node knows the stream.
     for n in &env.nodes {
-        let one = Client::with_dialer(&[n.url()], Arc::new(runnev::net::TcpDialer), policy).unwrap();
+        let one = env.client(&[n.url()], policy);
         let deadline = Instant::now() + Duration::from_secs(10);
         while let Err(e) = one.stream(STREAM).await {
             assert!(Instant::now() < deadline, "node {} does not know stream {STREAM} after 10 s: {e}", n.id);
@@ -999,7 +1070,7 @@ async fn pause_a_follower(ch: &Chaos<'_>) -> Vec<Window> {
     let name = env.node(follower).name.clone();
     let fv = views.view(follower).await.expect("follower view");
     let f_applied = fv.applied_index;
-    let installed_before = match http_get(env.node(follower).port, "/metrics").await {
+    let installed_before = match http_get(&env, env.node(follower), "/metrics").await {
         Ok((200, body)) => prom_value(&body, "runnev_snapshots_installed_total").unwrap_or(0.0),
         other => panic!("GET /metrics on node {follower}: {other:?}"),
     };
@@ -1015,7 +1086,7 @@ async fn pause_a_follower(ch: &Chaos<'_>) -> Vec<Window> {
     // live nodes, so the leader's log moves past the follower quickly. Wait until the leader's
     // log no longer has what the follower needs next.
     let live: Vec<String> = (1..=3u64).filter(|i| *i != follower).map(|i| env.node(i).url()).collect();
-    let fill = Client::with_dialer(&live, Arc::new(runnev::net::TcpDialer), policy).unwrap();
+    let fill = env.client(&live, policy);
     fill.put_stream(FILL_STREAM, None).await.expect("creating the fill stream");
     let deadline = Instant::now() + Duration::from_secs(90);
     let purged = loop {
@@ -1052,7 +1123,7 @@ async fn pause_a_follower(ch: &Chaos<'_>) -> Vec<Window> {
         assert!(Instant::now() < deadline, "pause: node {follower} did not catch up to {leader_commit} in 60 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let installed_after = match http_get(env.node(follower).port, "/metrics").await {
+    let installed_after = match http_get(&env, env.node(follower), "/metrics").await {
         Ok((200, body)) => prom_value(&body, "runnev_snapshots_installed_total").unwrap_or(0.0),
         other => panic!("GET /metrics on node {follower}: {other:?}"),
     };
@@ -1076,7 +1147,7 @@ async fn pause_a_follower(ch: &Chaos<'_>) -> Vec<Window> {
     });
     verify(env, sh, "pause of a follower").await;
     for n in &env.nodes {
-        let got = read_node(&n.url(), FILL_STREAM, fill_seq, fill_index)
+        let got = read_node(&env, &n.url(), FILL_STREAM, fill_seq, fill_index)
             .await
             .unwrap_or_else(|e| panic!("pause: reading {FILL_STREAM} on node {}: {e}", n.id));
         assert_eq!(got.len() as u64, fill_seq, "pause: node {} serves {} of {fill_seq} fill batches", n.id, got.len());

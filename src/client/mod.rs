@@ -319,11 +319,28 @@ impl Client {
             Some(_) => nodes.iter().map(|n| n.trim().replacen("https://", "http://", 1)).collect(),
             None => nodes.to_vec(),
         };
-        let mut client = Client::with_dialer(&nodes, dialer, RetryPolicy::default())?;
-        if let Some(inner) = Arc::get_mut(&mut client.inner) {
-            inner.token = token;
+        Ok(Client::with_dialer(&nodes, dialer, RetryPolicy::default())?.with_token(token))
+    }
+
+    /// This client, sending `token` as `Authorization: Bearer` on every request (nodes run with
+    /// `--auth`); for clients made with [`Client::with_dialer`] (a TLS dialer, a retry policy of
+    /// their own). A clone made before keeps the token it had.
+    pub fn with_token(mut self, token: Option<crate::auth::Token>) -> Client {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.token = token,
+            None => {
+                let shared = &self.inner;
+                self.inner = Arc::new(Inner {
+                    nodes: shared.nodes.clone(),
+                    http: shared.http.clone(),
+                    next: AtomicUsize::new(shared.next.load(Ordering::Relaxed)),
+                    leader: AtomicUsize::new(shared.leader.load(Ordering::Relaxed)),
+                    policy: shared.policy,
+                    token,
+                });
+            }
         }
-        Ok(client)
+        self
     }
 
     /// A client over `nodes` with its own dialer (the simulation's) and retry policy.
