@@ -180,6 +180,25 @@ async fn wait_for_stream(s: &AppState, name: &str) -> Result<(), ApiError> {
 }
 
 /// `GET /v1/streams/{name}/subscribe?after=C`.
+#[utoipa::path(
+    get,
+    path = "/v1/streams/{name}/subscribe",
+    tag = "subscribe",
+    params(
+        super::openapi::StreamPath,
+        super::openapi::SubscribeQuery,
+        ("Last-Event-ID" = Option<String>, Header, pattern = r"^(|-1|[0-9]{1,20})$",
+            description = "The seq of the last batch received, as a standard SSE client sends it when it reconnects: empty or `-1` mean 0, otherwise 0 to 2⁶⁴−1; takes precedence over `after`"),
+    ),
+    responses(
+        (status = 200, description = "A live event stream (SPEC §4), open until the node stops or is cut off from the leader: `gap` events (data: `Gap`), `batch` events (`id`: the seq; data: `BatchBody`), an `unavailable` event (data: `Unavailable`) before it ends, and a `: ping` comment every 10 s", content_type = "text/event-stream", body = String),
+        (status = 400, description = "`invalid_stream_name`; `invalid_parameter` (a bad `after` or `Last-Event-ID`)", body = crate::wire::ErrorBody),
+        (status = 404, description = "`stream_not_found` (the node still does not know the stream after waiting 2 s)", body = crate::wire::ErrorBody),
+        super::openapi::AuthErrors,
+        (status = 500, description = "`internal`: a fault of the node (a storage failure), never of the request", body = crate::wire::ErrorBody),
+        (status = 503, description = "`not_ready` (the node is stopping, has not heard from a leader for 2,000 ms, or its Raft core stopped); `overloaded` (at `--max-subscribers`, with `Retry-After: 1`)", body = crate::wire::ErrorBody),
+    )
+)]
 pub(super) async fn subscribe(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
