@@ -238,9 +238,19 @@ pub fn document_json() -> String {
     if let Some(body) = publish.and_then(|op| op.request_body.as_mut()) {
         body.required = Some(utoipa::openapi::Required::False);
     }
-    let mut text = doc.to_pretty_json().unwrap_or_default();
+    let mut text = unsigned_formats(&doc.to_pretty_json().unwrap_or_default());
     text.push('\n');
     text
+}
+
+/// Spells utoipa's formats of unsigned integers (`u-int64`, `u-int32`: its kebab-case of
+/// `UInt64`) as `uint64` and `uint32`, in the pretty JSON `text`. Done on the text, not on a
+/// `serde_json::Value`, whose map would sort the keys and lose the order of the fields.
+fn unsigned_formats(text: &str) -> String {
+    text.replace(r#""format": "u-int64""#, r#""format": "uint64""#)
+        .replace(r#""format": "u-int32""#, r#""format": "uint32""#)
+        .replace(r#""format": "u-int16""#, r#""format": "uint16""#)
+        .replace(r#""format": "u-int8""#, r#""format": "uint8""#)
 }
 
 /// `GET /v1/openapi.json`: this document. Open like `/healthz` (no token needed with `--auth`).
@@ -275,6 +285,13 @@ mod tests {
              `RUNNEV_WRITE_REFERENCE=1 cargo test -p runnev --lib openapi`",
             path.display()
         );
+    }
+
+    #[test]
+    fn unsigned_formats_are_spelled_as_the_registry_does() {
+        let text = document_json();
+        assert!(text.contains(r#""format": "uint64""#), "{text}");
+        assert!(!text.contains("u-int"), "{text}");
     }
 
     /// Every client route of the router is documented, and the Raft RPCs are not.

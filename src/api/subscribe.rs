@@ -75,16 +75,23 @@ impl Drop for Slot {
 }
 
 fn start_cursor(headers: &HeaderMap, q: &HashMap<String, String>) -> Result<u64, ApiError> {
+    // `after` is checked even when Last-Event-ID overrides it: a bad parameter is refused, never
+    // ignored (a request the OpenAPI document calls invalid is answered 400).
+    let after = param_u64(q, "after", true)?.unwrap_or(0);
     // SPEC §4: Last-Event-ID takes precedence over `after`; -1 and 0 both mean the start.
     match headers.get("last-event-id") {
         Some(v) => {
-            let raw = v.to_str().unwrap_or("").trim();
+            // A value that is not visible ASCII is no seq (it used to read as empty: the start).
+            let raw = v
+                .to_str()
+                .map_err(|_| ApiError::InvalidParameter("Last-Event-ID is not a seq (not visible ASCII)".into()))?
+                .trim();
             if raw.is_empty() || raw == "-1" {
                 return Ok(0);
             }
             raw.parse::<u64>().map_err(|_| ApiError::InvalidParameter(format!("Last-Event-ID {raw:?} is not a seq")))
         }
-        None => Ok(param_u64(q, "after", true)?.unwrap_or(0)),
+        None => Ok(after),
     }
 }
 
@@ -231,4 +238,40 @@ pub(super) async fn subscribe(
     });
     let keep_alive = KeepAlive::new().interval(Duration::from_millis(SUBSCRIBE_KEEPALIVE_MS)).text("ping");
     Ok(Sse::new(events).keep_alive(keep_alive).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn cursor(last_event_id: Option<&[u8]>, after: Option<&str>) -> Result<u64, String> {
+        let mut headers = HeaderMap::new();
+        if let Some(v) = last_event_id {
+            headers.insert("last-event-id", HeaderValue::from_bytes(v).unwrap());
+        }
+        let q: HashMap<String, String> = after.map(|a| ("after".to_string(), a.to_string())).into_iter().collect();
+        start_cursor(&headers, &q).map_err(|e| e.status_and_code().1.to_string())
+    }
+
+    #[test]
+    fn last_event_id_takes_precedence_over_after() {
+        assert_eq!(cursor(Some(b"7"), Some("3")), Ok(7));
+        assert_eq!(cursor(Some(b"-1"), Some("3")), Ok(0));
+        assert_eq!(cursor(Some(b""), None), Ok(0));
+        assert_eq!(cursor(None, Some("3")), Ok(3));
+        assert_eq!(cursor(None, Some("-1")), Ok(0));
+        assert_eq!(cursor(None, None), Ok(0));
+    }
+
+    /// A bad `after` was ignored when Last-Event-ID was sent (found by Schemathesis from
+    /// docs/openapi.json), and a Last-Event-ID that is not visible ASCII read as the start
+    /// (found next to it).
+    #[test]
+    fn a_bad_cursor_is_refused_even_when_overridden() {
+        assert_eq!(cursor(Some(b"-1"), Some("-570880")), Err("invalid_parameter".into()));
+        assert_eq!(cursor(Some(b"5"), Some("x")), Err("invalid_parameter".into()));
+        assert_eq!(cursor(Some(b"\xa4"), None), Err("invalid_parameter".into()));
+        assert_eq!(cursor(Some(b"x"), None), Err("invalid_parameter".into()));
+    }
 }
