@@ -203,6 +203,7 @@ pub(super) struct TokenList<'a> {
 #[utoipa::path(
     post,
     path = "/v1/auth/tokens",
+    operation_id = "create_token",
     tag = "auth",
     request_body(content = CreateToken, description = "A JSON object of at most 64 KiB"),
     responses(
@@ -257,6 +258,7 @@ pub(super) async fn create(
 #[utoipa::path(
     get,
     path = "/v1/auth/tokens",
+    operation_id = "list_tokens",
     tag = "auth",
     responses(
         (status = 200, description = "Every token's name and grants, in name order, from this node's applied state", body = TokenList),
@@ -276,6 +278,7 @@ pub(super) async fn list(State(s): State<AppState>) -> Result<Response, ApiError
 #[utoipa::path(
     delete,
     path = "/v1/auth/tokens/{name}",
+    operation_id = "delete_token",
     tag = "auth",
     params(super::openapi::TokenPath),
     responses(

@@ -49,6 +49,7 @@ impl Write for ChannelWriter {
 #[utoipa::path(
     get,
     path = "/v1/backup",
+    operation_id = "backup",
     tag = "backup",
     responses(
         (status = 200, description = "The backup file of this node's applied state (docs/contract.md, \"Backup and restore\"), streamed", content_type = "application/vnd.runnev.backup", body = super::openapi::BackupFile),

@@ -80,6 +80,7 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
 #[utoipa::path(
     get,
     path = "/v1/cluster",
+    operation_id = "get_cluster",
     tag = "cluster",
     responses(
         (status = 200, description = "This node's view of the cluster", body = ClusterView),
@@ -98,6 +99,7 @@ pub(super) async fn view(State(s): State<AppState>) -> Response {
 #[utoipa::path(
     get,
     path = "/healthz",
+    operation_id = "healthz",
     tag = "node",
     responses(
         (status = 200, description = "`ok`: the process serves HTTP and its Raft core runs", content_type = "text/plain", body = String),
@@ -116,6 +118,7 @@ pub(super) async fn health(State(s): State<AppState>) -> Response {
 #[utoipa::path(
     get,
     path = "/readyz",
+    operation_id = "readyz",
     tag = "node",
     responses(
         (status = 200, description = "`ready`: a member that knows a leader and has applied everything it knows is committed", content_type = "text/plain", body = String),
@@ -155,6 +158,7 @@ pub(super) async fn ready(State(s): State<AppState>) -> Response {
 #[utoipa::path(
     get,
     path = "/metrics",
+    operation_id = "metrics",
     tag = "node",
     responses(
         (status = 200, description = "Prometheus text format 0.0.4 (`text/plain; version=0.0.4`)", content_type = "text/plain", body = String),

@@ -57,6 +57,7 @@ async fn caught_up(s: &AppState, id: NodeId) -> bool {
 #[utoipa::path(
     post,
     path = "/v1/cluster/members",
+    operation_id = "add_member",
     tag = "cluster",
     request_body(content = crate::wire::AddMember, description = "The node to add (a JSON object of at most 64 KiB); start it first"),
     responses(
@@ -142,6 +143,7 @@ async fn live_voters(s: &AppState, voters: &BTreeSet<NodeId>, addrs: &HashMap<No
 #[utoipa::path(
     delete,
     path = "/v1/cluster/members/{id}",
+    operation_id = "remove_member",
     tag = "cluster",
     params(super::openapi::MemberPath),
     responses(

@@ -257,6 +257,7 @@ fn unsigned_formats(text: &str) -> String {
 #[utoipa::path(
     get,
     path = "/v1/openapi.json",
+    operation_id = "openapi",
     tag = "node",
     responses(
         (status = 200, description = "This OpenAPI 3.1 document", content_type = "application/json", body = Object),
@@ -318,6 +319,20 @@ mod tests {
             assert!(paths.contains(&p), "{p} is not documented: {paths:?}");
         }
         assert!(paths.iter().all(|p| !p.starts_with("/raft/")), "{paths:?}");
+        // Operation ids are unique (OpenAPI 3.1 §4.8.10.1); utoipa takes the handler's name,
+        // which repeats across modules (`list`, `delete`), unless the path names one.
+        let mut ids: Vec<String> = doc
+            .paths
+            .paths
+            .values()
+            .flat_map(|item| [&item.get, &item.put, &item.post, &item.delete])
+            .flatten()
+            .map(|op| op.operation_id.clone().unwrap_or_default())
+            .collect();
+        let count = ids.len();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), count, "operation ids repeat: {ids:?}");
         assert_eq!(paths.len(), 14, "{paths:?}");
     }
 }

@@ -104,6 +104,7 @@ async fn decide(
 #[utoipa::path(
     put,
     path = "/v1/streams/{name}",
+    operation_id = "put_stream",
     tag = "streams",
     params(super::openapi::StreamPath),
     request_body(
@@ -146,6 +147,7 @@ pub(super) async fn put(
 #[utoipa::path(
     delete,
     path = "/v1/streams/{name}",
+    operation_id = "delete_stream",
     tag = "streams",
     params(super::openapi::StreamPath),
     responses(
@@ -172,6 +174,7 @@ pub(super) async fn delete(
 #[utoipa::path(
     get,
     path = "/v1/streams/{name}",
+    operation_id = "get_stream",
     tag = "streams",
     params(super::openapi::StreamPath),
     responses(
@@ -199,6 +202,7 @@ pub(super) async fn info(
 #[utoipa::path(
     get,
     path = "/v1/streams",
+    operation_id = "list_streams",
     tag = "streams",
     responses(
         (status = 200, description = "Every stream, in name order, as this node has applied them", body = wire::StreamList),
@@ -228,6 +232,7 @@ fn is_frames(headers: &HeaderMap) -> bool {
 #[utoipa::path(
     post,
     path = "/v1/streams/{name}/batches",
+    operation_id = "publish",
     tag = "streams",
     params(super::openapi::StreamPath, super::openapi::PublishQuery),
     request_body(
@@ -407,6 +412,7 @@ async fn wait_applied(s: &AppState, index: u64) -> Result<(), ApiError> {
 #[utoipa::path(
     get,
     path = "/v1/streams/{name}/batches",
+    operation_id = "read",
     tag = "streams",
     params(super::openapi::StreamPath, super::openapi::ReadQuery),
     responses(

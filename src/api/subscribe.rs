@@ -190,6 +190,7 @@ async fn wait_for_stream(s: &AppState, name: &str) -> Result<(), ApiError> {
 #[utoipa::path(
     get,
     path = "/v1/streams/{name}/subscribe",
+    operation_id = "subscribe",
     tag = "subscribe",
     params(
         super::openapi::StreamPath,
