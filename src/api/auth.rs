@@ -204,6 +204,7 @@ pub(super) struct TokenList<'a> {
     post,
     path = "/v1/auth/tokens",
     operation_id = "create_token",
+    summary = "Create a client token",
     tag = "auth",
     request_body(content = CreateToken, description = "A JSON object of at most 64 KiB"),
     responses(
@@ -259,6 +260,7 @@ pub(super) async fn create(
     get,
     path = "/v1/auth/tokens",
     operation_id = "list_tokens",
+    summary = "List client tokens (names and grants)",
     tag = "auth",
     responses(
         (status = 200, description = "Every token's name and grants, in name order, from this node's applied state", body = TokenList),
@@ -279,6 +281,7 @@ pub(super) async fn list(State(s): State<AppState>) -> Result<Response, ApiError
     delete,
     path = "/v1/auth/tokens/{name}",
     operation_id = "delete_token",
+    summary = "Delete a client token",
     tag = "auth",
     params(super::openapi::TokenPath),
     responses(

@@ -50,6 +50,7 @@ impl Write for ChannelWriter {
     get,
     path = "/v1/backup",
     operation_id = "backup",
+    summary = "A backup of this node's applied state",
     tag = "backup",
     responses(
         (status = 200, description = "The backup file of this node's applied state (docs/contract.md, \"Backup and restore\"), streamed", content_type = "application/vnd.runnev.backup", body = super::openapi::BackupFile),

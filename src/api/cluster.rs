@@ -81,6 +81,7 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
     get,
     path = "/v1/cluster",
     operation_id = "get_cluster",
+    summary = "This node's view of the cluster",
     tag = "cluster",
     responses(
         (status = 200, description = "This node's view of the cluster", body = ClusterView),
@@ -100,6 +101,7 @@ pub(super) async fn view(State(s): State<AppState>) -> Response {
     get,
     path = "/healthz",
     operation_id = "healthz",
+    summary = "Liveness probe",
     tag = "node",
     responses(
         (status = 200, description = "`ok`: the process serves HTTP and its Raft core runs", content_type = "text/plain", body = String),
@@ -119,6 +121,7 @@ pub(super) async fn health(State(s): State<AppState>) -> Response {
     get,
     path = "/readyz",
     operation_id = "readyz",
+    summary = "Readiness probe",
     tag = "node",
     responses(
         (status = 200, description = "`ready`: a member that knows a leader and has applied everything it knows is committed", content_type = "text/plain", body = String),
@@ -159,6 +162,7 @@ pub(super) async fn ready(State(s): State<AppState>) -> Response {
     get,
     path = "/metrics",
     operation_id = "metrics",
+    summary = "Prometheus metrics",
     tag = "node",
     responses(
         (status = 200, description = "Prometheus text format 0.0.4 (`text/plain; version=0.0.4`)", content_type = "text/plain", body = String),

@@ -58,6 +58,7 @@ async fn caught_up(s: &AppState, id: NodeId) -> bool {
     post,
     path = "/v1/cluster/members",
     operation_id = "add_member",
+    summary = "Add a node to the cluster",
     tag = "cluster",
     request_body(content = crate::wire::AddMember, description = "The node to add (a JSON object of at most 64 KiB); start it first"),
     responses(
@@ -144,6 +145,7 @@ async fn live_voters(s: &AppState, voters: &BTreeSet<NodeId>, addrs: &HashMap<No
     delete,
     path = "/v1/cluster/members/{id}",
     operation_id = "remove_member",
+    summary = "Remove a node from the cluster",
     tag = "cluster",
     params(super::openapi::MemberPath),
     responses(

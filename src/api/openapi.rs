@@ -258,6 +258,7 @@ fn unsigned_formats(text: &str) -> String {
     get,
     path = "/v1/openapi.json",
     operation_id = "openapi",
+    summary = "This OpenAPI document",
     tag = "node",
     responses(
         (status = 200, description = "This OpenAPI 3.1 document", content_type = "application/json", body = Object),

@@ -105,6 +105,7 @@ async fn decide(
     put,
     path = "/v1/streams/{name}",
     operation_id = "put_stream",
+    summary = "Create a stream, or replace its retention",
     tag = "streams",
     params(super::openapi::StreamPath),
     request_body(
@@ -148,6 +149,7 @@ pub(super) async fn put(
     delete,
     path = "/v1/streams/{name}",
     operation_id = "delete_stream",
+    summary = "Delete a stream and its batches",
     tag = "streams",
     params(super::openapi::StreamPath),
     responses(
@@ -175,6 +177,7 @@ pub(super) async fn delete(
     get,
     path = "/v1/streams/{name}",
     operation_id = "get_stream",
+    summary = "One stream's info",
     tag = "streams",
     params(super::openapi::StreamPath),
     responses(
@@ -203,6 +206,7 @@ pub(super) async fn info(
     get,
     path = "/v1/streams",
     operation_id = "list_streams",
+    summary = "List every stream",
     tag = "streams",
     responses(
         (status = 200, description = "Every stream, in name order, as this node has applied them", body = wire::StreamList),
@@ -233,6 +237,7 @@ fn is_frames(headers: &HeaderMap) -> bool {
     post,
     path = "/v1/streams/{name}/batches",
     operation_id = "publish",
+    summary = "Publish one batch, or many as frames",
     tag = "streams",
     params(super::openapi::StreamPath, super::openapi::PublishQuery),
     request_body(
@@ -413,6 +418,7 @@ async fn wait_applied(s: &AppState, index: u64) -> Result<(), ApiError> {
     get,
     path = "/v1/streams/{name}/batches",
     operation_id = "read",
+    summary = "Read batches after a cursor",
     tag = "streams",
     params(super::openapi::StreamPath, super::openapi::ReadQuery),
     responses(

@@ -191,6 +191,7 @@ async fn wait_for_stream(s: &AppState, name: &str) -> Result<(), ApiError> {
     get,
     path = "/v1/streams/{name}/subscribe",
     operation_id = "subscribe",
+    summary = "Live subscription (Server-Sent Events)",
     tag = "subscribe",
     params(
         super::openapi::StreamPath,
