@@ -28,7 +28,7 @@ pub const GRANTS_MAX: usize = 64;
 pub const ADMIN_TOKEN_NAME: &str = "admin";
 
 /// What a grant allows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Permission {
     /// Read, subscribe, stream info and the stream list, the cluster view, metrics.
@@ -53,11 +53,12 @@ impl std::str::FromStr for Permission {
 
 /// A permission on the streams a pattern matches: `*` (every stream), `orders.*` (every name
 /// starting with `orders.`), or one exact stream name.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Grant {
     /// What it allows.
     pub permission: Permission,
-    /// Which streams: a pattern (see the type's documentation).
+    /// Which streams: `*`, a stream name, or a name's beginning followed by `*`.
+    #[schema(pattern = r"^(\*|[A-Za-z0-9._-]{1,128}\*?)$")]
     pub streams: String,
 }
 

@@ -22,7 +22,7 @@ use crate::stream::StreamMeta;
 
 /// The answer to a publish (SPEC §3): `201` for a new batch, `200` for a duplicate. Keys are in
 /// alphabetical order, as the API has always written them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PublishAck {
     /// True when the batch was already stored (a retry); nothing was written.
     pub duplicate: bool,
@@ -37,7 +37,7 @@ pub struct PublishAck {
 
 /// The answer to a frames publish (SPEC §6): `201` when every frame is new, `200` when every
 /// frame is a duplicate. Keys in SPEC §6's order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FramesAck {
     /// The first frame's seq.
     pub first_seq: u64,
@@ -179,7 +179,7 @@ pub fn decode_frames(
 
 /// A range of seqs that retention evicted before the consumer read them (SPEC §2.5),
 /// inclusive: the `gap` of a read answer and the data of an SSE `gap` event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Gap {
     /// First evicted seq asked for.
     pub from: u64,
@@ -189,7 +189,7 @@ pub struct Gap {
 
 /// The data of an SSE `unavailable` event (SPEC §4): the node that sent it has not heard from a
 /// leader for too long and ends the subscription; resume on another node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Unavailable {
     /// Why, and what to do.
     pub message: String,
@@ -198,7 +198,7 @@ pub struct Unavailable {
 /// One batch as the wire carries it: in a read answer and as the data of an SSE `batch` event.
 /// `data` is standard base64; deserialising borrows it from the answer (base64 never holds a
 /// JSON escape), so a catch-up read copies each payload once, when decoding it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BatchBody<'a> {
     /// The batch's seq.
     pub seq: u64,
@@ -206,6 +206,7 @@ pub struct BatchBody<'a> {
     pub ts: u64,
     /// The payload, standard base64 (RFC 4648 §4, with padding).
     #[serde(borrow)]
+    #[schema(value_type = String, content_encoding = "base64")]
     pub data: Cow<'a, str>,
 }
 
@@ -225,7 +226,7 @@ impl BatchBody<'_> {
 
 /// The answer to `GET /v1/streams/{name}/batches` (SPEC §3). The server writes it by hand for
 /// speed (`api::streams`), and a test there checks its bytes against this type's.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ReadAnswer<'a> {
     /// Batches after the cursor, in seq order.
     #[serde(borrow)]
@@ -240,7 +241,7 @@ pub struct ReadAnswer<'a> {
 
 /// Stream info (SPEC §3): the answer to `PUT` and `GET /v1/streams/{name}`, and each item of
 /// [`StreamList`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StreamInfo {
     /// Name.
     pub name: String,
@@ -274,7 +275,7 @@ impl StreamInfo {
 }
 
 /// The answer to `GET /v1/streams`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StreamList {
     /// Every stream, in name order.
     pub streams: Vec<StreamInfo>,
@@ -282,7 +283,7 @@ pub struct StreamList {
 
 /// The body of `PUT /v1/streams/{name}` (an empty body creates with no limits or leaves an
 /// existing stream unchanged).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PutStream {
     /// The new retention (every limit omitted: none).
@@ -291,15 +292,18 @@ pub struct PutStream {
 }
 
 /// The body of `POST /v1/cluster/members`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddMember {
     /// The new node's id, a positive integer (0 is refused).
+    #[schema(minimum = 1)]
     pub id: u64,
     /// Its address, `HOST:PORT`, as the other nodes reach it.
+    #[schema(pattern = ":")]
     pub addr: String,
     /// Promote it to voter once caught up (default); `false` keeps it a learner.
     #[serde(default = "yes")]
+    #[schema(default = true)]
     pub voter: bool,
 }
 
@@ -308,7 +312,7 @@ fn yes() -> bool {
 }
 
 /// One member in a [`ClusterView`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Member {
     /// Its node id.
     pub id: u64,
@@ -334,7 +338,7 @@ pub struct Member {
 }
 
 /// A node's wall clock against the cluster's, in a [`ClusterView`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ClockView {
     /// Its wall clock minus the median of its own and the voters' clocks it knows, in ms.
     pub offset_ms: i64,
@@ -350,7 +354,7 @@ pub struct ClockView {
 /// A node's view of the cluster: `GET /v1/cluster` and the answer to a membership change
 /// (SPEC §3). `snapshot_index` and `purged_index` go beyond SPEC §3: the log index covered by
 /// the node's latest snapshot and the last one purged from its log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ClusterView {
     /// The answering node's id.
     pub node_id: u64,
@@ -386,7 +390,7 @@ pub struct ClusterView {
 }
 
 /// A node's data directory's free space, in a [`ClusterView`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DiskView {
     /// Bytes free on the file system, as last measured.
     pub free_bytes: u64,
@@ -400,7 +404,7 @@ pub struct DiskView {
 
 /// The answer to `GET /v1/cluster/nodes`: every member's own view of the cluster, as the
 /// answering node asked each of them just now (the status page's source, [`crate::api`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NodesView {
     /// The answering node's id.
     pub node_id: u64,
@@ -410,7 +414,7 @@ pub struct NodesView {
 }
 
 /// One member in a [`NodesView`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NodeReport {
     /// Its node id.
     pub id: u64,
@@ -443,14 +447,14 @@ impl fmt::Display for ClusterView {
 }
 
 /// The body of every error answer (SPEC §3, "Errors").
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     /// The error.
     pub error: ErrorDetail,
 }
 
 /// The `error` of an [`ErrorBody`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
     /// The SPEC §3 code, e.g. `seq_conflict`.
     pub code: String,

@@ -11,7 +11,12 @@ use std::time::{Duration, Instant};
 use common::BIN;
 
 fn runnev(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).env_remove("RUNNEV_CA_FILE").env_remove("RUNNEV_TOKEN").output().expect("running runnev")
+    Command::new(BIN)
+        .args(args)
+        .env_remove("RUNNEV_CA_FILE")
+        .env_remove("RUNNEV_TOKEN")
+        .output()
+        .expect("running runnev")
 }
 
 fn stderr(o: &Output) -> String {
@@ -69,7 +74,8 @@ fn probe_checks_a_tls_node_against_the_cluster_ca() {
     ];
     args.extend(files.serve_args.iter().map(|a| a.replace("{id}", "1")));
     let log = std::fs::File::create(dir.path().join("node-1.log")).expect("log file");
-    let _node = Node(Command::new(BIN).args(&args).stdout(log.try_clone().expect("log")).stderr(log).spawn().expect("serve"));
+    let _node =
+        Node(Command::new(BIN).args(&args).stdout(log.try_clone().expect("log")).stderr(log).spawn().expect("serve"));
 
     let ca = files.ca.display().to_string();
     let url = format!("https://{listen}/readyz");

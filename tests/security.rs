@@ -298,9 +298,14 @@ async fn tokens_are_checked_on_every_node_and_never_kept() {
         let (status, text) =
             send(&http, "GET", &url(id, "/v1/auth/tokens"), Some(&reader), Bytes::new()).await.unwrap();
         assert_eq!(status, 403, "node {id}, token list with a read token: {text}");
-        // The open paths stay open.
+        // The open paths stay open: the probes, and the API's description, which is the
+        // committed docs/openapi.json.
         let (status, _) = send(&http, "GET", &url(id, "/healthz"), None, Bytes::new()).await.unwrap();
         assert_eq!(status, 200);
+        let (status, doc) = send(&http, "GET", &url(id, "/v1/openapi.json"), None, Bytes::new()).await.unwrap();
+        assert_eq!(status, 200, "node {id}, the OpenAPI document without a token: {doc}");
+        let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json")).unwrap();
+        assert!(doc == committed, "node {id} serves another OpenAPI document than docs/openapi.json");
     }
     let (_, view) = send(&http, "GET", &url(leader, "/v1/cluster"), Some(admin), Bytes::new()).await.unwrap();
     let members = serde_json::from_str::<serde_json::Value>(&view).unwrap()["members"].as_array().map(Vec::len);

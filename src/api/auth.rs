@@ -3,12 +3,10 @@
 //!
 //! Owns: mapping a route to the permission and scope it needs ([`crate::auth`] decides whether
 //! a token's grants cover them), and the `401` / `403` answers. Must never: let a request reach a
-//! handler unchecked when authentication is on (only `/healthz`, `/readyz`, the status page `/`,
-//! which holds no data, and the Raft paths, which need a node certificate instead, pass without
-//! a token), or answer, log or store a
-//! token's secret except in the one answer that creates it.
-
-use std::collections::BTreeMap;
+//! handler unchecked when authentication is on (only `/healthz`, `/readyz`, the status page `/`
+//! and `/v1/openapi.json`, which hold no data, and the Raft paths, which need a node certificate
+//! instead, pass without a token), or answer, log or store a token's secret except in the one
+//! answer that creates it.
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, MatchedPath, Path, RawPathParams, State};
@@ -78,7 +76,9 @@ fn needs<'a>(method: &Method, route: Option<&str>, stream: Option<&'a str>) -> O
     let on_stream = |p| Some((p, stream.map_or(Scope::Cluster, Scope::Stream)));
     match route {
         // The status page holds no data: what it shows comes from the paths below.
-        Some("/healthz" | "/readyz" | "/") => None,
+        // The status page and the API's description hold no data (what the page shows comes
+        // from the paths below).
+        Some("/healthz" | "/readyz" | "/" | "/v1/openapi.json") => None,
         Some(r) if r.starts_with("/raft/") => None,
         Some("/v1/streams/{name}") if method == Method::GET => on_stream(Permission::Read),
         Some("/v1/streams/{name}") => on_stream(Permission::Admin),
@@ -163,31 +163,63 @@ fn check_token(s: &AppState, token: &Token, need: Permission, scope: Scope<'_>) 
 }
 
 /// `POST /v1/auth/tokens` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CreateToken {
+pub(super) struct CreateToken {
+    /// The token's name: 1 to 64 characters of `A–Z a–z 0–9 . -`.
+    #[schema(pattern = r"^[A-Za-z0-9.-]{1,64}$")]
     name: String,
+    /// What it may do: 1 to 64 grants.
+    #[schema(min_items = 1, max_items = 64)]
     grants: Vec<Grant>,
 }
 
 /// `POST /v1/auth/tokens` answer: the only place the secret ever appears.
-#[derive(Serialize)]
-struct Created<'a> {
+#[derive(Serialize, utoipa::ToSchema)]
+pub(super) struct Created<'a> {
+    /// The token's name.
     name: &'a str,
+    /// The token, `rnv_<name>_<secret>`: shown only in this answer.
     token: &'a str,
+    /// The Raft log index of its creation: a node that has applied it accepts the token.
     index: u64,
 }
 
 /// One token in `GET /v1/auth/tokens`: no secret, no hash.
-#[derive(Serialize)]
-struct Listed<'a> {
+#[derive(Serialize, utoipa::ToSchema)]
+pub(super) struct Listed<'a> {
+    /// The token's name.
     name: &'a str,
+    /// What it may do.
     grants: &'a [Grant],
+}
+
+/// `GET /v1/auth/tokens` answer.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(super) struct TokenList<'a> {
+    /// Every token, in name order.
+    tokens: Vec<Listed<'a>>,
 }
 
 /// `POST /v1/auth/tokens {"name", "grants": [{"permission", "streams"}]}` → `201 {"name",
 /// "token", "index"}`. The secret is drawn on the node that proposes (the leader; a follower
 /// forwards the request) and only its salted hash enters the log.
+#[utoipa::path(
+    post,
+    path = "/v1/auth/tokens",
+    operation_id = "create_token",
+    summary = "Create a client token",
+    tag = "auth",
+    request_body(content = CreateToken, description = "A JSON object of at most 64 KiB"),
+    responses(
+        (status = 201, description = "The token, shown only here", body = Created),
+        (status = 400, description = "`invalid_body`: not a JSON object of these fields, a bad name, no grant or more than 64, a bad grant", body = crate::wire::ErrorBody),
+        (status = 409, description = "`token_exists`: a token of that name exists", body = crate::wire::ErrorBody),
+        (status = 413, description = "`payload_too_large`: the body is over 64 KiB", body = crate::wire::ErrorBody),
+        super::openapi::AuthErrors,
+        super::openapi::WriteErrors,
+    )
+)]
 pub(super) async fn create(
     State(s): State<AppState>,
     method: Method,
@@ -196,7 +228,8 @@ pub(super) async fn create(
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = read_body(body, ADMIN_BODY_BYTES_MAX).await?;
-    let req: CreateToken = super::json_object(&body, r#"{"name", "grants": [{"permission", "streams"}]}"#)?;
+    let req: CreateToken =
+        super::json_object(&body, r#"{"name", "grants": [{"permission", "streams"}]}"#, &["/grants/*"])?;
     crate::auth::validate_name(&req.name).map_err(ApiError::InvalidBody)?;
     if req.grants.is_empty() || req.grants.len() > GRANTS_MAX {
         return Err(ApiError::InvalidBody(format!("a token needs 1 to {GRANTS_MAX} grants")));
@@ -227,22 +260,50 @@ pub(super) async fn create(
 
 /// `GET /v1/auth/tokens` → `200 {"tokens": [{"name", "grants"}]}`, from this node's applied
 /// state: names and grants only.
+#[utoipa::path(
+    get,
+    path = "/v1/auth/tokens",
+    operation_id = "list_tokens",
+    summary = "List client tokens (names and grants)",
+    tag = "auth",
+    responses(
+        (status = 200, description = "Every token's name and grants, in name order, from this node's applied state", body = TokenList),
+        super::openapi::AuthErrors,
+        super::openapi::ReadErrors,
+    )
+)]
 pub(super) async fn list(State(s): State<AppState>) -> Result<Response, ApiError> {
     let store = s.store.clone();
     let (tokens, _) = crate::storage::blocking(move || store.tokens()).await?;
     let listed: Vec<Listed<'_>> = tokens.iter().map(|(name, r)| Listed { name, grants: &r.grants }).collect();
-    Ok(json(StatusCode::OK, &BTreeMap::from([("tokens", listed)])))
+    Ok(json(StatusCode::OK, &TokenList { tokens: listed }))
 }
 
 /// `DELETE /v1/auth/tokens/{name}` → `204`; `404 not_found` for an unknown name. The token
 /// stops working on each node as it applies the delete.
+#[utoipa::path(
+    delete,
+    path = "/v1/auth/tokens/{name}",
+    operation_id = "delete_token",
+    summary = "Delete a client token",
+    tag = "auth",
+    params(super::openapi::TokenPath),
+    responses(
+        (status = 204, description = "Deleted; the token stops working on each node as it applies the delete"),
+        (status = 400, description = "`invalid_parameter`: not a token name", body = crate::wire::ErrorBody),
+        (status = 404, description = "`not_found`: no token of that name", body = crate::wire::ErrorBody),
+        super::openapi::AuthErrors,
+        super::openapi::WriteErrors,
+    )
+)]
 pub(super) async fn delete(
     State(s): State<AppState>,
-    Path(name): Path<String>,
+    path: Result<Path<String>, axum::extract::rejection::PathRejection>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let Path(name) = path.map_err(|e| ApiError::InvalidParameter(format!("token name: {e}")))?;
     crate::auth::validate_name(&name).map_err(ApiError::InvalidParameter)?;
     let fwd = Forwardable::new(method, &uri, headers, bytes::Bytes::new());
     match write(&s, &fwd, |_| Command::DeleteToken { name: name.clone() }).await? {
@@ -268,6 +329,7 @@ mod tests {
         assert_eq!(needs(&get, Some("/healthz"), None), None);
         assert_eq!(needs(&get, Some("/"), None), None);
         assert_eq!(needs(&get, Some("/v1/cluster/nodes"), None), Some((Permission::Read, Scope::Any)));
+        assert_eq!(needs(&get, Some("/v1/openapi.json"), None), None);
         assert_eq!(needs(&Method::POST, Some("/raft/vote"), None), None);
         assert_eq!(
             needs(&Method::POST, Some("/v1/streams/{name}/batches"), Some("s")),

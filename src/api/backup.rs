@@ -46,6 +46,18 @@ impl Write for ChannelWriter {
 ///
 /// Errors: `503 not_ready` when this node has not heard from a leader lately (its state may be
 /// behind what was acknowledged).
+#[utoipa::path(
+    get,
+    path = "/v1/backup",
+    operation_id = "backup",
+    summary = "A backup of this node's applied state",
+    tag = "backup",
+    responses(
+        (status = 200, description = "The backup file of this node's applied state (docs/contract.md, \"Backup and restore\"), streamed", content_type = "application/vnd.runnev.backup", body = super::openapi::BackupFile),
+        super::openapi::AuthErrors,
+        (status = 503, description = "`not_ready`: this node has not heard from a leader for 2 s", body = crate::wire::ErrorBody),
+    )
+)]
 pub(super) async fn backup(State(s): State<AppState>) -> Result<Response, ApiError> {
     if let Some(silence) = s.contact.cut_off(&s.raft, s.node_id) {
         return Err(ApiError::NotReady(format!(

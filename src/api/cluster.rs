@@ -87,6 +87,17 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
 }
 
 /// `GET /v1/cluster`.
+#[utoipa::path(
+    get,
+    path = "/v1/cluster",
+    operation_id = "get_cluster",
+    summary = "This node's view of the cluster",
+    tag = "cluster",
+    responses(
+        (status = 200, description = "This node's view of the cluster", body = ClusterView),
+        super::openapi::AuthErrors,
+    )
+)]
 pub(super) async fn view(State(s): State<AppState>) -> Response {
     json(StatusCode::OK, &view_of(&s))
 }
@@ -96,6 +107,17 @@ pub(super) async fn view(State(s): State<AppState>) -> Response {
 /// it: only a restart of the process does, so a supervisor's liveness probe should see it).
 /// SPEC §3 says "process is up"; this is stricter on purpose: a process up without Raft
 /// serves nothing.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    summary = "Liveness probe",
+    tag = "node",
+    responses(
+        (status = 200, description = "`ok`: the process serves HTTP and its Raft core runs", content_type = "text/plain", body = String),
+        (status = 503, description = "`raft stopped: …`: restart the process", content_type = "text/plain", body = String),
+    )
+)]
 pub(super) async fn health(State(s): State<AppState>) -> Response {
     match super::raft_stopped(&s.raft) {
         Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("raft stopped: {why}\n")).into_response(),
@@ -105,6 +127,17 @@ pub(super) async fn health(State(s): State<AppState>) -> Response {
 
 /// `GET /readyz`: 200 when this node knows a leader and has applied all it knows is committed;
 /// 503 as soon as its Raft core has stopped.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    summary = "Readiness probe",
+    tag = "node",
+    responses(
+        (status = 200, description = "`ready`: a member that knows a leader and has applied everything it knows is committed", content_type = "text/plain", body = String),
+        (status = 503, description = "Not ready, with the reason: `no leader known`, `applying: A of C committed`, `not a member of the cluster`, `leader without a quorum`, `leader whose clock is out of bounds`, `raft stopped: …`", content_type = "text/plain", body = String),
+    )
+)]
 pub(super) async fn ready(State(s): State<AppState>) -> Response {
     let v = view_of(&s);
     if let Some(why) = &v.raft_stopped {
@@ -157,6 +190,17 @@ fn record_follower_lag(v: &ClusterView) {
 }
 
 /// `GET /metrics`: Prometheus text format.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    summary = "Prometheus metrics",
+    tag = "node",
+    responses(
+        (status = 200, description = "Prometheus text format 0.0.4 (`text/plain; version=0.0.4`)", content_type = "text/plain", body = String),
+        super::openapi::AuthErrors,
+    )
+)]
 pub(super) async fn metrics(State(s): State<AppState>) -> Response {
     let v = view_of(&s);
     metrics::gauge!("runnev_raft_term").set(v.term as f64);

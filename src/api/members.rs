@@ -54,6 +54,21 @@ async fn caught_up(s: &AppState, id: NodeId) -> bool {
 
 /// `POST /v1/cluster/members`: add a node as a learner, then (with `"voter": true`) promote it
 /// once it has caught up.
+#[utoipa::path(
+    post,
+    path = "/v1/cluster/members",
+    operation_id = "add_member",
+    summary = "Add a node to the cluster",
+    tag = "cluster",
+    request_body(content = crate::wire::AddMember, description = "The node to add (a JSON object of at most 64 KiB); start it first"),
+    responses(
+        (status = 200, description = "The leader's view of the cluster after the change", body = crate::wire::ClusterView),
+        (status = 400, description = "`invalid_body` (not a JSON object of these fields, an unknown field, an `id` of 0, an `addr` without `:`); `invalid_parameter` (the node is already a voter and the request asks for another address or a learner)", body = crate::wire::ErrorBody),
+        (status = 413, description = "`payload_too_large`: the body is over 64 KiB", body = crate::wire::ErrorBody),
+        super::openapi::AuthErrors,
+        super::openapi::WriteErrors,
+    )
+)]
 pub(super) async fn add(
     State(s): State<AppState>,
     method: Method,
@@ -63,7 +78,7 @@ pub(super) async fn add(
 ) -> Result<Response, ApiError> {
     let bytes = read_body(body, ADMIN_BODY_BYTES_MAX).await?;
     let shape = r#"{"id": N, "addr": "HOST:PORT", "voter": bool}"#;
-    let b: crate::wire::AddMember = super::json_object(&bytes, shape)?;
+    let b: crate::wire::AddMember = super::json_object(&bytes, shape, &[])?;
     if b.id == 0 {
         return Err(ApiError::InvalidBody(format!("expected {shape}: node ids are positive integers; 0 is not one")));
     }
@@ -126,6 +141,21 @@ async fn live_voters(s: &AppState, voters: &BTreeSet<NodeId>, addrs: &HashMap<No
 }
 
 /// `DELETE /v1/cluster/members/{id}`: remove a voter (through a joint config) or a learner.
+#[utoipa::path(
+    delete,
+    path = "/v1/cluster/members/{id}",
+    operation_id = "remove_member",
+    summary = "Remove a node from the cluster",
+    tag = "cluster",
+    params(super::openapi::MemberPath),
+    responses(
+        (status = 200, description = "The leader's view of the cluster after the change", body = crate::wire::ClusterView),
+        (status = 400, description = "`invalid_parameter`: `id` is not an integer, or it is the last voter", body = crate::wire::ErrorBody),
+        (status = 404, description = "`not_found`: no member has that id", body = crate::wire::ErrorBody),
+        super::openapi::AuthErrors,
+        super::openapi::WriteErrors,
+    )
+)]
 pub(super) async fn remove(
     State(s): State<AppState>,
     path: Result<Path<NodeId>, PathRejection>,

@@ -19,6 +19,7 @@ mod backup;
 mod cluster;
 pub mod contact;
 mod members;
+pub mod openapi;
 pub mod proposer;
 pub mod raft_rpc;
 mod status;
@@ -180,6 +181,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/cluster", get(cluster::view))
         .route("/v1/cluster/nodes", get(status::nodes))
         .route("/", get(status::page))
+        .route("/v1/openapi.json", get(openapi::document))
         .route("/v1/backup", get(backup::backup))
         .route("/healthz", get(cluster::health))
         .route("/readyz", get(cluster::ready))
@@ -328,15 +330,36 @@ pub(crate) async fn read_body(body: Body, limit_bytes: usize) -> Result<bytes::B
     }
 }
 
-/// Decodes `bytes` as the JSON object `T`, whose shape `shape` names in the error.
+/// Decodes `bytes` as the JSON object `T`, whose shape `shape` names in the error. `objects`
+/// are the JSON pointers (RFC 6901) of the members that `T` reads as structs, each of which
+/// must be an object when present and not `null`; a pointer ending in `/*` names every item of
+/// the array there.
 ///
-/// Errors: `400 invalid_body` for anything else, including a JSON array (serde would otherwise
-/// take a struct's fields from one).
-pub(crate) fn json_object<T: serde::de::DeserializeOwned>(bytes: &[u8], shape: &str) -> Result<T, ApiError> {
+/// Errors: `400 invalid_body` for anything else, including a JSON array for the body or for one
+/// of `objects` (serde would otherwise take a struct's fields from an array, in order).
+pub(crate) fn json_object<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    shape: &str,
+    objects: &[&str],
+) -> Result<T, ApiError> {
     let expected = |e: String| ApiError::InvalidBody(format!("expected {shape}: {e}"));
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| expected(e.to_string()))?;
     if !value.is_object() {
         return Err(expected("the body is not a JSON object".into()));
+    }
+    for pointer in objects {
+        let (at, items) = match pointer.strip_suffix("/*") {
+            Some(array) => (array, true),
+            None => (*pointer, false),
+        };
+        let members: Vec<&serde_json::Value> = match value.pointer(at) {
+            Some(serde_json::Value::Array(all)) if items => all.iter().collect(),
+            Some(one) if !items => vec![one],
+            _ => Vec::new(),
+        };
+        if members.iter().any(|m| !(m.is_object() || m.is_null())) {
+            return Err(expected(format!("{pointer} must be a JSON object")));
+        }
     }
     serde_json::from_value(value).map_err(|e| expected(e.to_string()))
 }

@@ -37,6 +37,16 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'unsafe-in
 
 /// `GET /`: the status page, `200 text/html`, the same bytes on every node and with or without
 /// `--auth` (it holds no data; it asks for a token when its requests are answered `401`).
+#[utoipa::path(
+    get,
+    path = "/",
+    operation_id = "status_page",
+    summary = "The status page, for a browser",
+    tag = "node",
+    responses(
+        (status = 200, description = "An HTML page with inline style and script that polls `GET /v1/cluster/nodes` and `GET /v1/streams` every second; no token needed", content_type = "text/html", body = String),
+    )
+)]
 pub(super) async fn page() -> Response {
     (
         StatusCode::OK,
@@ -55,6 +65,17 @@ pub(super) async fn page() -> Response {
 /// `GET /v1/cluster/nodes`: [`NodesView`], each member of this node's configuration with its own
 /// cluster view, or why it did not give one within [`STATUS_PEER_MS`]. This node's own view is
 /// taken directly. Needs what `GET /v1/cluster` needs (with `--auth`, any `read` grant).
+#[utoipa::path(
+    get,
+    path = "/v1/cluster/nodes",
+    operation_id = "get_cluster_nodes",
+    summary = "Every member's own view of the cluster, asked by this node",
+    tag = "cluster",
+    responses(
+        (status = 200, description = "Each member of this node's configuration with its own `GET /v1/cluster`, or why it gave none within 800 ms", body = NodesView),
+        super::openapi::AuthErrors,
+    )
+)]
 pub(super) async fn nodes(State(s): State<AppState>) -> Response {
     let own = cluster::view_of(&s);
     let mut members: Vec<(u64, String)> = own.members.iter().map(|m| (m.id, m.addr.clone())).collect();

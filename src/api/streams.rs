@@ -101,6 +101,26 @@ async fn decide(
 }
 
 /// `PUT /v1/streams/{name}`: create, or replace the retention.
+#[utoipa::path(
+    put,
+    path = "/v1/streams/{name}",
+    operation_id = "put_stream",
+    summary = "Create a stream, or replace its retention",
+    tag = "streams",
+    params(super::openapi::StreamPath),
+    request_body(
+        content = wire::PutStream,
+        description = "None (or only whitespace): create with no limits, or leave an existing stream unchanged. A JSON object of at most 64 KiB: create with, or replace, the retention. Any Content-Type."
+    ),
+    responses(
+        (status = 200, description = "The stream existed: unchanged (no body) or its retention replaced", body = wire::StreamInfo),
+        (status = 201, description = "The stream was created", body = wire::StreamInfo),
+        (status = 400, description = "`invalid_stream_name`; `invalid_body` (not JSON, not an object, an unknown field, a limit of 0, negative or not an integer)", body = crate::wire::ErrorBody),
+        (status = 413, description = "`payload_too_large`: the body is over 64 KiB", body = crate::wire::ErrorBody),
+        super::openapi::AuthErrors,
+        super::openapi::WriteErrors,
+    )
+)]
 pub(super) async fn put(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
@@ -114,12 +134,7 @@ pub(super) async fn put(
     let retention = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
-        let expected = |e: String| ApiError::InvalidBody(format!("expected {{\"retention\": {{…}}}}: {e}"));
-        let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| expected(e.to_string()))?;
-        if !value.is_object() {
-            return Err(expected("the body is not a JSON object".into()));
-        }
-        let b: wire::PutStream = serde_json::from_value(value).map_err(|e| expected(e.to_string()))?;
+        let b: wire::PutStream = super::json_object(&body, r#"{"retention": {…}}"#, &["/retention"])?;
         b.retention.validate().map_err(|field| {
             ApiError::InvalidBody(format!("retention.{field} must be at least 1 (omit it for no limit)"))
         })?;
@@ -130,6 +145,21 @@ pub(super) async fn put(
 }
 
 /// `DELETE /v1/streams/{name}`.
+#[utoipa::path(
+    delete,
+    path = "/v1/streams/{name}",
+    operation_id = "delete_stream",
+    summary = "Delete a stream and its batches",
+    tag = "streams",
+    params(super::openapi::StreamPath),
+    responses(
+        (status = 204, description = "The stream and its batches were deleted"),
+        (status = 400, description = "`invalid_stream_name`", body = crate::wire::ErrorBody),
+        (status = 404, description = "`stream_not_found`", body = crate::wire::ErrorBody),
+        super::openapi::AuthErrors,
+        super::openapi::WriteErrors,
+    )
+)]
 pub(super) async fn delete(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
@@ -143,6 +173,21 @@ pub(super) async fn delete(
 }
 
 /// `GET /v1/streams/{name}`: this node's applied view of the stream.
+#[utoipa::path(
+    get,
+    path = "/v1/streams/{name}",
+    operation_id = "get_stream",
+    summary = "One stream's info",
+    tag = "streams",
+    params(super::openapi::StreamPath),
+    responses(
+        (status = 200, description = "This node's applied view of the stream", body = wire::StreamInfo),
+        (status = 400, description = "`invalid_stream_name`", body = crate::wire::ErrorBody),
+        (status = 404, description = "`stream_not_found`", body = crate::wire::ErrorBody),
+        super::openapi::AuthErrors,
+        super::openapi::ReadErrors,
+    )
+)]
 pub(super) async fn info(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
@@ -157,6 +202,18 @@ pub(super) async fn info(
 }
 
 /// `GET /v1/streams`.
+#[utoipa::path(
+    get,
+    path = "/v1/streams",
+    operation_id = "list_streams",
+    summary = "List every stream",
+    tag = "streams",
+    responses(
+        (status = 200, description = "Every stream, in name order, as this node has applied them", body = wire::StreamList),
+        super::openapi::AuthErrors,
+        super::openapi::ReadErrors,
+    )
+)]
 pub(super) async fn list(State(s): State<AppState>) -> Result<Response, ApiError> {
     let store = s.store.clone();
     let all = blocking(move || store.streams()).await?;
@@ -176,6 +233,31 @@ fn is_frames(headers: &HeaderMap) -> bool {
 
 /// `POST /v1/streams/{name}/batches[?seq=N]`: publish one batch, or with the frames content
 /// type many ([`publish_frames`]).
+#[utoipa::path(
+    post,
+    path = "/v1/streams/{name}/batches",
+    operation_id = "publish",
+    summary = "Publish one batch, or many as frames",
+    tag = "streams",
+    params(super::openapi::StreamPath, super::openapi::PublishQuery),
+    request_body(
+        description = "The payload, byte for byte, whatever its Content-Type (0 bytes is a valid payload; at most `--max-batch-bytes`); or, with `Content-Type: application/vnd.runnev.frames`, many batches as frames (SPEC §6), committed in one Raft entry, all or none.",
+        content(
+            (super::openapi::Payload = "application/octet-stream"),
+            (super::openapi::Frames = "application/vnd.runnev.frames"),
+        )
+    ),
+    responses(
+        (status = 200, description = "A retry: every batch was already stored at its seq with the same bytes; nothing was written (`duplicate: true`)", body = super::openapi::PublishAnswer),
+        (status = 201, description = "Published: `PublishAck` for one batch, `FramesAck` for frames", body = super::openapi::PublishAnswer),
+        (status = 400, description = "`invalid_stream_name`; `invalid_seq`; `invalid_body` (a malformed or empty frames body, with `frame` when one is at fault; a body that broke off)", body = crate::wire::ErrorBody),
+        (status = 404, description = "`stream_not_found` (unless the leader runs with `--auto-create-streams`)", body = crate::wire::ErrorBody),
+        (status = 409, description = "`seq_conflict`, `seq_not_increasing`, `seq_evicted`; for frames also `partial_duplicate`; with `frame` for frames", body = crate::wire::ErrorBody),
+        (status = 413, description = "`payload_too_large`: over `--max-batch-bytes` (frames: over `--max-append-bytes`, a frame over `--max-batch-bytes`, or more than 10,000 frames)", body = crate::wire::ErrorBody),
+        super::openapi::AuthErrors,
+        super::openapi::WriteErrors,
+    )
+)]
 pub(super) async fn publish(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
@@ -332,6 +414,21 @@ async fn wait_applied(s: &AppState, index: u64) -> Result<(), ApiError> {
 }
 
 /// `GET /v1/streams/{name}/batches?after=C&limit=L&wait_ms=W&min_index=I`.
+#[utoipa::path(
+    get,
+    path = "/v1/streams/{name}/batches",
+    operation_id = "read",
+    summary = "Read batches after a cursor",
+    tag = "streams",
+    params(super::openapi::StreamPath, super::openapi::ReadQuery),
+    responses(
+        (status = 200, description = "Batches after the cursor, from this node's applied state", body = wire::ReadAnswer),
+        (status = 400, description = "`invalid_stream_name`; `invalid_parameter` (a parameter out of range or not an integer, a query string that does not parse)", body = crate::wire::ErrorBody),
+        (status = 404, description = "`stream_not_found` (after the wait, when `wait_ms` > 0)", body = crate::wire::ErrorBody),
+        super::openapi::AuthErrors,
+        super::openapi::ReadErrors,
+    )
+)]
 pub(super) async fn read(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,

@@ -16,18 +16,21 @@ use crate::limits::STREAM_NAME_CHARS_MAX;
 pub const SEQ_MAX: u64 = u64::MAX - 1;
 
 /// Per-stream retention limits (SPEC §1). Each is optional; `None` means no limit.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Retention {
     /// Most batches kept; never evicts the newest batch.
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub max_batches: Option<u64>,
     /// Most payload bytes kept (sum of payload lengths); never evicts the newest batch.
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub max_bytes: Option<u64>,
     /// Oldest batch age kept, in ms, measured against the leader-assigned `ts` of the entry being
     /// applied. May empty the stream.
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub max_age_ms: Option<u64>,
 }
 
