@@ -85,9 +85,15 @@ pub enum ApiError {
     #[error("{0}")]
     Forbidden(String),
     /// `503 overloaded` (with `Retry-After`): the node is at one of its bounds (connections,
-    /// subscribers); another node, or a retry later, may take the request.
+    /// subscribers, queued proposals); nothing was proposed, and another node, or a retry
+    /// later, may take the request.
     #[error("{0}")]
     Overloaded(String),
+    /// `408 request_timeout`: the body did not arrive within `--body-read-timeout` (RFC 9110
+    /// §15.5.9). Nothing was proposed; the connection closes after the answer (its framing is
+    /// lost mid-body), and the client may send the request again on a new one.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// `409 token_exists`: a token of that name exists; delete it first.
     #[error("{0}")]
     TokenExists(String),
@@ -138,6 +144,7 @@ impl ApiError {
             Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             TokenExists(_) => (StatusCode::CONFLICT, "token_exists"),
             Overloaded(_) => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
+            RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
         }
     }
 
@@ -186,7 +193,7 @@ impl IntoResponse for ApiError {
                 resp.headers_mut()
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"runnev\""));
             }
-            ApiError::PayloadTooLarge { .. } | ApiError::NotImplemented(_) => {
+            ApiError::PayloadTooLarge { .. } | ApiError::NotImplemented(_) | ApiError::RequestTimeout(_) => {
                 resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
             _ => {}

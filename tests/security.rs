@@ -395,30 +395,6 @@ async fn a_non_loopback_address_needs_tls_or_insecure() {
     assert!(err.contains("WARN") && err.contains("--insecure"), "no warning logged: {err}");
 }
 
-/// Sends `GET path` on a new raw connection to `port` and reads the answer's head (and what
-/// came with it); the connection is returned open.
-async fn raw_get(port: u16, path: &str) -> Result<(tokio::net::TcpStream, String), String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut head = Vec::new();
-    let mut buf = [0u8; 4096];
-    let read = async {
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = s.read(&mut buf).await.map_err(|e| e.to_string())?;
-            if n == 0 {
-                break;
-            }
-            head.extend_from_slice(&buf[..n]);
-        }
-        Ok::<_, String>(())
-    };
-    tokio::time::timeout(Duration::from_secs(10), read).await.map_err(|_| "no answer".to_string())??;
-    Ok((s, String::from_utf8_lossy(&head).into_owned()))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_its_bounds_a_node_answers_overloaded() {
     let c = Cluster::start(1, &["--max-subscribers", "1", "--max-connections", "8"]).await;

@@ -92,6 +92,8 @@ pub struct AppState {
     pub security: auth::Security,
     /// One permit per subscription being served (`--max-subscribers`).
     pub subscribers: Arc<tokio::sync::Semaphore>,
+    /// Deadline for a request's body, from the end of its head (`--body-read-timeout`).
+    pub body_read_timeout: std::time::Duration,
 }
 
 /// Why this node's Raft core has stopped for good, if it has. openraft reports the fatal error
@@ -170,6 +172,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth::authorize))
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(state.body_read_timeout, bound_body_read))
         .layer(axum::middleware::from_fn(refuse_transfer_codings))
         .layer(axum::middleware::from_fn(record_request))
         .layer(axum::middleware::map_response(move |mut resp: Response| {
@@ -262,9 +265,89 @@ async fn refuse_transfer_codings(req: axum::extract::Request, next: axum::middle
     .into_response()
 }
 
+/// Gives every request body a deadline of `timeout` from now (the end of its head): reading
+/// it fails with [`BodyReadTimeout`] past it, which [`read_body`] answers `408`. Whatever reads
+/// a body (a publish, a frames publish, a Raft RPC, an admin document) is bounded alike, so a
+/// client sending its body one byte a second holds its connection for `timeout` at most.
+async fn bound_body_read(
+    State(timeout): State<std::time::Duration>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    next.run(req.map(|body| Body::new(DeadlineBody::new(body, timeout)))).await
+}
+
+/// A request body's deadline passed before the whole body arrived.
+#[derive(Debug, thiserror::Error)]
+#[error("the body did not arrive within {timeout:?} (--body-read-timeout)")]
+pub(crate) struct BodyReadTimeout {
+    timeout: std::time::Duration,
+}
+
+/// A body that fails with [`BodyReadTimeout`] once its deadline has passed and counts that in
+/// `runnev_read_timeouts_total{kind="body"}`. Frames that are already there are still handed
+/// over; the deadline only ends a wait for more.
+struct DeadlineBody {
+    inner: Body,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    timeout: std::time::Duration,
+    expired: bool,
+}
+
+impl DeadlineBody {
+    fn new(inner: Body, timeout: std::time::Duration) -> DeadlineBody {
+        DeadlineBody { inner, deadline: Box::pin(tokio::time::sleep(timeout)), timeout, expired: false }
+    }
+}
+
+impl axum::body::HttpBody for DeadlineBody {
+    type Data = bytes::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        use std::task::Poll;
+        if self.expired {
+            return Poll::Ready(Some(Err(BodyReadTimeout { timeout: self.timeout }.into())));
+        }
+        if let Poll::Ready(frame) = std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        if std::future::Future::poll(self.deadline.as_mut(), cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.expired = true;
+        metrics::counter!("runnev_read_timeouts_total", "kind" => "body").increment(1);
+        Poll::Ready(Some(Err(BodyReadTimeout { timeout: self.timeout }.into())))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Whether `e`, or any error behind it, is a [`BodyReadTimeout`].
+fn is_body_read_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.is::<BodyReadTimeout>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
 /// Reads a whole request body of at most `limit_bytes`.
 ///
-/// Errors: `413 payload_too_large` past the limit; `400 invalid_body` if the body breaks off.
+/// Errors: `413 payload_too_large` past the limit; `408 request_timeout` when the body's
+/// deadline passed first ([`bound_body_read`]); `400 invalid_body` if the body breaks off.
 pub(crate) async fn read_body(body: Body, limit_bytes: usize) -> Result<bytes::Bytes, ApiError> {
     // A declared length (Content-Length) over the limit is refused before any of the body is
     // read or buffered.
@@ -274,6 +357,10 @@ pub(crate) async fn read_body(body: Body, limit_bytes: usize) -> Result<bytes::B
     match Limited::new(body, limit_bytes).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::PayloadTooLarge { limit_bytes }),
+        Err(e) if is_body_read_timeout(&*e) => Err(ApiError::RequestTimeout(format!(
+            "{}; nothing was done: send the request again, on a new connection",
+            crate::net::cause_text(&*e)
+        ))),
         Err(e) => Err(ApiError::InvalidBody(format!("reading the body failed: {e}"))),
     }
 }
