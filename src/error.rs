@@ -257,6 +257,19 @@ mod tests {
         assert_eq!(at(ApiError::NotFound("x".into())), ((StatusCode::NOT_FOUND, "not_found"), None));
     }
 
+    /// A body cut at its deadline is `408` and closes its connection (its framing is lost);
+    /// a refusal at a bound says when to come back.
+    #[test]
+    fn request_timeout_closes_and_overloaded_carries_retry_after() {
+        let resp = ApiError::RequestTimeout("x".into()).into_response();
+        assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(resp.headers()[header::CONNECTION], "close");
+        let resp = ApiError::Overloaded("x".into()).into_response();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+        assert!(resp.headers().get(OUTCOME_HEADER).is_none());
+    }
+
     #[test]
     fn no_leader_carries_retry_after() {
         let resp = ApiError::NoLeader("x".into()).into_response();

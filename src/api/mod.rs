@@ -406,3 +406,29 @@ impl Drop for Waiting {
 pub(crate) fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
     (status, axum::Json(value)).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    /// A body that sends `first` and then nothing, without ending.
+    fn stalled_after(first: &'static [u8]) -> Body {
+        let chunks = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(first))])
+            .chain(futures::stream::pending());
+        Body::from_stream(chunks)
+    }
+
+    /// A body whose sender stops is `408` at its deadline, not a wait forever; a body that
+    /// arrives in time is read whole.
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_stops_arriving_is_408_at_its_deadline() {
+        let timeout = std::time::Duration::from_secs(2);
+        let started = tokio::time::Instant::now();
+        let cut = read_body(Body::new(DeadlineBody::new(stalled_after(b"abc"), timeout)), 1024).await;
+        assert!(matches!(cut, Err(ApiError::RequestTimeout(_))), "{cut:?}");
+        assert_eq!(started.elapsed(), timeout);
+        let whole = read_body(Body::new(DeadlineBody::new(Body::from("abc"), timeout)), 1024).await;
+        assert_eq!(whole.expect("a body in time").as_ref(), b"abc");
+    }
+}
