@@ -85,9 +85,15 @@ pub enum ApiError {
     #[error("{0}")]
     Forbidden(String),
     /// `503 overloaded` (with `Retry-After`): the node is at one of its bounds (connections,
-    /// subscribers); another node, or a retry later, may take the request.
+    /// subscribers, queued proposals); nothing was proposed, and another node, or a retry
+    /// later, may take the request.
     #[error("{0}")]
     Overloaded(String),
+    /// `408 request_timeout`: the body did not arrive within `--body-read-timeout` (RFC 9110
+    /// §15.5.9). Nothing was proposed; the connection closes after the answer (its framing is
+    /// lost mid-body), and the client may send the request again on a new one.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// `409 token_exists`: a token of that name exists; delete it first.
     #[error("{0}")]
     TokenExists(String),
@@ -138,6 +144,7 @@ impl ApiError {
             Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             TokenExists(_) => (StatusCode::CONFLICT, "token_exists"),
             Overloaded(_) => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
+            RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
         }
     }
 
@@ -186,7 +193,7 @@ impl IntoResponse for ApiError {
                 resp.headers_mut()
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"runnev\""));
             }
-            ApiError::PayloadTooLarge { .. } | ApiError::NotImplemented(_) => {
+            ApiError::PayloadTooLarge { .. } | ApiError::NotImplemented(_) | ApiError::RequestTimeout(_) => {
                 resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
             _ => {}
@@ -248,6 +255,19 @@ mod tests {
         let many = FrameError::TooMany { frame: 10_000 };
         assert_eq!(at(many.into()), ((StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"), Some(10_000)));
         assert_eq!(at(ApiError::NotFound("x".into())), ((StatusCode::NOT_FOUND, "not_found"), None));
+    }
+
+    /// A body cut at its deadline is `408` and closes its connection (its framing is lost);
+    /// a refusal at a bound says when to come back.
+    #[test]
+    fn request_timeout_closes_and_overloaded_carries_retry_after() {
+        let resp = ApiError::RequestTimeout("x".into()).into_response();
+        assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(resp.headers()[header::CONNECTION], "close");
+        let resp = ApiError::Overloaded("x".into()).into_response();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+        assert!(resp.headers().get(OUTCOME_HEADER).is_none());
     }
 
     #[test]

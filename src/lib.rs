@@ -36,6 +36,7 @@ pub mod net;
 pub mod node;
 pub mod outbox;
 pub mod raft;
+pub mod serve;
 pub mod storage;
 pub mod stream;
 pub mod tls;

@@ -2,6 +2,8 @@
 //!
 //! Owns: the numbers. Must never: hold logic; a limit lives here so a reader can audit them together.
 
+use std::time::Duration;
+
 /// Longest stream name, in characters (SPEC §1).
 pub const STREAM_NAME_CHARS_MAX: usize = 128;
 
@@ -202,8 +204,11 @@ pub const PEER_PROBE_BYTES_MAX: usize = 1024 * 1024;
 /// unreachable.
 pub const STATUS_PEER_MS: u64 = 800;
 
-/// How long an idle pooled HTTP connection between nodes (or of a client) is kept, in ms.
-pub const HTTP_POOL_IDLE_MS: u64 = 30_000;
+/// How long an idle pooled HTTP connection between nodes (or of a client) is kept, in ms. Below
+/// [`HEADER_READ_TIMEOUT_MIN`]: a node closes a connection that has waited that long for a
+/// request ([`crate::serve`]), so a pooled connection is dropped by its client first and never
+/// reused while the node is closing it (the request would be lost with an unknown outcome).
+pub const HTTP_POOL_IDLE_MS: u64 = 4_000;
 
 /// Bytes a log entry adds around its payloads (postcard framing of the entry and its commands),
 /// counted when sizing appends so that one entry always fits one Raft RPC.
@@ -362,3 +367,32 @@ pub const CONNECTIONS_MAX_DEFAULT: usize = 4_096;
 /// Default most subscriptions one node serves at once (`--max-subscribers`); past it a new one
 /// is answered `503 overloaded`.
 pub const SUBSCRIBERS_MAX_DEFAULT: usize = 1_024;
+
+/// Default deadline for a request's head (request line and headers) to arrive, counted from the
+/// moment the connection waits for it: after it is accepted (and its TLS handshake done), or
+/// after the previous answer on a kept-alive connection (`--header-read-timeout`). Past it the
+/// connection is closed without an answer (hyper's `header_read_timeout`; [`crate::serve`]),
+/// so a client sending one byte a second, or nothing, does not hold a connection slot. Ten
+/// seconds is ample for a head of a few hundred bytes on any link that can carry the service.
+pub const HEADER_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Smallest `--header-read-timeout` accepted: above [`HTTP_POOL_IDLE_MS`], with a second to
+/// spare, so nodes and clients drop their idle pooled connections before a node cuts them.
+pub const HEADER_READ_TIMEOUT_MIN: Duration = Duration::from_millis(HTTP_POOL_IDLE_MS + 1_000);
+/// Default deadline for a request's whole body to arrive, counted from the end of its head
+/// (`--body-read-timeout`). Past it the request is answered `408 request_timeout` and the
+/// connection closed (RFC 9110 §15.5.9; [`crate::api`]). Thirty seconds carries the default
+/// largest body, an 8 MiB frames publish ([`APPEND_BYTES_DEFAULT`]), at 280 KB/s; a node that
+/// takes larger bodies over slow links needs a longer deadline.
+pub const BODY_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// Smallest `--body-read-timeout` accepted.
+pub const BODY_READ_TIMEOUT_MIN: Duration = Duration::from_secs(1);
+/// Default most proposals waiting on the leader for a log entry to carry them
+/// (`--max-queued-proposals`; [`crate::api::proposer`]); past it a write is answered `503
+/// overloaded` and nothing is proposed. Two full entries ([`PROPOSAL_COMMANDS_MAX`]) behind the
+/// [`PROPOSALS_IN_FLIGHT_MAX`] in flight: a queued request waits for at most six commits.
+pub const PROPOSALS_QUEUED_MAX_DEFAULT: usize = 2 * PROPOSAL_COMMANDS_MAX;
+
+// The client side of a connection gives it up before the node that serves it does.
+const _: () = assert!(HTTP_POOL_IDLE_MS < HEADER_READ_TIMEOUT_MIN.as_millis() as u64);
+const _: () = assert!(HEADER_READ_TIMEOUT_MIN.as_millis() <= HEADER_READ_TIMEOUT_DEFAULT.as_millis());
+const _: () = assert!(BODY_READ_TIMEOUT_MIN.as_millis() <= BODY_READ_TIMEOUT_DEFAULT.as_millis());

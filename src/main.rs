@@ -11,8 +11,10 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use runnev::limits::{
-    APPEND_BYTES_DEFAULT, BATCH_BYTES_DEFAULT, CONNECTIONS_MAX_DEFAULT, MAX_CLOCK_OFFSET_MS_DEFAULT,
-    MIN_FREE_DISK_BYTES_DEFAULT, SNAPSHOT_KEEP_LOGS_DEFAULT, SNAPSHOT_LOGS_DEFAULT, SUBSCRIBERS_MAX_DEFAULT,
+    APPEND_BYTES_DEFAULT, BATCH_BYTES_DEFAULT, BODY_READ_TIMEOUT_DEFAULT, BODY_READ_TIMEOUT_MIN,
+    CONNECTIONS_MAX_DEFAULT, HEADER_READ_TIMEOUT_DEFAULT, HEADER_READ_TIMEOUT_MIN, MAX_CLOCK_OFFSET_MS_DEFAULT,
+    MIN_FREE_DISK_BYTES_DEFAULT, PROPOSALS_QUEUED_MAX_DEFAULT, SNAPSHOT_KEEP_LOGS_DEFAULT, SNAPSHOT_LOGS_DEFAULT,
+    SUBSCRIBERS_MAX_DEFAULT,
 };
 use runnev::node::{self, NodeConfig};
 use runnev::units::{self, Limit};
@@ -150,12 +152,42 @@ fn after(s: &str) -> Result<u64, String> {
     }
 }
 
-/// A count of at least 1 (`--max-connections`, `--max-subscribers`).
+/// A count of at least 1 (`--max-connections`, `--max-subscribers`, `--max-queued-proposals`).
 fn at_least_one_count(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
         _ => Err(format!("{s:?} is not a whole number from 1")),
     }
+}
+
+/// A deadline flag's value (`--header-read-timeout`, `--body-read-timeout`): shown as
+/// [`units::format_duration`] writes it, so the default printed is the constant's.
+#[derive(Debug, Clone, Copy)]
+struct Deadline(Duration);
+
+impl std::fmt::Display for Deadline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&units::format_duration(self.0))
+    }
+}
+
+/// A duration of at least `min` ([`units::parse_duration`]).
+fn deadline_from(s: &str, min: Duration) -> Result<Deadline, String> {
+    let d = units::parse_duration(s)?;
+    if d < min {
+        return Err(format!("{s:?} is under the least allowed, {}", units::format_duration(min)));
+    }
+    Ok(Deadline(d))
+}
+
+/// `--header-read-timeout`: at least [`HEADER_READ_TIMEOUT_MIN`].
+fn header_deadline(s: &str) -> Result<Deadline, String> {
+    deadline_from(s, HEADER_READ_TIMEOUT_MIN)
+}
+
+/// `--body-read-timeout`: at least [`BODY_READ_TIMEOUT_MIN`].
+fn body_deadline(s: &str) -> Result<Deadline, String> {
+    deadline_from(s, BODY_READ_TIMEOUT_MIN)
 }
 
 /// A size in bytes for a `usize` flag ([`units::parse_bytes`]).
@@ -338,6 +370,19 @@ enum Cmd {
         /// Most subscriptions served at once; past it a new one is answered 503 overloaded.
         #[arg(long, default_value_t = SUBSCRIBERS_MAX_DEFAULT, value_parser = at_least_one_count)]
         max_subscribers: usize,
+        /// Most writes waiting on the leader for a log entry to carry them; past it a write is
+        /// answered 503 overloaded, and nothing is proposed (a client may resend it).
+        #[arg(long, default_value_t = PROPOSALS_QUEUED_MAX_DEFAULT, value_parser = at_least_one_count)]
+        max_queued_proposals: usize,
+        /// Deadline for each request's line and headers, from when the connection waits for
+        /// them (once accepted, and after each answer on a kept-alive connection); past it the
+        /// connection is closed without an answer. An idle connection is closed too.
+        #[arg(long, value_name = "DURATION", default_value_t = Deadline(HEADER_READ_TIMEOUT_DEFAULT), value_parser = header_deadline)]
+        header_read_timeout: Deadline,
+        /// Deadline for each request's whole body, from the end of its headers; past it the
+        /// request is answered 408 request_timeout, nothing is done, and the connection closes.
+        #[arg(long, value_name = "DURATION", default_value_t = Deadline(BODY_READ_TIMEOUT_DEFAULT), value_parser = body_deadline)]
+        body_read_timeout: Deadline,
         #[command(flatten)]
         security: ServeSecurity,
     },
@@ -765,6 +810,9 @@ async fn run(args: Cli) -> Result<()> {
             min_free_disk_bytes,
             max_connections,
             max_subscribers,
+            max_queued_proposals,
+            header_read_timeout,
+            body_read_timeout,
             security,
         } => {
             let peers = parse_peers(&peers).map_err(|e| cli::usage(&format!("--peers: {e:#}")))?;
@@ -822,6 +870,9 @@ async fn run(args: Cli) -> Result<()> {
                 admin_token,
                 max_connections,
                 max_subscribers,
+                max_queued_proposals,
+                header_read_timeout: header_read_timeout.0,
+                body_read_timeout: body_read_timeout.0,
             };
             let store =
                 runnev::storage::Store::open(&cfg.data_dir).map_err(|e| cli::store_open_error(&cfg.data_dir, e))?;

@@ -55,6 +55,16 @@ pub struct NodeConfig {
     pub max_connections: usize,
     /// Most subscriptions served at once (`--max-subscribers`).
     pub max_subscribers: usize,
+    /// Most proposals waiting on the leader for a log entry (`--max-queued-proposals`, at
+    /// least 1); past it writes are answered `503 overloaded`.
+    pub max_queued_proposals: usize,
+    /// Deadline for each request head, from when the connection waits for it
+    /// (`--header-read-timeout`, at least [`crate::limits::HEADER_READ_TIMEOUT_MIN`];
+    /// [`crate::serve`]).
+    pub header_read_timeout: Duration,
+    /// Deadline for each request body, from the end of its head (`--body-read-timeout`, at
+    /// least [`crate::limits::BODY_READ_TIMEOUT_MIN`]); past it `408 request_timeout`.
+    pub body_read_timeout: Duration,
     /// The token of `--admin-token-file`: made the cluster's first admin token (grant
     /// `admin:*`) by whichever node first leads a cluster that has none ([`bootstrap_admin`]).
     pub admin_token: Option<crate::auth::Token>,
@@ -98,6 +108,21 @@ fn raft_config(cfg: &NodeConfig) -> Result<openraft::Config, NodeError> {
             "--max-append-bytes {} is over the most this build supports, {APPEND_BYTES_MAX} bytes",
             cfg.max_append_bytes
         )));
+    }
+    if cfg.header_read_timeout < HEADER_READ_TIMEOUT_MIN {
+        return Err(NodeError::Config(format!(
+            "--header-read-timeout {:?} is below {HEADER_READ_TIMEOUT_MIN:?}: pooled connections would be cut while reused",
+            cfg.header_read_timeout
+        )));
+    }
+    if cfg.body_read_timeout < BODY_READ_TIMEOUT_MIN {
+        return Err(NodeError::Config(format!(
+            "--body-read-timeout {:?} is below {BODY_READ_TIMEOUT_MIN:?}",
+            cfg.body_read_timeout
+        )));
+    }
+    if cfg.max_queued_proposals == 0 {
+        return Err(NodeError::Config("--max-queued-proposals must be at least 1".into()));
     }
     // An entry holds at most PROPOSAL_BYTES_MAX plus one batch or one frames publish (its
     // payloads and their framing); size appends to fit one RPC.
@@ -199,13 +224,14 @@ where
         clock: cluster_clock.clone(),
         prometheus,
         membership_lock: membership_lock.clone(),
-        proposer: api::proposer::Proposer::start(raft.clone()),
+        proposer: api::proposer::Proposer::start(raft.clone(), cfg.max_queued_proposals),
         stopping,
         contact: Arc::default(),
         disk: disk.clone(),
         peer_disks,
         security: cfg.security,
         subscribers: Arc::new(tokio::sync::Semaphore::new(cfg.max_subscribers)),
+        body_read_timeout: cfg.body_read_timeout,
     };
     let formation = tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http.clone()));
     let clocks = tokio::spawn(crate::clock::run(cluster_clock.clone(), raft.clone(), http, cfg.id));
@@ -217,10 +243,9 @@ where
         cfg.admin_token.clone().map(|t| tokio::spawn(bootstrap_admin(raft.clone(), store.clone(), cfg.id, t)));
     api::export_zeroes();
     tracing::info!(id = cfg.id, data_dir = %cfg.data_dir.display(), "node serving");
-    let app = api::router(state).into_make_service_with_connect_info::<crate::tls::Peer>();
-    let served = axum::serve(crate::tls::PeerListener::new(listener, cfg.max_connections), app)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let app = api::router(state);
+    let listener = crate::tls::PeerListener::new(listener, cfg.max_connections);
+    crate::serve::serve(listener, app, cfg.header_read_timeout, shutdown).await;
     watch.abort();
     if let Some(w) = disk_watch {
         w.abort();
@@ -236,7 +261,7 @@ where
         tracing::warn!(error = %e, "raft shutdown");
     }
     tracing::info!(id = cfg.id, "node stopped");
-    served.map_err(NodeError::Serve)
+    Ok(())
 }
 
 /// Logs once, as an error, that the Raft core stopped for good while the node serves: from
@@ -493,6 +518,9 @@ mod tests {
             admin_token: None,
             max_connections: crate::limits::CONNECTIONS_MAX_DEFAULT,
             max_subscribers: crate::limits::SUBSCRIBERS_MAX_DEFAULT,
+            max_queued_proposals: crate::limits::PROPOSALS_QUEUED_MAX_DEFAULT,
+            header_read_timeout: crate::limits::HEADER_READ_TIMEOUT_DEFAULT,
+            body_read_timeout: crate::limits::BODY_READ_TIMEOUT_DEFAULT,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let node = tokio::spawn(run(cfg, store, listener, Environment::production(None), async {

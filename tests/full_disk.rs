@@ -96,25 +96,6 @@ fn mount_all(root: &Path, ids: &[u64], bytes: u64) -> Result<Vec<(u64, Tmpfs)>, 
     ids.iter().map(|id| Ok((*id, Tmpfs::mount(&root.join(format!("node-{id}")), bytes)?))).collect()
 }
 
-/// Says loudly that a test did not run: on stderr, and as a line in the file named by
-/// `RUNNEV_TEST_SKIPS` (scripts/test sets it, counts the lines and names them in its summary;
-/// cargo test shows no output of a test that passes).
-fn skipped(why: &str) {
-    eprintln!("SKIPPED: {why}");
-    if let Some(path) = std::env::var_os("RUNNEV_TEST_SKIPS") {
-        use std::io::Write;
-        let line = format!("{why}\n");
-        let written = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .and_then(|mut f| f.write_all(line.as_bytes()));
-        if let Err(e) = written {
-            panic!("recording the skip in {}: {e}", std::path::Path::new(&path).display());
-        }
-    }
-}
-
 /// Starts a three-node cluster whose nodes `on_tmpfs` have their data directory on a tmpfs of
 /// `bytes`; `None` (after printing `SKIPPED`) where mounting is not permitted.
 async fn start(test: &str, on_tmpfs: &[u64], bytes: u64) -> Option<(Cluster, Vec<(u64, Tmpfs)>)> {

@@ -45,6 +45,9 @@ pub fn node_config(shared: &Shared, id: NodeId, data_dir: PathBuf) -> NodeConfig
         admin_token: None,
         max_connections: runnev::limits::CONNECTIONS_MAX_DEFAULT,
         max_subscribers: runnev::limits::SUBSCRIBERS_MAX_DEFAULT,
+        max_queued_proposals: runnev::limits::PROPOSALS_QUEUED_MAX_DEFAULT,
+        header_read_timeout: runnev::limits::HEADER_READ_TIMEOUT_DEFAULT,
+        body_read_timeout: runnev::limits::BODY_READ_TIMEOUT_DEFAULT,
     }
 }
 

@@ -94,6 +94,8 @@ pub struct AppState {
     pub security: auth::Security,
     /// One permit per subscription being served (`--max-subscribers`).
     pub subscribers: Arc<tokio::sync::Semaphore>,
+    /// Deadline for a request's body, from the end of its head (`--body-read-timeout`).
+    pub body_read_timeout: std::time::Duration,
 }
 
 /// Why this node's Raft core has stopped for good, if it has. openraft reports the fatal error
@@ -151,8 +153,11 @@ pub(crate) fn export_zeroes() {
     for code in ["unauthorized", "forbidden"] {
         metrics::counter!("runnev_auth_refused_total", "code" => code).increment(0);
     }
-    for bound in ["connections", "subscribers"] {
+    for bound in ["connections", "subscribers", "proposals"] {
         metrics::counter!("runnev_overloaded_total", "bound" => bound).increment(0);
+    }
+    for kind in ["header", "body"] {
+        metrics::counter!("runnev_read_timeouts_total", "kind" => kind).increment(0);
     }
     for via in ["read", "subscribe"] {
         metrics::counter!("runnev_gaps_delivered_total", "via" => via).increment(0);
@@ -160,6 +165,7 @@ pub(crate) fn export_zeroes() {
     metrics::counter!("runnev_writes_refused_disk_low_total").increment(0);
     metrics::counter!("runnev_appends_refused_disk_low_total").increment(0);
     metrics::gauge!("runnev_subscribers").increment(0.0);
+    metrics::gauge!("runnev_proposal_queue").increment(0.0);
     metrics::gauge!("runnev_connections").increment(0.0);
 }
 
@@ -194,6 +200,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth::authorize))
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(state.body_read_timeout, bound_body_read))
         .layer(axum::middleware::from_fn(refuse_transfer_codings))
         .layer(axum::middleware::from_fn(record_request))
         .layer(tower_http::request_id::PropagateRequestIdLayer::x_request_id())
@@ -314,9 +321,89 @@ async fn refuse_transfer_codings(req: axum::extract::Request, next: axum::middle
     .into_response()
 }
 
+/// Gives every request body a deadline of `timeout` from now (the end of its head): reading
+/// it fails with [`BodyReadTimeout`] past it, which [`read_body`] answers `408`. Whatever reads
+/// a body (a publish, a frames publish, a Raft RPC, an admin document) is bounded alike, so a
+/// client sending its body one byte a second holds its connection for `timeout` at most.
+async fn bound_body_read(
+    State(timeout): State<std::time::Duration>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    next.run(req.map(|body| Body::new(DeadlineBody::new(body, timeout)))).await
+}
+
+/// A request body's deadline passed before the whole body arrived.
+#[derive(Debug, thiserror::Error)]
+#[error("the body did not arrive within {timeout:?} (--body-read-timeout)")]
+pub(crate) struct BodyReadTimeout {
+    timeout: std::time::Duration,
+}
+
+/// A body that fails with [`BodyReadTimeout`] once its deadline has passed and counts that in
+/// `runnev_read_timeouts_total{kind="body"}`. Frames that are already there are still handed
+/// over; the deadline only ends a wait for more.
+struct DeadlineBody {
+    inner: Body,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    timeout: std::time::Duration,
+    expired: bool,
+}
+
+impl DeadlineBody {
+    fn new(inner: Body, timeout: std::time::Duration) -> DeadlineBody {
+        DeadlineBody { inner, deadline: Box::pin(tokio::time::sleep(timeout)), timeout, expired: false }
+    }
+}
+
+impl axum::body::HttpBody for DeadlineBody {
+    type Data = bytes::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        use std::task::Poll;
+        if self.expired {
+            return Poll::Ready(Some(Err(BodyReadTimeout { timeout: self.timeout }.into())));
+        }
+        if let Poll::Ready(frame) = std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        if std::future::Future::poll(self.deadline.as_mut(), cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.expired = true;
+        metrics::counter!("runnev_read_timeouts_total", "kind" => "body").increment(1);
+        Poll::Ready(Some(Err(BodyReadTimeout { timeout: self.timeout }.into())))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Whether `e`, or any error behind it, is a [`BodyReadTimeout`].
+fn is_body_read_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.is::<BodyReadTimeout>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
 /// Reads a whole request body of at most `limit_bytes`.
 ///
-/// Errors: `413 payload_too_large` past the limit; `400 invalid_body` if the body breaks off.
+/// Errors: `413 payload_too_large` past the limit; `408 request_timeout` when the body's
+/// deadline passed first ([`bound_body_read`]); `400 invalid_body` if the body breaks off.
 pub(crate) async fn read_body(body: Body, limit_bytes: usize) -> Result<bytes::Bytes, ApiError> {
     // A declared length (Content-Length) over the limit is refused before any of the body is
     // read or buffered.
@@ -326,6 +413,10 @@ pub(crate) async fn read_body(body: Body, limit_bytes: usize) -> Result<bytes::B
     match Limited::new(body, limit_bytes).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::PayloadTooLarge { limit_bytes }),
+        Err(e) if is_body_read_timeout(&*e) => Err(ApiError::RequestTimeout(format!(
+            "{}; nothing was done: send the request again, on a new connection",
+            crate::net::cause_text(&*e)
+        ))),
         Err(e) => Err(ApiError::InvalidBody(format!("reading the body failed: {e}"))),
     }
 }
@@ -391,4 +482,30 @@ impl Drop for Waiting {
 /// A JSON answer with a status.
 pub(crate) fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
     (status, axum::Json(value)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    /// A body that sends `first` and then nothing, without ending.
+    fn stalled_after(first: &'static [u8]) -> Body {
+        let chunks = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(first))])
+            .chain(futures::stream::pending());
+        Body::from_stream(chunks)
+    }
+
+    /// A body whose sender stops is `408` at its deadline, not a wait forever; a body that
+    /// arrives in time is read whole.
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_stops_arriving_is_408_at_its_deadline() {
+        let timeout = std::time::Duration::from_secs(2);
+        let started = tokio::time::Instant::now();
+        let cut = read_body(Body::new(DeadlineBody::new(stalled_after(b"abc"), timeout)), 1024).await;
+        assert!(matches!(cut, Err(ApiError::RequestTimeout(_))), "{cut:?}");
+        assert_eq!(started.elapsed(), timeout);
+        let whole = read_body(Body::new(DeadlineBody::new(Body::from("abc"), timeout)), 1024).await;
+        assert_eq!(whole.expect("a body in time").as_ref(), b"abc");
+    }
 }

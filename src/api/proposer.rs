@@ -6,8 +6,14 @@
 //! them. A request waits for nothing but the entry in flight ahead of it; a lone request is
 //! proposed alone, at once.
 //!
-//! Owns: forming batches and handing each request its own outcome. Must never: answer a
-//! request before its entry is committed and applied, or reorder commands within an entry.
+//! The queue of requests waiting for an entry is bounded (`--max-queued-proposals`): past it a
+//! request is answered `503 overloaded` at once and never reaches Raft, so a client may resend
+//! it (same seq) without risk. The idea is admission control at a bounded queue, as in any
+//! server that sheds load rather than let latency and memory grow without bound.
+//!
+//! Owns: forming batches, bounding the queue, and handing each request its own outcome. Must
+//! never: answer a request before its entry is committed and applied, reorder commands within
+//! an entry, or propose a request it answered `503 overloaded`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,13 +35,21 @@ struct Proposal {
 /// Hands commands to the batching task. Cheap to clone.
 #[derive(Clone)]
 pub struct Proposer {
-    tx: mpsc::UnboundedSender<Proposal>,
+    tx: mpsc::Sender<Proposal>,
+}
+
+/// Reports the queue's depth in the gauge `runnev_proposal_queue`, in requests.
+fn report_depth(depth: usize) {
+    metrics::gauge!("runnev_proposal_queue").set(depth as f64);
 }
 
 impl Proposer {
-    /// Starts the batching task for `raft`; it ends when every `Proposer` clone is dropped.
-    pub fn start(raft: Raft) -> Proposer {
-        let (tx, rx) = mpsc::unbounded_channel();
+    /// Starts the batching task for `raft`, holding at most `queued_max` requests (at least 1)
+    /// that wait for an entry; it ends when every `Proposer` clone is dropped.
+    pub fn start(raft: Raft, queued_max: usize) -> Proposer {
+        debug_assert!(queued_max >= 1, "a queue of proposals holds at least one");
+        let (tx, rx) = mpsc::channel(queued_max.max(1));
+        report_depth(0);
         tokio::spawn(run(raft, rx));
         Proposer { tx }
     }
@@ -43,19 +57,31 @@ impl Proposer {
     /// Proposes `cmd` (possibly batched with others) and returns its outcome and the log index
     /// of the entry that carried it, once committed and applied.
     ///
-    /// Errors: `OpError::NotLeader` if this node is not (or stopped being) leader;
-    /// `503 no_leader` if the entry did not commit within [`COMMIT_WAIT_MS`] (outcome unknown);
-    /// `500 internal` if Raft stopped.
+    /// Errors: `503 overloaded` at once, with nothing proposed, when `queued_max` requests
+    /// already wait (counted in `runnev_overloaded_total{bound="proposals"}`);
+    /// `OpError::NotLeader` if this node is not (or stopped being) leader; `503 no_leader` if
+    /// the entry did not commit within [`COMMIT_WAIT_MS`] (outcome unknown); `500 internal` if
+    /// Raft stopped.
     pub(crate) async fn propose(&self, cmd: Command) -> Result<(Outcome, u64), OpError> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Proposal { cmd, reply })
-            .map_err(|_| OpError::Fail(ApiError::Internal("the proposer has stopped".into())))?;
+        match self.tx.try_send(Proposal { cmd, reply }) {
+            Ok(()) => report_depth(self.tx.max_capacity() - self.tx.capacity()),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                metrics::counter!("runnev_overloaded_total", "bound" => "proposals").increment(1);
+                return Err(OpError::Fail(ApiError::Overloaded(format!(
+                    "the leader's queue of proposals is full ({} wait, --max-queued-proposals); nothing was proposed: retry later",
+                    self.tx.max_capacity()
+                ))));
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                return Err(OpError::Fail(ApiError::Internal("the proposer has stopped".into())))
+            }
+        }
         rx.await.map_err(|_| OpError::Fail(ApiError::Internal("the proposer dropped a request".into())))?
     }
 }
 
-async fn run(raft: Raft, mut rx: mpsc::UnboundedReceiver<Proposal>) {
+async fn run(raft: Raft, mut rx: mpsc::Receiver<Proposal>) {
     let in_flight = Arc::new(Semaphore::new(PROPOSALS_IN_FLIGHT_MAX));
     loop {
         let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
@@ -71,6 +97,7 @@ async fn run(raft: Raft, mut rx: mpsc::UnboundedReceiver<Proposal>) {
                 Err(_) => break,
             }
         }
+        report_depth(rx.len());
         let raft = raft.clone();
         tokio::spawn(async move {
             commit(&raft, batch).await;

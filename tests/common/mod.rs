@@ -113,7 +113,9 @@ impl Http {
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(3)));
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(5))
+            // Under the nodes' idle pooled connections, which stay below the least
+            // --header-read-timeout: a node never closes a connection this client reuses.
+            .pool_idle_timeout(Duration::from_millis(runnev::limits::HTTP_POOL_IDLE_MS))
             .pool_max_idle_per_host(32)
             .build(connector);
         Http { client, timeout }
@@ -183,6 +185,49 @@ impl Http {
             None => self.request(Method::PUT, url, None, &[], self.timeout).await,
         }
     }
+}
+
+/// Says loudly that a test did not run: on stderr, and as a line in the file named by
+/// `RUNNEV_TEST_SKIPS` (scripts/test sets it, counts the lines and names them in its summary;
+/// cargo test shows no output of a test that passes).
+pub fn skipped(why: &str) {
+    eprintln!("SKIPPED: {why}");
+    if let Some(path) = std::env::var_os("RUNNEV_TEST_SKIPS") {
+        use std::io::Write;
+        let line = format!("{why}\n");
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(e) = written {
+            panic!("recording the skip in {}: {e}", std::path::Path::new(&path).display());
+        }
+    }
+}
+
+/// Sends `GET path` on a new raw connection to `port` and reads the answer's head (and what
+/// came with it); the connection is returned open.
+pub async fn raw_get(port: u16, path: &str) -> Result<(tokio::net::TcpStream, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.map_err(|e| e.to_string())?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        Ok::<_, String>(())
+    };
+    tokio::time::timeout(Duration::from_secs(10), read).await.map_err(|_| "no answer".to_string())??;
+    Ok((s, String::from_utf8_lossy(&head).into_owned()))
 }
 
 // ---------------------------------------------------------------------------------------------
