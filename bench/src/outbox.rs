@@ -56,6 +56,9 @@ pub struct OutboxArgs {
     /// The relay's --batch-size (rows per cycle).
     #[arg(long, default_value_t = 5000)]
     pub batch_size: usize,
+    /// The relay's --max-append-bytes (largest publish request).
+    #[arg(long, default_value = "8MiB", value_parser = parse_size)]
+    pub max_append_bytes: u64,
     /// Print the summary as one JSON line on stdout.
     #[arg(long)]
     pub json: bool,
@@ -156,7 +159,8 @@ async fn published(pg_client: &tokio_postgres::Client, table: &str) -> Result<u6
 
 /// `pg_total_relation_size` of the outbox table (heap, indexes, TOAST), in bytes.
 async fn table_bytes(pg_client: &tokio_postgres::Client, table: &str) -> Result<u64, BenchError> {
-    let row = pg_client.query_one("SELECT pg_total_relation_size($1::regclass)::int8", &[&table]).await.map_err(pg)?;
+    let row =
+        pg_client.query_one("SELECT pg_total_relation_size($1::text::regclass)::int8", &[&table]).await.map_err(pg)?;
     Ok(row.get::<_, i64>(0).max(0) as u64)
 }
 
@@ -299,6 +303,7 @@ async fn measure(a: &OutboxArgs, c: &LocalCluster) -> Result<Summary, BenchError
     };
     let mut ro = RelayOptions::new(a.postgres.clone(), table.clone());
     ro.batch_size = a.batch_size;
+    ro.max_append_bytes = a.max_append_bytes as usize;
     ro.create_streams = true;
     let relay = Relay::new(client.clone(), ro).map_err(|e| BenchError::Invalid(e.to_string()))?;
     let relay_task = tokio::spawn(relay.run(stopped(stop_rx.clone())));

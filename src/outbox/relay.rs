@@ -47,7 +47,7 @@ use crate::client::{Client, ClientError};
 
 const SCHEMA_FILE: &str = "sql/outbox.sql";
 
-/// Most `DELETE`s of relayed rows per cycle (see `Relay::remove_relayed`).
+/// Most `DELETE`s of relayed rows per stream per cycle (see `Relay::remove_relayed`).
 const REMOVE_ROUNDS_MAX: usize = 8;
 
 /// How the relay runs. [`RelayOptions::new`] gives the defaults.
@@ -145,6 +145,9 @@ pub struct Relay {
     opts: RelayOptions,
     target: PgTarget,
     progress: String,
+    /// Per stream, the seq through which this relay has removed relayed rows (see
+    /// `Relay::remove_relayed`); learnt from the table on first use.
+    removed_through: std::sync::Mutex<BTreeMap<String, i64>>,
 }
 
 impl StreamOutcome {
@@ -206,7 +209,7 @@ impl Relay {
         }
         let target = PgTarget::parse(&opts.postgres, "runnev-outbox-relay")?;
         let progress = format!("{}_progress", opts.table);
-        Ok(Relay { client, opts, target, progress })
+        Ok(Relay { client, opts, target, progress, removed_through: Default::default() })
     }
 
     /// Runs until `shutdown` completes: waits as a hot standby while another relay holds the
@@ -252,6 +255,8 @@ impl Relay {
         let pg_err = |e| OutboxError::from_pg(&self.target.display, e, SCHEMA_FILE);
         metrics::gauge!("runnev_outbox_active", "table" => table.clone()).set(0.0);
         let (mut pg, mut notes) = self.target.connect().await?;
+        // Short statements only: compiling one with JIT would cost more than running it.
+        pg.batch_execute("SET jit = off").await.map_err(pg_err)?;
         if self.opts.init_schema {
             init_schema(&pg, table).await?;
         }
@@ -347,34 +352,68 @@ impl Relay {
 
     /// Removes relayed rows: those with `seq <= published_seq` of their stream (the cluster
     /// acknowledged them and the progress says so) written at least `keep_relayed` ago. Each
-    /// `DELETE` is its own short transaction of at most `delete_batch` rows, taking the lowest
-    /// seqs of each stream through the `(stream, seq)` index; it locks only the rows it removes,
-    /// which no writer touches again, so inserts never wait for it. Stops when a delete removes
-    /// less than a full batch, or after [`REMOVE_ROUNDS_MAX`] of them (the next cycle goes on).
-    /// Returns the rows removed.
+    /// `DELETE` is its own short transaction over one stream's seq range `(low, high]` of at
+    /// most `delete_batch` seqs, found through the `(stream, seq)` index; `low` is what this
+    /// relay already removed (kept in memory, so the scan never walks the index entries of rows
+    /// removed before), `high` at most `published_seq`. It locks only the rows it removes, which
+    /// no writer touches again, so inserts never wait for it. At most [`REMOVE_ROUNDS_MAX`]
+    /// deletes per stream per cycle (the next cycle goes on). Returns the rows removed.
     async fn remove_relayed(&self, pg: &tokio_postgres::Client) -> Result<u64, OutboxError> {
         let (t, p) = (&self.opts.table, &self.progress);
-        let sql = format!(
-            "DELETE FROM {t} WHERE id IN (
-               SELECT o.id FROM {p} p
-                 CROSS JOIN LATERAL (SELECT id, created_at FROM {t} o
-                                     WHERE o.stream = p.stream AND o.seq IS NOT NULL AND o.seq <= p.published_seq
-                                     ORDER BY o.seq LIMIT $1) o
-               WHERE o.created_at <= now() - make_interval(secs => $2)
-               LIMIT $1)"
-        );
-        let limit = self.opts.delete_batch as i64;
         let keep = self.opts.keep_relayed.as_secs_f64();
+        let published: Vec<(String, i64)> = pg
+            .query(&format!("SELECT stream, published_seq FROM {p}"), &[])
+            .await
+            .map_err(|e| self.pg_err(e))?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let delete = format!(
+            "DELETE FROM {t} WHERE stream = $1 AND seq > $2 AND seq <= $3
+               AND created_at <= now() - make_interval(secs => $4)"
+        );
         let mut removed = 0;
-        for _ in 0..REMOVE_ROUNDS_MAX {
-            let n = pg.execute(&sql, &[&limit, &keep]).await.map_err(|e| self.pg_err(e))?;
-            debug_assert!(n <= limit as u64);
-            removed += n;
-            metrics::counter!("runnev_outbox_removed_total", "table" => t.clone()).increment(n);
-            metrics::counter!("runnev_outbox_remove_statements_total", "table" => t.clone()).increment(1);
-            if n < limit as u64 {
-                break;
+        for (stream, top) in published {
+            let known = self.removed_through.lock().unwrap_or_else(|e| e.into_inner()).get(&stream).copied();
+            let mut low = match known {
+                Some(l) => l,
+                None => pg
+                    .query_one(
+                        &format!("SELECT coalesce(min(seq) - 1, $2) FROM {t} WHERE stream = $1 AND seq IS NOT NULL"),
+                        &[&stream, &top],
+                    )
+                    .await
+                    .map_err(|e| self.pg_err(e))?
+                    .get::<_, i64>(0),
+            };
+            for _ in 0..REMOVE_ROUNDS_MAX {
+                if low >= top {
+                    break;
+                }
+                let high = top.min(low.saturating_add(self.opts.delete_batch as i64));
+                let n = pg.execute(&delete, &[&stream, &low, &high, &keep]).await.map_err(|e| self.pg_err(e))?;
+                debug_assert!(n <= (high - low) as u64);
+                removed += n;
+                metrics::counter!("runnev_outbox_removed_total", "table" => t.clone()).increment(n);
+                metrics::counter!("runnev_outbox_remove_statements_total", "table" => t.clone()).increment(1);
+                // Rows inside the keep window stay: the range continues from the first of them.
+                let kept: Option<i64> = if keep > 0.0 {
+                    pg.query_one(
+                        &format!("SELECT min(seq) FROM {t} WHERE stream = $1 AND seq > $2 AND seq <= $3"),
+                        &[&stream, &low, &high],
+                    )
+                    .await
+                    .map_err(|e| self.pg_err(e))?
+                    .get(0)
+                } else {
+                    None
+                };
+                low = kept.map_or(high, |k| k - 1);
+                if kept.is_some() {
+                    break;
+                }
             }
+            self.removed_through.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, low);
         }
         Ok(removed)
     }
@@ -755,4 +794,48 @@ pub async fn init_schema(pg: &tokio_postgres::Client, table: &str) -> Result<(),
          SET LOCAL client_min_messages = warning; {ddl}; COMMIT;"
     );
     pg.batch_execute(&sql).await.map_err(OutboxError::Postgres)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(seqs: impl IntoIterator<Item = u64>, len: usize) -> Vec<Row> {
+        seqs.into_iter().map(|seq| Row { stream: "s".into(), seq, payload: Bytes::from(vec![0u8; len]) }).collect()
+    }
+
+    #[test]
+    fn a_request_stops_at_the_byte_limit_counting_frame_headers() {
+        let r = rows(1..=10, 96); // 100 bytes per frame
+        assert_eq!(request_end(&r, 0, 1000, r.len()), 10);
+        assert_eq!(request_end(&r, 0, 999, r.len()), 9);
+        assert_eq!(request_end(&r, 3, 250, r.len()), 5);
+        // A row larger than the limit still goes alone (the cluster refuses it, or not).
+        assert_eq!(request_end(&r, 0, 10, r.len()), 1);
+    }
+
+    #[test]
+    fn a_request_stops_at_a_seq_gap_and_at_the_cap() {
+        let r = rows([1, 2, 3, 7, 8], 1);
+        assert_eq!(request_end(&r, 0, usize::MAX, r.len()), 3);
+        assert_eq!(request_end(&r, 3, usize::MAX, r.len()), 5);
+        assert_eq!(request_end(&r, 0, usize::MAX, 2), 2);
+    }
+
+    #[test]
+    fn a_request_carries_at_most_the_frames_limit() {
+        let n = crate::limits::FRAMES_PER_APPEND_MAX as u64 + 5;
+        let r = rows(1..=n, 0);
+        assert_eq!(request_end(&r, 0, usize::MAX, r.len()), crate::limits::FRAMES_PER_APPEND_MAX);
+        assert_eq!(request_end(&r, crate::limits::FRAMES_PER_APPEND_MAX, usize::MAX, r.len()), r.len());
+    }
+
+    #[test]
+    fn acknowledged_rows_move_the_acked_seq_and_count_duplicates() {
+        let r = rows(5..=9, 1);
+        let mut o = StreamOutcome::default();
+        o.acknowledge(&r[..3], true);
+        o.acknowledge(&r[3..], false);
+        assert_eq!((o.acked, o.acked_rows, o.duplicates), (Some(9), 5, 3));
+    }
 }

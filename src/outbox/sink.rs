@@ -288,6 +288,15 @@ impl SinkOptions {
     }
 }
 
+/// Aborts its task when dropped (the sink's subscription reader ends with its session).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// A sink: subscribes to one stream from the cursor stored in PostgreSQL and applies every
 /// batch exactly once with its [`Apply`].
 pub struct Sink<A: Apply> {
@@ -355,13 +364,26 @@ impl<A: Apply> Sink<A> {
         let labels = [("consumer", consumer.clone()), ("stream", stream.clone())];
         metrics::gauge!("runnev_outbox_sink_cursor", &labels).set(cursor as f64);
         tracing::info!(stream = %stream, consumer = %consumer, cursor, "sink subscribing after its committed cursor");
+        // Read-ahead: a task drains the subscription into a queue of up to `batch_max`
+        // deliveries while a transaction is in flight, so the next group takes everything that
+        // arrived meanwhile (many batches per transaction under load, one when idle).
         let mut sub = self.client.subscribe(&stream, cursor);
+        let (queue, mut deliveries) = tokio::sync::mpsc::channel(self.opts.batch_max);
+        let _reader = AbortOnDrop(tokio::spawn(async move {
+            while let Some(item) = sub.next().await {
+                if queue.send(item).await.is_err() {
+                    break;
+                }
+            }
+        }));
+        let mut next = deliveries.recv().await;
         loop {
-            let first = match sub.next().await {
+            let first = match next.take() {
                 Some(Ok(d)) => d,
                 Some(Err(e @ (ClientError::Unavailable { .. } | ClientError::Unreachable { .. }))) => {
                     tracing::warn!(stream = %stream, error = %e, "no node answers the subscription; still trying");
                     count_error("sink", &OutboxError::Cluster(e));
+                    next = deliveries.recv().await;
                     continue;
                 }
                 Some(Err(e)) => return Err(e.into()),
@@ -373,10 +395,20 @@ impl<A: Apply> Sink<A> {
                 }
             };
             let mut group = vec![first];
+            // An error queued behind the group is handled after the group is applied.
+            let mut after: Option<Option<Result<Delivery, ClientError>>> = None;
             while group.len() < self.opts.batch_max {
-                match sub.next().now_or_never() {
-                    Some(Some(Ok(d))) => group.push(d),
-                    _ => break,
+                match deliveries.try_recv() {
+                    Ok(Ok(d)) => group.push(d),
+                    Ok(Err(e)) => {
+                        after = Some(Some(Err(e)));
+                        break;
+                    }
+                    Err(tokio::sync::mpsc::error::TryRecvError::Empty) => break,
+                    Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
+                        after = Some(None);
+                        break;
+                    }
                 }
             }
             let out = apply_group(&mut pg, &consumer, &stream, &group, &mut self.apply, &self.opts.failpoint)
@@ -392,6 +424,10 @@ impl<A: Apply> Sink<A> {
                 tracing::error!(stream = %stream, consumer = %consumer, from = g.from, to = g.to,
                     "GAP: retention evicted these seqs before this consumer applied them; recorded in runnev_sink_gaps");
             }
+            next = match after {
+                Some(item) => item,
+                None => deliveries.recv().await,
+            };
         }
     }
 }
