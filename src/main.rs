@@ -110,14 +110,7 @@ struct At {
 
 impl At {
     fn client(&self) -> Result<runnev::client::Client> {
-        let nodes = runnev::client::Client::parse_nodes(&self.nodes);
-        let token = self
-            .token
-            .as_deref()
-            .map(runnev::auth::Token::parse)
-            .transpose()
-            .map_err(|e| cli::usage(&format!("--token (or RUNNEV_TOKEN): {e}")))?;
-        Ok(runnev::client::Client::secure(&nodes, self.ca_file.as_deref(), token)?)
+        Ok(runnev::client::Client::from_flags(&self.nodes, self.ca_file.as_deref(), self.token.as_deref())?)
     }
 }
 

@@ -41,6 +41,9 @@ enum Cmd {
     Membership(crate::membership::MembershipArgs),
     /// Publish load against a NATS JetStream stream; each publish waits for its PubAck.
     Nats(crate::nats::NatsArgs),
+    /// PostgreSQL writers → outbox relay → a cluster it starts → sinks; rows/s per stage,
+    /// commit → sink latency, outbox table size.
+    Outbox(crate::outbox::OutboxArgs),
 }
 
 /// Flags of `runnev bench publish` (also accepted by plain `runnev bench`).
@@ -62,9 +65,7 @@ struct PublishArgs {
 /// `runnev bench publish` (and plain `runnev bench`): a bounded publish load with the generator
 /// of [`crate::publish`]; progress on stderr, then a table or one JSON line on stdout.
 async fn publish(a: PublishArgs) -> Result<()> {
-    let token =
-        a.token.as_deref().map(runnev::auth::Token::parse).transpose().map_err(|e| anyhow::anyhow!("--token: {e}"))?;
-    let client = Client::secure(&Client::parse_nodes(&a.nodes), a.ca_file.as_deref(), token)?;
+    let client = Client::from_flags(&a.nodes, a.ca_file.as_deref(), a.token.as_deref())?;
     let spec = a.load.spec();
     let names = stream_names(&a.load.stream, spec.streams);
     let target = Arc::new(RunnevTarget::new(client, names));
@@ -85,6 +86,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Restart(a) => crate::restart::run(a).await?,
         Cmd::Membership(a) => crate::membership::run(a).await?,
         Cmd::Nats(a) => crate::nats::run(a).await?,
+        Cmd::Outbox(a) => crate::outbox::run(a).await?,
     }
     Ok(())
 }

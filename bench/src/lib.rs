@@ -6,7 +6,8 @@
 //! publish load generator, generic over the system under load, and its Runnev target),
 //! [`catchup`], [`failover`], [`membership`] and [`restart`] (the modes that read a whole stream,
 //! change the membership, or kill and restart nodes of a cluster they start through
-//! `runnev::launcher`), [`nats`] (NATS JetStream as
+//! `runnev::launcher`), [`outbox`] (the transactional outbox end to end: PostgreSQL writers,
+//! relay, cluster, sink), [`nats`] (NATS JetStream as
 //! a target), [`stats`] (percentiles) and [`cli`] (the command line). Must never: be on the
 //! serving path, or be linked into the `runnev` binary (its dependencies, such as the NATS client,
 //! stay out of the product).
@@ -18,6 +19,7 @@ pub mod cluster;
 pub mod failover;
 pub mod membership;
 pub mod nats;
+pub mod outbox;
 pub mod publish;
 pub mod restart;
 pub mod stats;

@@ -343,6 +343,26 @@ impl Client {
         self
     }
 
+    /// The client every command builds from its flags: `nodes` as `--nodes` spells them
+    /// (comma-separated, see [`Client::parse_nodes`]), `ca_file` from `--ca-file` /
+    /// `RUNNEV_CA_FILE` (TLS to the nodes, verified against that CA), `token` from `--token` /
+    /// `RUNNEV_TOKEN` (sent on every request). The one place the client commands, the outbox
+    /// relay and the sink turn those flags into a [`Client`].
+    ///
+    /// Errors: [`ClientError::Config`] for a token that is not `rnv_<name>_<secret>`, and the
+    /// errors of [`Client::secure`].
+    pub fn from_flags(
+        nodes: &str,
+        ca_file: Option<&std::path::Path>,
+        token: Option<&str>,
+    ) -> Result<Client, ClientError> {
+        let token = token
+            .map(crate::auth::Token::parse)
+            .transpose()
+            .map_err(|e| ClientError::Config(format!("--token (or RUNNEV_TOKEN): {e}")))?;
+        Client::secure(&Client::parse_nodes(nodes), ca_file, token)
+    }
+
     /// A client over `nodes` with its own dialer (the simulation's) and retry policy.
     ///
     /// Errors: as [`Client::new`].
@@ -424,7 +444,7 @@ impl Client {
     }
 
     /// `req` with this client's token, if it has one, as `Authorization: Bearer`.
-    fn authorized(&self, req: hyper::http::request::Builder) -> hyper::http::request::Builder {
+    pub(crate) fn authorized(&self, req: hyper::http::request::Builder) -> hyper::http::request::Builder {
         match &self.inner.token {
             Some(token) => req.header(hyper::header::AUTHORIZATION, format!("Bearer {}", token.expose())),
             None => req,

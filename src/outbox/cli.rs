@@ -2,13 +2,14 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 
 use super::relay::{Relay, RelayOptions};
-use super::sink::{Sink, SinkOptions, SqlApply, DEFAULT_APPLY_SQL};
+use super::sink::{BulkApply, Sink, SinkOptions, SqlApply};
 use super::{Failpoint, DEFAULT_TABLE};
 use crate::client::{Client, DEFAULT_NODES};
 
@@ -21,12 +22,32 @@ pub struct RelayArgs {
     /// Runnev nodes: HOST:PORT or http://HOST:PORT, comma-separated; the client fails over between them.
     #[arg(long = "nodes", env = "RUNNEV_NODES", hide_env_values = true, default_value = DEFAULT_NODES)]
     pub nodes: String,
+    /// The cluster CA's certificate: speak TLS to the nodes and verify them with it.
+    #[arg(long = "ca-file", env = "RUNNEV_CA_FILE", value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// The token to send (nodes run with --auth); needs publish (relay) or read (sink) on the streams.
+    #[arg(long = "token", env = "RUNNEV_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// The outbox table; its progress table is TABLE_progress. One active relay per table.
     #[arg(long, default_value = DEFAULT_TABLE)]
     pub table: String,
     /// Most rows assigned and published per cycle.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 5000)]
     pub batch_size: usize,
+    /// Most streams published at once (one request each in flight).
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Largest publish request (a stream's rows as frames, frame headers included): at most
+    /// the cluster's --max-append-bytes. Bytes, or with a unit (8MiB). Larger sets are split.
+    #[arg(long, value_name = "SIZE", default_value = "8MiB", value_parser = crate::units::parse_bytes)]
+    pub max_append_bytes: u64,
+    /// Keep relayed rows (acknowledged, progress recorded) this long after they were written,
+    /// then remove them (e.g. 0s, 10m, 7d).
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = crate::units::parse_duration)]
+    pub keep_relayed: Duration,
+    /// Most relayed rows removed by one DELETE (one short transaction).
+    #[arg(long, default_value_t = 5000)]
+    pub delete_batch: usize,
     /// Poll for rows this often (ms) even without a NOTIFY.
     #[arg(long, default_value_t = 1000)]
     pub poll_ms: u64,
@@ -53,6 +74,12 @@ pub struct SinkArgs {
     /// Runnev nodes: HOST:PORT or http://HOST:PORT, comma-separated; the client fails over between them.
     #[arg(long = "nodes", env = "RUNNEV_NODES", hide_env_values = true, default_value = DEFAULT_NODES)]
     pub nodes: String,
+    /// The cluster CA's certificate: speak TLS to the nodes and verify them with it.
+    #[arg(long = "ca-file", env = "RUNNEV_CA_FILE", value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// The token to send (nodes run with --auth); needs publish (relay) or read (sink) on the streams.
+    #[arg(long = "token", env = "RUNNEV_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// The stream to consume.
     #[arg(long)]
     pub stream: String,
@@ -60,10 +87,11 @@ pub struct SinkArgs {
     #[arg(long)]
     pub consumer: String,
     /// Statement run for each batch: $1 stream, $2 seq, $3 ts (ms), $4 payload (bytea), $5 consumer.
-    #[arg(long, default_value = DEFAULT_APPLY_SQL)]
-    pub apply_sql: String,
+    /// Without it, each transaction's batches go into runnev_sink_batches in one statement.
+    #[arg(long)]
+    pub apply_sql: Option<String>,
     /// Most batches applied in one transaction.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 5000)]
     pub batch_size: usize,
     /// Create the sink tables (sql/sink.sql) if missing.
     #[arg(long)]
@@ -91,9 +119,13 @@ async fn metrics(addr: Option<SocketAddr>) -> Result<()> {
 /// database and cluster failures are retried, not returned.
 pub async fn relay(args: RelayArgs, shutdown: impl Future<Output = ()>) -> Result<()> {
     metrics(args.metrics_listen).await?;
-    let client = Client::new(&Client::parse_nodes(&args.nodes))?;
+    let client = Client::from_flags(&args.nodes, args.ca_file.as_deref(), args.token.as_deref())?;
     let mut o = RelayOptions::new(args.postgres, args.table);
     o.batch_size = args.batch_size;
+    o.concurrency = args.concurrency;
+    o.max_append_bytes = usize::try_from(args.max_append_bytes).unwrap_or(usize::MAX);
+    o.keep_relayed = args.keep_relayed;
+    o.delete_batch = args.delete_batch;
     o.poll = Duration::from_millis(args.poll_ms.max(1));
     o.standby_poll = Duration::from_millis(args.standby_poll_ms.max(1));
     o.init_schema = args.init_schema;
@@ -108,11 +140,14 @@ pub async fn relay(args: RelayArgs, shutdown: impl Future<Output = ()>) -> Resul
 /// Errors: as [`relay`].
 pub async fn sink(args: SinkArgs, shutdown: impl Future<Output = ()>) -> Result<()> {
     metrics(args.metrics_listen).await?;
-    let client = Client::new(&Client::parse_nodes(&args.nodes))?;
+    let client = Client::from_flags(&args.nodes, args.ca_file.as_deref(), args.token.as_deref())?;
     let mut o = SinkOptions::new(args.postgres, args.consumer.clone(), args.stream);
     o.batch_max = args.batch_size;
     o.init_schema = args.init_schema;
     o.failpoint = failpoint()?;
-    Sink::new(client, o, SqlApply::new(args.apply_sql, args.consumer))?.run(shutdown).await?;
+    match args.apply_sql {
+        Some(sql) => Sink::new(client, o, SqlApply::new(sql, args.consumer))?.run(shutdown).await?,
+        None => Sink::new(client, o, BulkApply::new(args.consumer))?.run(shutdown).await?,
+    }
     Ok(())
 }

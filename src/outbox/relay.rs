@@ -8,10 +8,17 @@
 //! 1. **Assign** (one transaction): take up to `batch_size` rows with `seq IS NULL` in id order,
 //!    give each the next seq of its stream (per-stream counter in `<table>_progress`), commit.
 //!    The seq is now durable *before* anything is published.
-//! 2. **Publish**: each row with exactly its seq, in seq order per stream (streams in parallel).
-//!    After a crash, rows assigned but not recorded as published are published again first; the
-//!    cluster answers `duplicate: true` for those it already has (SPEC §2.3).
+//! 2. **Publish**: each stream's rows as many frames in one request (SPEC §6, `?seq=N`: frame k
+//!    is the row with seq N+k), split to stay within `max_append_bytes` and 10,000 frames; up to
+//!    `concurrency` streams in flight at once. After a crash, rows assigned but not recorded as
+//!    published are published again first; the cluster answers `duplicate: true` for a request
+//!    it already has, and `409 partial_duplicate` (frame k) when only frames `0..k` are stored:
+//!    the relay resends from frame k with seq N+k.
 //! 3. **Record** (one transaction): `published_seq` per stream, commit.
+//! 4. **Remove** (short transactions of at most `delete_batch` rows): rows with
+//!    `seq <= published_seq` older than `keep_relayed`. Only those: a row above `published_seq`
+//!    may still have to be published again, and the progress table, not the outbox, says what
+//!    was published.
 //!
 //! Why seqs are assigned by the relay and not taken from the row id: ids come from a sequence
 //! in `nextval` order, not commit order. A transaction holding id 7 may commit after id 8 was
@@ -33,11 +40,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::StreamExt;
 
 use super::{count_error, failpoint, is_connection_problem, Backoff, Failpoint, FailpointName, OutboxError, PgTarget};
 use crate::client::{Client, ClientError};
 
 const SCHEMA_FILE: &str = "sql/outbox.sql";
+
+/// Most `DELETE`s of relayed rows per stream per cycle (see `Relay::remove_relayed`).
+const REMOVE_ROUNDS_MAX: usize = 8;
 
 /// How the relay runs. [`RelayOptions::new`] gives the defaults.
 #[derive(Debug, Clone)]
@@ -63,18 +74,31 @@ pub struct RelayOptions {
     pub backoff_max: Duration,
     /// How often the lag gauges are refreshed.
     pub lag_every: Duration,
+    /// Most streams published at once (each one request in flight).
+    pub concurrency: usize,
+    /// Largest body of one frames request, frame headers included, in bytes: at most the
+    /// cluster's `--max-append-bytes`. A request is also at most
+    /// [`crate::limits::FRAMES_PER_APPEND_MAX`] frames.
+    pub max_append_bytes: usize,
+    /// How long a relayed row (`seq <= published_seq`) stays in the outbox after it was
+    /// written (`created_at`); zero removes it right after its progress is recorded.
+    pub keep_relayed: Duration,
+    /// Most rows removed by one `DELETE` (one short transaction).
+    pub delete_batch: usize,
     /// A test's crash point, if any.
     pub failpoint: Option<Arc<Failpoint>>,
 }
 
 impl RelayOptions {
-    /// Defaults for `table` on `postgres`: batches of 500, poll every 1 s, standby every 1 s,
-    /// backoff 200 ms → 30 s, lag every 1 s, no schema or stream creation.
+    /// Defaults for `table` on `postgres`: batches of 5,000 rows, poll every 1 s, standby every
+    /// 1 s, backoff 200 ms → 30 s, lag every 1 s, 16 streams in flight, requests of at most
+    /// 8 MiB (the cluster's default `--max-append-bytes`), relayed rows removed at once in
+    /// deletes of 5,000, no schema or stream creation.
     pub fn new(postgres: impl Into<String>, table: impl Into<String>) -> RelayOptions {
         RelayOptions {
             postgres: postgres.into(),
             table: table.into(),
-            batch_size: 500,
+            batch_size: 5000,
             poll: Duration::from_secs(1),
             standby_poll: Duration::from_secs(1),
             init_schema: false,
@@ -82,6 +106,10 @@ impl RelayOptions {
             backoff_min: Duration::from_millis(200),
             backoff_max: Duration::from_secs(30),
             lag_every: Duration::from_secs(1),
+            concurrency: 16,
+            max_append_bytes: crate::limits::APPEND_BYTES_DEFAULT,
+            keep_relayed: Duration::ZERO,
+            delete_batch: 5000,
             failpoint: None,
         }
     }
@@ -102,6 +130,8 @@ struct StreamOutcome {
     acked: Option<u64>,
     acked_rows: u64,
     duplicates: u64,
+    /// Publish requests sent (each carrying one or more rows as frames).
+    requests: u64,
     /// The first seq another publisher had taken (`409 seq_not_increasing` / `seq_conflict`).
     taken: Option<u64>,
     /// The stream's last seq, read after `taken`.
@@ -115,20 +145,71 @@ pub struct Relay {
     opts: RelayOptions,
     target: PgTarget,
     progress: String,
+    /// Per stream, the seq through which this relay has removed relayed rows (see
+    /// `Relay::remove_relayed`); learnt from the table on first use.
+    removed_through: std::sync::Mutex<BTreeMap<String, i64>>,
+}
+
+impl StreamOutcome {
+    /// Counts `rows` (consecutive, after those already counted) as acknowledged.
+    fn acknowledge(&mut self, rows: &[Row], duplicate: bool) {
+        debug_assert!(self.acked.is_none_or(|a| rows.first().is_none_or(|r| r.seq > a)));
+        if let Some(last) = rows.last() {
+            self.acked = Some(last.seq);
+            self.acked_rows += rows.len() as u64;
+            if duplicate {
+                self.duplicates += rows.len() as u64;
+            }
+        }
+    }
+}
+
+/// Bytes of a frames body carrying `rows`: a 4-byte length before each payload.
+fn chunk_bytes(rows: &[Row]) -> usize {
+    rows.iter().map(|r| 4 + r.payload.len()).sum()
+}
+
+/// The end (exclusive) of the request starting at `rows[start]`: consecutive seqs only, at
+/// most [`crate::limits::FRAMES_PER_APPEND_MAX`] frames and `max_bytes` of body, never past
+/// `cap`; always at least one row (a row too large on its own is the cluster's to refuse).
+fn request_end(rows: &[Row], start: usize, max_bytes: usize, cap: usize) -> usize {
+    debug_assert!(start < rows.len() && start < cap);
+    let limit = cap.min(rows.len()).min(start + crate::limits::FRAMES_PER_APPEND_MAX);
+    let mut bytes = 4 + rows[start].payload.len();
+    let mut end = start + 1;
+    while end < limit {
+        let next = 4 + rows[end].payload.len();
+        if rows[end].seq != rows[end - 1].seq + 1 || bytes + next > max_bytes {
+            break;
+        }
+        bytes += next;
+        end += 1;
+    }
+    end
 }
 
 impl Relay {
     /// A relay publishing through `client`.
     ///
-    /// Errors: [`OutboxError::Config`] for a bad table name, batch size 0, or a malformed URL.
+    /// Errors: [`OutboxError::Config`] for a bad table name, batch size 0, concurrency 0, a
+    /// request size too small for a frame header, delete batch 0, or a malformed URL.
     pub fn new(client: Client, opts: RelayOptions) -> Result<Relay, OutboxError> {
         super::check_identifier(&opts.table)?;
         if opts.batch_size == 0 || opts.batch_size > 100_000 {
             return Err(OutboxError::Config("batch size must be 1-100000".into()));
         }
+        if opts.concurrency == 0 || opts.delete_batch == 0 {
+            return Err(OutboxError::Config("concurrency and delete batch must be at least 1".into()));
+        }
+        if opts.max_append_bytes < 4 || opts.max_append_bytes > crate::limits::APPEND_BYTES_MAX {
+            return Err(OutboxError::Config(format!(
+                "the request size must be 4 bytes to {} bytes",
+                crate::limits::APPEND_BYTES_MAX
+            )));
+        }
         let target = PgTarget::parse(&opts.postgres, "runnev-outbox-relay")?;
         let progress = format!("{}_progress", opts.table);
-        Ok(Relay { client, opts, target, progress })
+        Ok(Relay { client, opts, target, progress, removed_through: Default::default() })
     }
 
     /// Runs until `shutdown` completes: waits as a hot standby while another relay holds the
@@ -174,6 +255,8 @@ impl Relay {
         let pg_err = |e| OutboxError::from_pg(&self.target.display, e, SCHEMA_FILE);
         metrics::gauge!("runnev_outbox_active", "table" => table.clone()).set(0.0);
         let (mut pg, mut notes) = self.target.connect().await?;
+        // Short statements only: compiling one with JIT would cost more than running it.
+        pg.batch_execute("SET jit = off").await.map_err(pg_err)?;
         if self.opts.init_schema {
             init_schema(&pg, table).await?;
         }
@@ -267,6 +350,74 @@ impl Relay {
         Ok(())
     }
 
+    /// Removes relayed rows: those with `seq <= published_seq` of their stream (the cluster
+    /// acknowledged them and the progress says so) written at least `keep_relayed` ago. Each
+    /// `DELETE` is its own short transaction over one stream's seq range `(low, high]` of at
+    /// most `delete_batch` seqs, found through the `(stream, seq)` index; `low` is what this
+    /// relay already removed (kept in memory, so the scan never walks the index entries of rows
+    /// removed before), `high` at most `published_seq`. It locks only the rows it removes, which
+    /// no writer touches again, so inserts never wait for it. At most [`REMOVE_ROUNDS_MAX`]
+    /// deletes per stream per cycle (the next cycle goes on). Returns the rows removed.
+    async fn remove_relayed(&self, pg: &tokio_postgres::Client) -> Result<u64, OutboxError> {
+        let (t, p) = (&self.opts.table, &self.progress);
+        let keep = self.opts.keep_relayed.as_secs_f64();
+        let published: Vec<(String, i64)> = pg
+            .query(&format!("SELECT stream, published_seq FROM {p}"), &[])
+            .await
+            .map_err(|e| self.pg_err(e))?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let delete = format!(
+            "DELETE FROM {t} WHERE stream = $1 AND seq > $2 AND seq <= $3
+               AND created_at <= now() - make_interval(secs => $4)"
+        );
+        let mut removed = 0;
+        for (stream, top) in published {
+            let known = self.removed_through.lock().unwrap_or_else(|e| e.into_inner()).get(&stream).copied();
+            let mut low = match known {
+                Some(l) => l,
+                None => pg
+                    .query_one(
+                        &format!("SELECT coalesce(min(seq) - 1, $2) FROM {t} WHERE stream = $1 AND seq IS NOT NULL"),
+                        &[&stream, &top],
+                    )
+                    .await
+                    .map_err(|e| self.pg_err(e))?
+                    .get::<_, i64>(0),
+            };
+            for _ in 0..REMOVE_ROUNDS_MAX {
+                if low >= top {
+                    break;
+                }
+                let high = top.min(low.saturating_add(self.opts.delete_batch as i64));
+                let n = pg.execute(&delete, &[&stream, &low, &high, &keep]).await.map_err(|e| self.pg_err(e))?;
+                debug_assert!(n <= (high - low) as u64);
+                removed += n;
+                metrics::counter!("runnev_outbox_removed_total", "table" => t.clone()).increment(n);
+                metrics::counter!("runnev_outbox_remove_statements_total", "table" => t.clone()).increment(1);
+                // Rows inside the keep window stay: the range continues from the first of them.
+                let kept: Option<i64> = if keep > 0.0 {
+                    pg.query_one(
+                        &format!("SELECT min(seq) FROM {t} WHERE stream = $1 AND seq > $2 AND seq <= $3"),
+                        &[&stream, &low, &high],
+                    )
+                    .await
+                    .map_err(|e| self.pg_err(e))?
+                    .get(0)
+                } else {
+                    None
+                };
+                low = kept.map_or(high, |k| k - 1);
+                if kept.is_some() {
+                    break;
+                }
+            }
+            self.removed_through.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, low);
+        }
+        Ok(removed)
+    }
+
     fn pg_err(&self, e: tokio_postgres::Error) -> OutboxError {
         OutboxError::from_pg(&self.target.display, e, SCHEMA_FILE)
     }
@@ -274,6 +425,7 @@ impl Relay {
     /// One cycle: publish what is assigned and unpublished (after a crash), else assign a new
     /// batch and publish it; then record the progress. Returns the rows acknowledged.
     async fn cycle(&self, pg: &mut tokio_postgres::Client) -> Result<usize, OutboxError> {
+        self.remove_relayed(pg).await?;
         let mut work = self.load_unpublished(pg).await?;
         // Streams with rows assigned but not acknowledged (after a crash or a failed publish)
         // continue with exactly those rows, in seq order; their newly assigned rows wait for a
@@ -300,6 +452,7 @@ impl Relay {
         for (stream, o) in outcomes {
             acked += o.acked_rows as usize;
             metrics::counter!("runnev_outbox_relayed_total", "table" => table.clone()).increment(o.acked_rows);
+            metrics::counter!("runnev_outbox_publish_requests_total", "table" => table.clone()).increment(o.requests);
             metrics::counter!("runnev_outbox_duplicates_total", "table" => table.clone()).increment(o.duplicates);
             if o.duplicates > 0 {
                 tracing::info!(table = %table, stream = %stream, duplicates = o.duplicates,
@@ -435,7 +588,7 @@ impl Relay {
         }
     }
 
-    /// Publishes each stream's rows in seq order, streams concurrently.
+    /// Publishes each stream's rows in seq order, up to `concurrency` streams at once.
     async fn publish(&self, work: Vec<Row>) -> BTreeMap<String, StreamOutcome> {
         let mut by_stream: BTreeMap<String, Vec<Row>> = BTreeMap::new();
         for r in work {
@@ -445,37 +598,77 @@ impl Relay {
             let o = self.publish_stream(&stream, rows).await;
             (stream, o)
         });
-        futures::future::join_all(tasks).await.into_iter().collect()
+        futures::stream::iter(tasks).buffer_unordered(self.opts.concurrency).collect().await
     }
 
+    /// Publishes one stream's rows (seq order) as frames requests, each starting at its first
+    /// row's seq, stopping at the first failure. Every answer that names a frame is handled
+    /// by what it says about the frames before it (SPEC §6: nothing of a refused request is
+    /// written):
+    /// - `partial_duplicate`, frame k: frames `0..k` are stored → acknowledged; resend from k.
+    /// - `seq_not_increasing` / `seq_conflict`, frame k > 0: the frames before it are resent
+    ///   alone (answered duplicate or stored), and the next request meets the taken seq at
+    ///   frame 0, which hands the rows from there to reassignment.
+    /// - `seq_evicted`, frame k: frames `0..=k` were stored and since evicted (see below).
+    /// - `payload_too_large` without a frame: the cluster's `--max-append-bytes` is below ours;
+    ///   the request is halved. With frame k > 0, the frames before it are sent alone.
     async fn publish_stream(&self, stream: &str, rows: Vec<Row>) -> StreamOutcome {
         let mut o = StreamOutcome::default();
         let mut recreated = false;
+        let mut max_bytes = self.opts.max_append_bytes;
+        // An upper bound on the next request's end (exclusive), after an answer named a frame.
+        let mut cap: Option<usize> = None;
         let mut i = 0;
         while i < rows.len() {
-            let row = &rows[i];
-            match self.client.publish(stream, Some(row.seq), row.payload.clone()).await {
+            let end = request_end(&rows, i, max_bytes, cap.unwrap_or(rows.len()));
+            let chunk = &rows[i..end];
+            let first = chunk[0].seq;
+            let payloads: Vec<&[u8]> = chunk.iter().map(|r| r.payload.as_ref()).collect();
+            o.requests += 1;
+            let answer = self.client.publish_many(stream, Some(first), &payloads).await;
+            let frame = |e: &ClientError| match e {
+                ClientError::Api { frame: Some(k), .. } if (*k as usize) < chunk.len() => Some(*k as usize),
+                _ => None,
+            };
+            match answer {
                 Ok(ack) => {
-                    o.acked = Some(row.seq);
-                    o.acked_rows += 1;
-                    if ack.duplicate {
-                        o.duplicates += 1;
-                    }
-                    i += 1;
+                    o.acknowledge(chunk, ack.duplicate);
+                    i = end;
+                    cap = None;
                 }
-                Err(e) if matches!(e.code(), Some("seq_not_increasing") | Some("seq_conflict")) => {
-                    // No batch of this row is stored (the cluster would have answered duplicate).
-                    o.taken = Some(row.seq);
-                    match self.client.stream(stream).await {
-                        Ok(info) => o.last_seq = info.last_seq,
-                        Err(e2) => {
-                            o.taken = None;
-                            o.error = Some(e2.into());
+                Err(e) if e.code() == Some("partial_duplicate") => match frame(&e) {
+                    Some(k) if k > 0 => {
+                        tracing::info!(stream, first, stored = k, "the cluster had the first frames of this request (a retry after a crash); resending from the first new one");
+                        o.acknowledge(&chunk[..k], true);
+                        i += k;
+                        cap = None;
+                    }
+                    _ => {
+                        o.error = Some(self.protocol(stream, &e));
+                        break;
+                    }
+                },
+                Err(e) if matches!(e.code(), Some("seq_not_increasing") | Some("seq_conflict")) => match frame(&e) {
+                    Some(k) if k > 0 => cap = Some(i + k),
+                    Some(_) => {
+                        // No batch of this row is stored (the cluster would have answered
+                        // duplicate), and nothing after it in this stream.
+                        o.taken = Some(first);
+                        match self.client.stream(stream).await {
+                            Ok(info) => o.last_seq = info.last_seq,
+                            Err(e2) => {
+                                o.taken = None;
+                                o.error = Some(e2.into());
+                            }
                         }
+                        tracing::warn!(stream, seq = first, error = %e, "another publisher took this seq; the stream's unpublished rows get new seqs");
+                        break;
                     }
-                    tracing::warn!(stream, seq = row.seq, error = %e, "another publisher took this seq; the stream's unpublished rows get new seqs");
-                    break;
-                }
+                    None => {
+                        o.error = Some(self.protocol(stream, &e));
+                        break;
+                    }
+                },
                 Err(e) if e.code() == Some("stream_not_found") && self.opts.create_streams && !recreated => {
                     tracing::warn!(stream, "stream was deleted; creating it again");
                     recreated = true;
@@ -484,22 +677,44 @@ impl Relay {
                         break;
                     }
                 }
-                Err(e) if e.code() == Some("seq_evicted") => {
-                    // seq <= evicted_through: a batch with a seq at or above it was stored, and
-                    // as the streams' only publisher, publishing in seq order, the relay stored
-                    // this one before it; retention has since evicted it.
-                    tracing::warn!(
-                        stream,
-                        seq = row.seq,
-                        "already published and since evicted by retention; counted as relayed"
-                    );
-                    o.acked = Some(row.seq);
-                    o.acked_rows += 1;
-                    o.duplicates += 1;
-                    i += 1;
-                }
+                Err(e) if e.code() == Some("seq_evicted") => match frame(&e) {
+                    Some(k) => {
+                        // seq <= evicted_through: a batch with a seq at or above it was stored,
+                        // and as the streams' only publisher, publishing in seq order, the relay
+                        // stored this one (and the frames before it) earlier; retention has
+                        // since evicted it.
+                        tracing::warn!(
+                            stream,
+                            seq = chunk[k].seq,
+                            "already published and since evicted by retention; counted as relayed"
+                        );
+                        o.acknowledge(&chunk[..=k], true);
+                        i += k + 1;
+                        cap = None;
+                    }
+                    None => {
+                        o.error = Some(self.protocol(stream, &e));
+                        break;
+                    }
+                },
+                Err(e) if e.code() == Some("payload_too_large") && chunk.len() > 1 => match frame(&e) {
+                    Some(0) => {
+                        o.error = Some(OutboxError::Stuck { stream: stream.to_string(), seq: first, source: e });
+                        break;
+                    }
+                    Some(k) => cap = Some(i + k),
+                    None => {
+                        max_bytes = (chunk_bytes(chunk) / 2).max(4);
+                        tracing::warn!(
+                            stream,
+                            max_bytes,
+                            "the cluster refused the request size; sending smaller requests"
+                        );
+                    }
+                },
                 Err(e @ ClientError::Api { .. }) if e.code() != Some("stream_not_found") => {
-                    o.error = Some(OutboxError::Stuck { stream: stream.to_string(), seq: row.seq, source: e });
+                    let seq = frame(&e).map_or(first, |k| chunk[k].seq);
+                    o.error = Some(OutboxError::Stuck { stream: stream.to_string(), seq, source: e });
                     break;
                 }
                 Err(e) => {
@@ -509,6 +724,14 @@ impl Relay {
             }
         }
         o
+    }
+
+    /// An answer that breaks SPEC §6 (a frame index missing or out of range).
+    fn protocol(&self, stream: &str, e: &ClientError) -> OutboxError {
+        OutboxError::Cluster(ClientError::Protocol {
+            node: stream.to_string(),
+            what: format!("a frames publish was answered {e} without a usable frame index"),
+        })
     }
 
     /// The progress transaction: published_seq per stream; rows whose seq another publisher
@@ -571,4 +794,48 @@ pub async fn init_schema(pg: &tokio_postgres::Client, table: &str) -> Result<(),
          SET LOCAL client_min_messages = warning; {ddl}; COMMIT;"
     );
     pg.batch_execute(&sql).await.map_err(OutboxError::Postgres)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(seqs: impl IntoIterator<Item = u64>, len: usize) -> Vec<Row> {
+        seqs.into_iter().map(|seq| Row { stream: "s".into(), seq, payload: Bytes::from(vec![0u8; len]) }).collect()
+    }
+
+    #[test]
+    fn a_request_stops_at_the_byte_limit_counting_frame_headers() {
+        let r = rows(1..=10, 96); // 100 bytes per frame
+        assert_eq!(request_end(&r, 0, 1000, r.len()), 10);
+        assert_eq!(request_end(&r, 0, 999, r.len()), 9);
+        assert_eq!(request_end(&r, 3, 250, r.len()), 5);
+        // A row larger than the limit still goes alone (the cluster refuses it, or not).
+        assert_eq!(request_end(&r, 0, 10, r.len()), 1);
+    }
+
+    #[test]
+    fn a_request_stops_at_a_seq_gap_and_at_the_cap() {
+        let r = rows([1, 2, 3, 7, 8], 1);
+        assert_eq!(request_end(&r, 0, usize::MAX, r.len()), 3);
+        assert_eq!(request_end(&r, 3, usize::MAX, r.len()), 5);
+        assert_eq!(request_end(&r, 0, usize::MAX, 2), 2);
+    }
+
+    #[test]
+    fn a_request_carries_at_most_the_frames_limit() {
+        let n = crate::limits::FRAMES_PER_APPEND_MAX as u64 + 5;
+        let r = rows(1..=n, 0);
+        assert_eq!(request_end(&r, 0, usize::MAX, r.len()), crate::limits::FRAMES_PER_APPEND_MAX);
+        assert_eq!(request_end(&r, crate::limits::FRAMES_PER_APPEND_MAX, usize::MAX, r.len()), r.len());
+    }
+
+    #[test]
+    fn acknowledged_rows_move_the_acked_seq_and_count_duplicates() {
+        let r = rows(5..=9, 1);
+        let mut o = StreamOutcome::default();
+        o.acknowledge(&r[..3], true);
+        o.acknowledge(&r[3..], false);
+        assert_eq!((o.acked, o.acked_rows, o.duplicates), (Some(9), 5, 3));
+    }
 }

@@ -78,7 +78,50 @@ impl Apply for SqlApply {
                     tx.execute(stmt, &[&stream, &seq, &ts, &data, &consumer]).await
                 }
             });
+            metrics::counter!("runnev_outbox_sink_statements_total", "stream" => stream.to_string())
+                .increment(batches.len() as u64);
             futures::future::try_join_all(runs).await.map(|_| ())
+        }
+        .boxed()
+    }
+}
+
+/// The sink's default [`Apply`]: every batch of a group as one row of `runnev_sink_batches`,
+/// in ONE statement (`INSERT … SELECT … FROM unnest(seqs, tss, payloads)`), whatever the
+/// group's size. Same rows as [`SqlApply`] with [`DEFAULT_APPLY_SQL`], one round trip instead
+/// of one statement per batch.
+#[derive(Debug, Clone)]
+pub struct BulkApply {
+    consumer: String,
+}
+
+/// The statement of [`BulkApply`]: `$1` consumer, `$2` stream, `$3` seqs (int8[]), `$4` tss
+/// (int8[], ms since the Unix epoch), `$5` payloads (bytea[]).
+pub const BULK_APPLY_SQL: &str = "INSERT INTO runnev_sink_batches (consumer, stream, seq, ts, payload)
+     SELECT $1, $2, b.seq, b.ts, b.payload FROM unnest($3::int8[], $4::int8[], $5::bytea[]) AS b(seq, ts, payload)";
+
+impl BulkApply {
+    /// The bulk path for consumer `consumer`.
+    pub fn new(consumer: impl Into<String>) -> BulkApply {
+        BulkApply { consumer: consumer.into() }
+    }
+}
+
+impl Apply for BulkApply {
+    fn apply<'a>(
+        &'a mut self,
+        tx: &'a tokio_postgres::Transaction<'a>,
+        stream: &'a str,
+        batches: &'a [Batch],
+    ) -> BoxFuture<'a, Result<(), tokio_postgres::Error>> {
+        async move {
+            let seqs: Vec<i64> = batches.iter().map(|b| b.seq as i64).collect();
+            let tss: Vec<i64> = batches.iter().map(|b| b.ts as i64).collect();
+            let payloads: Vec<&[u8]> = batches.iter().map(|b| b.data.as_ref()).collect();
+            let n = tx.execute(BULK_APPLY_SQL, &[&self.consumer, &stream, &seqs, &tss, &payloads]).await?;
+            debug_assert_eq!(n, batches.len() as u64);
+            metrics::counter!("runnev_outbox_sink_statements_total", "stream" => stream.to_string()).increment(1);
+            Ok(())
         }
         .boxed()
     }
@@ -230,18 +273,27 @@ pub struct SinkOptions {
 }
 
 impl SinkOptions {
-    /// Defaults: groups of up to 500, backoff 200 ms → 30 s, no schema creation.
+    /// Defaults: groups of up to 5,000, backoff 200 ms → 30 s, no schema creation.
     pub fn new(postgres: impl Into<String>, consumer: impl Into<String>, stream: impl Into<String>) -> SinkOptions {
         SinkOptions {
             postgres: postgres.into(),
             consumer: consumer.into(),
             stream: stream.into(),
-            batch_max: 500,
+            batch_max: 5000,
             init_schema: false,
             backoff_min: Duration::from_millis(200),
             backoff_max: Duration::from_secs(30),
             failpoint: None,
         }
+    }
+}
+
+/// Aborts its task when dropped (the sink's subscription reader ends with its session).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -312,13 +364,26 @@ impl<A: Apply> Sink<A> {
         let labels = [("consumer", consumer.clone()), ("stream", stream.clone())];
         metrics::gauge!("runnev_outbox_sink_cursor", &labels).set(cursor as f64);
         tracing::info!(stream = %stream, consumer = %consumer, cursor, "sink subscribing after its committed cursor");
+        // Read-ahead: a task drains the subscription into a queue of up to `batch_max`
+        // deliveries while a transaction is in flight, so the next group takes everything that
+        // arrived meanwhile (many batches per transaction under load, one when idle).
         let mut sub = self.client.subscribe(&stream, cursor);
+        let (queue, mut deliveries) = tokio::sync::mpsc::channel(self.opts.batch_max);
+        let _reader = AbortOnDrop(tokio::spawn(async move {
+            while let Some(item) = sub.next().await {
+                if queue.send(item).await.is_err() {
+                    break;
+                }
+            }
+        }));
+        let mut next = deliveries.recv().await;
         loop {
-            let first = match sub.next().await {
+            let first = match next.take() {
                 Some(Ok(d)) => d,
                 Some(Err(e @ (ClientError::Unavailable { .. } | ClientError::Unreachable { .. }))) => {
                     tracing::warn!(stream = %stream, error = %e, "no node answers the subscription; still trying");
                     count_error("sink", &OutboxError::Cluster(e));
+                    next = deliveries.recv().await;
                     continue;
                 }
                 Some(Err(e)) => return Err(e.into()),
@@ -330,10 +395,20 @@ impl<A: Apply> Sink<A> {
                 }
             };
             let mut group = vec![first];
+            // An error queued behind the group is handled after the group is applied.
+            let mut after: Option<Option<Result<Delivery, ClientError>>> = None;
             while group.len() < self.opts.batch_max {
-                match sub.next().now_or_never() {
-                    Some(Some(Ok(d))) => group.push(d),
-                    _ => break,
+                match deliveries.try_recv() {
+                    Ok(Ok(d)) => group.push(d),
+                    Ok(Err(e)) => {
+                        after = Some(Some(Err(e)));
+                        break;
+                    }
+                    Err(tokio::sync::mpsc::error::TryRecvError::Empty) => break,
+                    Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
+                        after = Some(None);
+                        break;
+                    }
                 }
             }
             let out = apply_group(&mut pg, &consumer, &stream, &group, &mut self.apply, &self.opts.failpoint)
@@ -349,6 +424,10 @@ impl<A: Apply> Sink<A> {
                 tracing::error!(stream = %stream, consumer = %consumer, from = g.from, to = g.to,
                     "GAP: retention evicted these seqs before this consumer applied them; recorded in runnev_sink_gaps");
             }
+            next = match after {
+                Some(item) => item,
+                None => deliveries.recv().await,
+            };
         }
     }
 }

@@ -226,8 +226,17 @@ pub async fn unrelayed(pg: &tokio_postgres::Client, table: &str) -> i64 {
     .get(0)
 }
 
-/// The relay command line for `table` against `nodes`.
+/// The relay command line for `table` against `nodes`, keeping relayed rows for an hour
+/// (`--keep-relayed 1h`) so that a test can compare each stream with the rows and their seqs.
+/// The tests of removal use [`relay_args_removing`].
 pub fn relay_args(url: &str, nodes: &[String], table: &str, extra: &[&str]) -> Vec<String> {
+    let mut a = relay_args_removing(url, nodes, table, &["--keep-relayed", "1h"]);
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+/// The relay command line for `table` against `nodes` with the default removal of relayed rows.
+pub fn relay_args_removing(url: &str, nodes: &[String], table: &str, extra: &[&str]) -> Vec<String> {
     let mut a = vec![
         "outbox-relay".to_string(),
         "--postgres".into(),
