@@ -1070,7 +1070,7 @@ async fn pause_a_follower(ch: &Chaos<'_>) -> Vec<Window> {
     let name = env.node(follower).name.clone();
     let fv = views.view(follower).await.expect("follower view");
     let f_applied = fv.applied_index;
-    let installed_before = match http_get(&env, env.node(follower), "/metrics").await {
+    let installed_before = match http_get(env, env.node(follower), "/metrics").await {
         Ok((200, body)) => prom_value(&body, "runnev_snapshots_installed_total").unwrap_or(0.0),
         other => panic!("GET /metrics on node {follower}: {other:?}"),
     };
@@ -1123,7 +1123,7 @@ async fn pause_a_follower(ch: &Chaos<'_>) -> Vec<Window> {
         assert!(Instant::now() < deadline, "pause: node {follower} did not catch up to {leader_commit} in 60 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let installed_after = match http_get(&env, env.node(follower), "/metrics").await {
+    let installed_after = match http_get(env, env.node(follower), "/metrics").await {
         Ok((200, body)) => prom_value(&body, "runnev_snapshots_installed_total").unwrap_or(0.0),
         other => panic!("GET /metrics on node {follower}: {other:?}"),
     };
@@ -1147,7 +1147,7 @@ async fn pause_a_follower(ch: &Chaos<'_>) -> Vec<Window> {
     });
     verify(env, sh, "pause of a follower").await;
     for n in &env.nodes {
-        let got = read_node(&env, &n.url(), FILL_STREAM, fill_seq, fill_index)
+        let got = read_node(env, &n.url(), FILL_STREAM, fill_seq, fill_index)
             .await
             .unwrap_or_else(|e| panic!("pause: reading {FILL_STREAM} on node {}: {e}", n.id));
         assert_eq!(got.len() as u64, fill_seq, "pause: node {} serves {} of {fill_seq} fill batches", n.id, got.len());
