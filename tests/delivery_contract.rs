@@ -15,7 +15,7 @@ fn client(c: &Cluster, first: u64) -> Client {
     // Put `first` first so a subscription starts there; the client rotates through the rest.
     let mut urls = vec![c.url(first)];
     urls.extend(c.ids().into_iter().filter(|i| *i != first).map(|i| c.url(i)));
-    Client::new(&urls).expect("client")
+    client_for(&urls)
 }
 
 async fn publish(c: &Cluster, node: u64, stream: &str, seq: Option<u64>, body: &[u8]) -> Resp {

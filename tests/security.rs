@@ -54,7 +54,8 @@ impl Pki {
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (ca, admin) = (self.ca(), self.admin.clone());
-        Cluster::start_edited(n, &args, move |spec| {
+        // Its own CA and node certificates (the tests present them as forged peers), not the harness's.
+        Cluster::start_insecure_edited(n, &args, move |spec| {
             spec.tls_ca = Some(ca);
             spec.token = Some(admin);
         })
@@ -153,13 +154,13 @@ async fn forged_raft_rpcs_reach_no_node() {
     let wrong_ca_peer = other_ca_client(&pki.ca());
     // Trusts only the other CA: the nodes' certificates are refused by this client.
     let wrong_ca_server = other_ca_client(&other.path().join("ca.pem"));
-    let plain = Http::new();
+    let plain = Http::insecure(REQUEST_TIMEOUT);
 
     for target in c.ids() {
         let url = |path: &str| format!("{}{path}", c.url(target));
         let claimed = if target == 1 { 2 } else { 1 };
         // Plain HTTP: the node speaks TLS only; no HTTP answer at all.
-        if let Ok(r) = plain.post(&url("/raft/vote"), forged_vote(claimed)).await {
+        if let Ok(r) = plain.post(&url("/raft/vote").replacen("https://", "http://", 1), forged_vote(claimed)).await {
             panic!("a plain-HTTP vote got an HTTP answer from node {target}: {}", r.describe());
         }
         // TLS without a client certificate: 403 before the body is read.
@@ -421,7 +422,8 @@ async fn raw_get(port: u16, path: &str) -> Result<(tokio::net::TcpStream, String
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_its_bounds_a_node_answers_overloaded() {
-    let c = Cluster::start(1, &["--max-subscribers", "1", "--max-connections", "8"]).await;
+    // Plain: it holds connections with raw HTTP/1 bytes to count them against the bound.
+    let c = Cluster::start_insecure(1, &["--max-subscribers", "1", "--max-connections", "8"]).await;
     let port = c.node(1).port;
     let (status, text) =
         send(&http_client(Arc::new(TcpDialer)), "PUT", &format!("{}/v1/streams/s", c.url(1)), None, Bytes::new())

@@ -21,6 +21,12 @@ pub struct RelayArgs {
     /// Runnev nodes: HOST:PORT or http://HOST:PORT, comma-separated; the client fails over between them.
     #[arg(long = "nodes", env = "RUNNEV_NODES", hide_env_values = true, default_value = DEFAULT_NODES)]
     pub nodes: String,
+    /// The cluster CA's certificate: speak TLS to the nodes and verify them with it.
+    #[arg(long = "ca-file", env = "RUNNEV_CA_FILE", value_name = "FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// The token to send (nodes run with --auth); needs publish (relay) or read (sink) grants.
+    #[arg(long, env = "RUNNEV_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// The outbox table; its progress table is TABLE_progress. One active relay per table.
     #[arg(long, default_value = DEFAULT_TABLE)]
     pub table: String,
@@ -53,6 +59,12 @@ pub struct SinkArgs {
     /// Runnev nodes: HOST:PORT or http://HOST:PORT, comma-separated; the client fails over between them.
     #[arg(long = "nodes", env = "RUNNEV_NODES", hide_env_values = true, default_value = DEFAULT_NODES)]
     pub nodes: String,
+    /// The cluster CA's certificate: speak TLS to the nodes and verify them with it.
+    #[arg(long = "ca-file", env = "RUNNEV_CA_FILE", value_name = "FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// The token to send (nodes run with --auth); needs publish (relay) or read (sink) grants.
+    #[arg(long, env = "RUNNEV_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// The stream to consume.
     #[arg(long)]
     pub stream: String,
@@ -73,6 +85,16 @@ pub struct SinkArgs {
     pub metrics_listen: Option<SocketAddr>,
 }
 
+/// The client over `nodes`, with TLS verified by `ca_file` and `token` sent when given.
+fn client(nodes: &str, ca_file: Option<&std::path::Path>, token: Option<&str>) -> Result<Client> {
+    let token = token
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| crate::auth::Token::parse(t.trim()))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--token (or RUNNEV_TOKEN): {e}"))?;
+    Ok(Client::secure(&Client::parse_nodes(nodes), ca_file, token)?)
+}
+
 fn failpoint() -> Result<Option<Arc<Failpoint>>> {
     Ok(Failpoint::from_env()?.map(Arc::new))
 }
@@ -91,7 +113,7 @@ async fn metrics(addr: Option<SocketAddr>) -> Result<()> {
 /// database and cluster failures are retried, not returned.
 pub async fn relay(args: RelayArgs, shutdown: impl Future<Output = ()>) -> Result<()> {
     metrics(args.metrics_listen).await?;
-    let client = Client::new(&Client::parse_nodes(&args.nodes))?;
+    let client = client(&args.nodes, args.ca_file.as_deref(), args.token.as_deref())?;
     let mut o = RelayOptions::new(args.postgres, args.table);
     o.batch_size = args.batch_size;
     o.poll = Duration::from_millis(args.poll_ms.max(1));
@@ -108,7 +130,7 @@ pub async fn relay(args: RelayArgs, shutdown: impl Future<Output = ()>) -> Resul
 /// Errors: as [`relay`].
 pub async fn sink(args: SinkArgs, shutdown: impl Future<Output = ()>) -> Result<()> {
     metrics(args.metrics_listen).await?;
-    let client = Client::new(&Client::parse_nodes(&args.nodes))?;
+    let client = client(&args.nodes, args.ca_file.as_deref(), args.token.as_deref())?;
     let mut o = SinkOptions::new(args.postgres, args.consumer.clone(), args.stream);
     o.batch_max = args.batch_size;
     o.init_schema = args.init_schema;
