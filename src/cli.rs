@@ -716,7 +716,8 @@ fn print_view(output: Output, headline: &str, v: &ClusterView) -> Result<()> {
 /// its CA when the cluster runs it); the problem if not.
 async fn node_answers(client: &Client, addr: &str) -> Result<(), String> {
     let url = format!("http://{addr}/healthz");
-    match runnev::net::get(client.transport(), &url, Duration::from_secs(1), runnev::limits::CLI_PROBE_BYTES_MAX).await {
+    match runnev::net::get(client.transport(), &url, Duration::from_secs(1), runnev::limits::CLI_PROBE_BYTES_MAX).await
+    {
         Ok((s, _)) if s.is_success() => Ok(()),
         Ok((s, _)) => Err(format!("{url} answered {s}")),
         Err(e) => Err(e),
@@ -796,8 +797,11 @@ const PROMOTE_RETRY: Duration = Duration::from_secs(1);
 async fn wait_voter_promotion(client: &Client, id: u64, addr: &str, timeout: Duration) -> Result<ClusterView> {
     // One attempt per try (a round over the nodes if they refuse): the loop here does the waiting.
     // The client's own transport and token: a secure cluster needs both.
-    let once =
-        client.with_policy(RetryPolicy { give_up_after: Duration::ZERO, unreachable_after: Duration::ZERO, ..client.policy() });
+    let once = client.with_policy(RetryPolicy {
+        give_up_after: Duration::ZERO,
+        unreachable_after: Duration::ZERO,
+        ..client.policy()
+    });
     let started = Instant::now();
     eprintln!("runnev: waiting for node {id} to catch up and become a voter (at most {})", format_duration(timeout));
     let mut answered_before = true;

@@ -26,11 +26,11 @@ use hyper::{HeaderMap, Method, Request};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use runnev::net::{http_client, HttpClient, TcpDialer};
-use runnev::tls::TlsDialer;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use runnev::launcher::{log_tail, ClusterSpec, LocalCluster, Node, Signal};
+use runnev::net::{http_client, HttpClient, TcpDialer};
+use runnev::tls::TlsDialer;
 use runnev::wire::ClusterView;
 use serde_json::Value;
 
@@ -80,7 +80,8 @@ pub fn security() -> Option<&'static Security> {
             let dir = std::env::temp_dir().join(format!("runnev-test-pki-{}", std::process::id()));
             let files = runnev::local::prepare_secure(&dir, SECURE_NODE_IDS)
                 .unwrap_or_else(|e| panic!("making the test CA under {}: {e}", dir.display()));
-            let admin = std::fs::read_to_string(&files.admin_token).expect("reading the admin token").trim().to_string();
+            let admin =
+                std::fs::read_to_string(&files.admin_token).expect("reading the admin token").trim().to_string();
             // The directory outlives every cluster of the process; it goes when the process exits.
             extern "C" fn remove_pki() {
                 if let Some(Some(s)) = SECURITY.get() {
@@ -859,8 +860,8 @@ pub struct LossyProxy {
 
 impl LossyProxy {
     pub async fn start(upstream: &str, lose: usize) -> LossyProxy {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         use runnev::net::Dialer as _;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let upstream = upstream.to_string();
