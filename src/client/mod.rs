@@ -429,7 +429,7 @@ impl Client {
     }
 
     /// `req` with this client's token, if it has one, as `Authorization: Bearer`.
-    fn authorized(&self, req: hyper::http::request::Builder) -> hyper::http::request::Builder {
+    pub(crate) fn authorized(&self, req: hyper::http::request::Builder) -> hyper::http::request::Builder {
         match &self.inner.token {
             Some(token) => req.header(hyper::header::AUTHORIZATION, format!("Bearer {}", token.expose())),
             None => req,

@@ -229,27 +229,8 @@ impl Http {
         headers: &[(&str, &str)],
         timeout: Duration,
     ) -> Result<Resp, String> {
-        let mut builder = Request::builder().method(method.clone()).uri(url);
-        for (k, v) in headers {
-            builder = builder.header(*k, *v);
-        }
-        if let Some(t) = &self.token {
-            if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("authorization")) {
-                builder = builder.header("authorization", format!("Bearer {t}"));
-            }
-        }
-        let tls = url.starts_with("https://");
-        if tls && self.tls.is_none() {
-            return Err(format!("{method} {url}: https:// needs the harness's CA, and it runs insecure"));
-        }
-        let req = builder
-            .body(Full::new(body.unwrap_or_default()))
-            .map_err(|e| format!("building request {method} {url}: {e}"))?;
         let fut = async {
-            let resp = match (&self.tls, tls) {
-                (Some(c), true) => c.request(req).await.map_err(|e| format!("{method} {url}: {e:?}"))?,
-                _ => self.client.request(req).await.map_err(|e| format!("{method} {url}: {e:?}"))?,
-            };
+            let resp = self.open(method.clone(), url, body, headers).await?;
             let status = resp.status().as_u16();
             let headers = resp.headers().clone();
             let body =
@@ -259,6 +240,34 @@ impl Http {
         match tokio::time::timeout(timeout, fut).await {
             Ok(r) => r,
             Err(_) => Err(format!("{method} {url}: timed out after {timeout:?}")),
+        }
+    }
+
+    /// Sends one request and returns the answer as it starts, its body unread (an event
+    /// stream, say); no deadline of its own.
+    pub async fn open(
+        &self,
+        method: Method,
+        url: &str,
+        body: Option<Bytes>,
+        headers: &[(&str, &str)],
+    ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+        let mut builder = Request::builder().method(method.clone()).uri(url);
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        if let Some(t) = &self.token {
+            if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("authorization")) {
+                builder = builder.header("authorization", format!("Bearer {t}"));
+            }
+        }
+        let req = builder
+            .body(Full::new(body.unwrap_or_default()))
+            .map_err(|e| format!("building request {method} {url}: {e}"))?;
+        match (&self.tls, url.starts_with("https://")) {
+            (Some(c), true) => c.request(req).await.map_err(|e| format!("{method} {url}: {e:?}")),
+            (None, true) => Err(format!("{method} {url}: https:// needs the harness's CA, and it runs insecure")),
+            _ => self.client.request(req).await.map_err(|e| format!("{method} {url}: {e:?}")),
         }
     }
 
