@@ -499,3 +499,29 @@ async fn the_status_page_is_open_and_its_data_needs_a_read_token() {
         assert!(v.nodes.iter().all(|n| n.reachable && n.view.as_ref().is_some_and(|w| w.node_id == n.id)), "{text}");
     }
 }
+
+/// The Rust client's subscriptions carry its token, as its other requests do (they went without
+/// one, and a node with `--auth` refused them `401`): a read token subscribes, over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_sends_the_clients_token() {
+    use futures::StreamExt;
+    let pki = Pki::new(1);
+    let c = pki.start(1, &[]).await;
+    let http = pki.client(None);
+    let admin = pki.admin.as_str();
+    let url = |path: &str| format!("{}{path}", c.url(1));
+    let (status, text) = send(&http, "PUT", &url("/v1/streams/feed"), Some(admin), Bytes::new()).await.unwrap();
+    assert_eq!(status, 201, "{text}");
+    let (status, text) =
+        send(&http, "POST", &url("/v1/streams/feed/batches"), Some(admin), Bytes::from_static(b"one")).await.unwrap();
+    assert_eq!(status, 201, "{text}");
+    let reader = create_token(&c, &http, admin, 1, "reader", r#"[{"permission": "read", "streams": "*"}]"#).await;
+    let token = runnev::auth::Token::parse(&reader).unwrap();
+    let client = runnev::client::Client::secure(&c.urls(), Some(&pki.ca()), Some(token)).unwrap();
+    let mut sub = client.subscribe("feed", 0);
+    let first = tokio::time::timeout(FORM, sub.next()).await.expect("an event").expect("an item");
+    match first {
+        Ok(runnev::client::Delivery::Batch(b)) => assert_eq!((b.seq, &b.data[..]), (1, &b"one"[..])),
+        other => panic!("expected batch 1, got {other:?}"),
+    }
+}
