@@ -216,11 +216,6 @@ impl Http {
         Http { client, tls: None, token: None, timeout }
     }
 
-    /// The same helper without the admin token (requests carry only the headers given).
-    pub fn without_token(&self) -> Self {
-        Http { token: None, ..self.clone() }
-    }
-
     pub async fn request(
         &self,
         method: Method,
