@@ -712,11 +712,12 @@ fn print_view(output: Output, headline: &str, v: &ClusterView) -> Result<()> {
     }
 }
 
-/// Whether `addr` answers `/healthz` within a second; the problem if not.
-async fn node_answers(addr: &str) -> Result<(), String> {
-    let http = runnev::net::http_client(Arc::new(runnev::net::TcpDialer));
+/// Whether `addr` answers `/healthz` within a second, asked over `client`'s transport (TLS with
+/// its CA when the cluster runs it); the problem if not.
+async fn node_answers(client: &Client, addr: &str) -> Result<(), String> {
     let url = format!("http://{addr}/healthz");
-    match runnev::net::get(&http, &url, Duration::from_secs(1), runnev::limits::CLI_PROBE_BYTES_MAX).await {
+    match runnev::net::get(client.transport(), &url, Duration::from_secs(1), runnev::limits::CLI_PROBE_BYTES_MAX).await
+    {
         Ok((s, _)) if s.is_success() => Ok(()),
         Ok((s, _)) => Err(format!("{url} answered {s}")),
         Err(e) => Err(e),
@@ -757,7 +758,7 @@ pub async fn cluster(client: &Client, output: Output, cmd: ClusterCmd) -> Result
                 return print_view(output, &format!("node {id} is already a voter at {}", m.addr), &before);
             }
             let view = client.add_member(id, &addr, false).await?;
-            if let Err(why) = node_answers(&addr).await {
+            if let Err(why) = node_answers(client, &addr).await {
                 if !wait_voter {
                     eprintln!("runnev: note: {}", not_answering_note(id, &addr, &why));
                 }
@@ -795,11 +796,12 @@ const PROMOTE_RETRY: Duration = Duration::from_secs(1);
 /// on stderr after each try (the server waits up to 10 s for it to catch up on each).
 async fn wait_voter_promotion(client: &Client, id: u64, addr: &str, timeout: Duration) -> Result<ClusterView> {
     // One attempt per try (a round over the nodes if they refuse): the loop here does the waiting.
-    let once = Client::with_dialer(
-        client.nodes(),
-        Arc::new(runnev::net::TcpDialer),
-        RetryPolicy { give_up_after: Duration::ZERO, unreachable_after: Duration::ZERO, ..client.policy() },
-    )?;
+    // The client's own transport and token: a secure cluster needs both.
+    let once = client.with_policy(RetryPolicy {
+        give_up_after: Duration::ZERO,
+        unreachable_after: Duration::ZERO,
+        ..client.policy()
+    });
     let started = Instant::now();
     eprintln!("runnev: waiting for node {id} to catch up and become a voter (at most {})", format_duration(timeout));
     let mut answered_before = true;
@@ -820,7 +822,7 @@ async fn wait_voter_promotion(client: &Client, id: u64, addr: &str, timeout: Dur
             "runnev: after {}: node {id} is still a learner: {progress}{problem}",
             format_duration(started.elapsed())
         );
-        let answers = node_answers(addr).await;
+        let answers = node_answers(client, addr).await;
         match &answers {
             Err(why) if answered_before => eprintln!("runnev: note: {}", not_answering_note(id, addr, why)),
             Ok(()) if !answered_before => eprintln!("runnev: node {id} answers at {addr} now"),

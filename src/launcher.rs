@@ -505,14 +505,27 @@ impl LocalCluster {
         self.nodes.iter().filter(|n| n.is_running()).map(|n| n.id).collect()
     }
 
-    /// Base URL of node `id`, e.g. `http://127.0.0.1:40123` (empty if there is no such node).
-    pub fn url(&self, id: u64) -> String {
-        self.get(id).map(Node::url).unwrap_or_default()
+    /// Whether the nodes serve TLS ([`ClusterSpec::tls_ca`] is set).
+    pub fn tls(&self) -> bool {
+        self.spec.tls_ca.is_some()
     }
 
-    /// Base URLs of every node.
+    /// Base URL of node `id`, e.g. `http://127.0.0.1:40123`, or `https://…` when the nodes
+    /// serve TLS (empty if there is no such node).
+    pub fn url(&self, id: u64) -> String {
+        self.get(id).map(|n| self.url_of(n)).unwrap_or_default()
+    }
+
+    /// Base URLs of every node, as [`LocalCluster::url`].
     pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(Node::url).collect()
+        self.nodes.iter().map(|n| self.url_of(n)).collect()
+    }
+
+    fn url_of(&self, node: &Node) -> String {
+        match self.tls() {
+            true => format!("https://{}", node.addr()),
+            false => node.url(),
+        }
     }
 
     /// Node `id`'s data directory (empty if there is no such node).
@@ -677,7 +690,8 @@ impl LocalCluster {
     /// GETs `path` on node `id` once with the probe deadline; the status and body, or why there
     /// is none.
     async fn probe(&self, id: u64, path: &str) -> Result<(u16, bytes::Bytes), String> {
-        let url = format!("{}{path}", self.url(id));
+        // The probe's dialer decides TLS, so the node's plain address serves either way.
+        let url = format!("{}{path}", self.node(id).map_err(|e| e.to_string())?.url());
         let (status, body) = crate::net::get_as(
             &self.http,
             &url,

@@ -235,15 +235,14 @@ pub async fn run(opts: LocalOptions) -> Result<(), LocalError> {
             return Err(LocalError::NodeFailed { id, cause, log });
         }
     }
-    // The same addresses; with --secure they speak TLS only, which `https://` says to curl.
-    let url = |u: String| if secure.is_some() { u.replacen("http://", "https://", 1) } else { u };
+    // With --secure the nodes speak TLS only, which their `https://` URLs say to curl.
     for n in cluster.nodes() {
-        out!("  node {}: {}   (log: {})", n.id, url(n.url()), n.log_path.display());
+        out!("  node {}: {}   (log: {})", n.id, cluster.url(n.id), n.log_path.display());
     }
     if let Some(first) = cluster.urls().into_iter().next() {
-        out!("Status page (in a browser; every node serves it): {}/", url(first));
+        out!("Status page (in a browser; every node serves it): {first}/");
     }
-    out!("RUNNEV_NODES={}", cluster.urls().into_iter().map(url).collect::<Vec<_>>().join(","));
+    out!("RUNNEV_NODES={}", cluster.urls().join(","));
     if let Some(s) = &secure {
         out!("RUNNEV_CA_FILE={}", s.ca.display());
         out!("RUNNEV_TOKEN=$(cat {})   (the admin token; mode 0600)", s.admin_token.display());

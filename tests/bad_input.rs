@@ -213,7 +213,16 @@ struct Fixture {
 
 impl Fixture {
     async fn start() -> Fixture {
-        let c = Cluster::start(3, &[]).await;
+        Fixture::with(Cluster::start(3, &[]).await).await
+    }
+
+    /// Plain HTTP: the Raft routes of a secure node refuse any caller without a node certificate
+    /// (403, tests/security.rs) before the parsing and version checks these tests are about.
+    async fn start_insecure() -> Fixture {
+        Fixture::with(Cluster::start_insecure(3, &[]).await).await
+    }
+
+    async fn with(c: Cluster) -> Fixture {
         let http = c.http.clone();
         let leader = c.leader().await;
         let lurl = c.url(leader);
@@ -617,11 +626,11 @@ async fn oversized_publish_leaves_connection_usable_or_announces_close() {
     create_stream(&c.http, &c.url(1), "good").await;
     let addr = c.node(1).addr();
 
-    let sock = tokio::net::TcpStream::connect(&addr).await.expect("connect");
-    sock.set_nodelay(true).unwrap();
-    let (mut rd, mut wr) = sock.into_split();
+    let auth = c.auth_line();
+    let sock = c.connect_raw(1).await.expect("connect");
+    let (mut rd, mut wr) = tokio::io::split(sock);
     let mut req = format!(
-        "POST /v1/streams/good/batches HTTP/1.1\r\nHost: {addr}\r\n\
+        "POST /v1/streams/good/batches HTTP/1.1\r\nHost: {addr}\r\n{auth}\
          Content-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
         MAX_BATCH + 1
     )
@@ -654,7 +663,7 @@ async fn oversized_publish_leaves_connection_usable_or_announces_close() {
         return;
     }
     // Keep-alive was promised: the same connection must serve the next request.
-    let next = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    let next = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n{auth}\r\n");
     let sent = wr.write_all(next.as_bytes()).await;
     let second = match sent {
         Ok(()) => read_response(&mut rd, &mut buf).await,
@@ -857,7 +866,7 @@ fn raft_requests(term: u64) -> Vec<(&'static str, Vec<u8>)> {
 /// moved the term 1000 ahead); leader, term, members and streams are unchanged everywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_raft_rpcs_change_nothing() {
-    let mut f = Fixture::start().await;
+    let mut f = Fixture::start_insecure().await;
     let term = f.before[0].raft.1;
     let garbage: Vec<(&str, Vec<u8>)> = vec![
         ("an empty body", vec![]),
@@ -888,7 +897,7 @@ async fn bad_raft_rpcs_change_nothing() {
 /// refusing node says why in its log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raft_rpcs_of_another_protocol_version_are_refused() {
-    let mut f = Fixture::start().await;
+    let mut f = Fixture::start_insecure().await;
     let term = f.before[0].raft.1;
     let forged = raft_requests(term + 1000);
     for id in f.c.ids() {
@@ -908,11 +917,12 @@ async fn raft_rpcs_of_another_protocol_version_are_refused() {
     f.finish().await;
 }
 
-/// Sends `head` (then `body`) on a new connection and reads one answer: (status line and
+/// Sends `head` (then `body`) on a new connection to node `id` (TLS when the cluster is secure;
+/// `head` must carry [`Cluster::auth_line`]) and reads one answer: (status line and
 /// headers, body by Content-Length).
-async fn raw_exchange(addr: &str, head: &str, body: &[u8]) -> Result<(String, Vec<u8>), String> {
+async fn raw_exchange(c: &Cluster, id: u64, head: &str, body: &[u8]) -> Result<(String, Vec<u8>), String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut sock = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
+    let mut sock = c.connect_raw(id).await?;
     let mut req = head.as_bytes().to_vec();
     req.extend_from_slice(body);
     sock.write_all(&req).await.map_err(|e| format!("write: {e}"))?;
@@ -957,6 +967,7 @@ async fn transfer_codings_other_than_chunked_are_501() {
     let mut f = Fixture::start().await;
     // "hi" as one chunk; the bytes are what matters, not whether they really are gzip.
     let chunked = b"2\r\nhi\r\n0\r\n\r\n";
+    let auth = f.c.auth_line();
     for id in f.c.ids() {
         let addr = f.c.node(id).addr();
         for coding in ["gzip, chunked", "chunked, chunked", "deflate,chunked", "x-custom, chunked"] {
@@ -967,11 +978,11 @@ async fn transfer_codings_other_than_chunked_are_501() {
             ] {
                 f.ck.checked += 1;
                 let head = format!(
-                    "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nTransfer-Encoding: {coding}\r\n\
+                    "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nTransfer-Encoding: {coding}\r\n{auth}\
                      Content-Type: application/octet-stream\r\n\r\n"
                 );
                 let label = format!("node {id}: {method} {path} with Transfer-Encoding: {coding}");
-                match raw_exchange(&addr, &head, chunked).await {
+                match raw_exchange(&f.c, id, &head, chunked).await {
                     Err(e) => f.ck.failures.push(format!("{label}: {e}")),
                     Ok((head, body)) => {
                         let code = serde_json::from_slice::<Value>(&body)
@@ -1000,7 +1011,7 @@ async fn transfer_codings_other_than_chunked_are_501() {
 async fn oversized_raft_rpcs_are_refused() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     const RAFT_RPC_BYTES_MAX: u64 = 256 * 1024 * 1024;
-    let mut f = Fixture::start().await;
+    let mut f = Fixture::start_insecure().await;
     let target = f.c.followers().await[0];
     let addr = f.c.node(target).addr();
     for path in ["/raft/append", "/raft/vote", "/raft/snapshot"] {
@@ -1062,24 +1073,24 @@ async fn oversized_raft_rpcs_are_refused() {
 async fn chunked_bodies_are_accepted_and_content_encoding_is_stored_verbatim() {
     let c = Cluster::start(1, &[]).await;
     create_stream(&c.http, &c.url(1), "raw").await;
-    let addr = c.node(1).addr();
+    let (addr, auth) = (c.node(1).addr(), c.auth_line());
     // The gzip member of an empty file: stored as these bytes, not as nothing.
     let gzip: &[u8] = &[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0];
     let mut chunked = format!("{:x}\r\n", gzip.len()).into_bytes();
     chunked.extend_from_slice(gzip);
     chunked.extend_from_slice(b"\r\n0\r\n\r\n");
     let head = format!(
-        "POST /v1/streams/raw/batches HTTP/1.1\r\nHost: {addr}\r\nTransfer-Encoding: chunked\r\n\
+        "POST /v1/streams/raw/batches HTTP/1.1\r\nHost: {addr}\r\nTransfer-Encoding: chunked\r\n{auth}\
          Content-Encoding: gzip\r\n\r\n"
     );
-    let (answer, body) = raw_exchange(&addr, &head, &chunked).await.expect("chunked publish");
+    let (answer, body) = raw_exchange(&c, 1, &head, &chunked).await.expect("chunked publish");
     assert!(answer.starts_with("HTTP/1.1 201"), "{answer} {:?}", String::from_utf8_lossy(&body));
     let head = format!(
-        "POST /v1/streams/raw/batches HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\
+        "POST /v1/streams/raw/batches HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n{auth}\
          Content-Encoding: gzip\r\n\r\n",
         gzip.len()
     );
-    let (answer, body) = raw_exchange(&addr, &head, gzip).await.expect("publish with Content-Length");
+    let (answer, body) = raw_exchange(&c, 1, &head, gzip).await.expect("publish with Content-Length");
     assert!(answer.starts_with("HTTP/1.1 201"), "{answer} {:?}", String::from_utf8_lossy(&body));
     let index = serde_json::from_slice::<Value>(&body).expect("JSON")["index"].as_u64().expect("index");
     let batches = read_all(&c.http, &c.url(1), "raw", index, Duration::from_secs(10)).await.expect("read raw");

@@ -55,6 +55,10 @@ async fn bench(args: &[&str], timeout: Duration) -> Vec<Value> {
     build_runnev_bench();
     let mut cmd = tokio::process::Command::new(BIN);
     cmd.args(args).kill_on_drop(true);
+    if args.contains(&"--nodes") {
+        // Against a harness cluster: its CA and token (bench's own clusters need none).
+        cmd.envs(cli_security_env());
+    }
     let out = tokio::time::timeout(timeout, cmd.output())
         .await
         .unwrap_or_else(|_| panic!("runnev {} did not finish within {timeout:?}", args.join(" ")))

@@ -230,7 +230,7 @@ async fn check_everything(c: &mut Cluster, acks: &[Ack], what: &str) -> NodeStat
 
 /// Publishing works again after the restart and continues each stream after its last seq.
 async fn publishes_continue(c: &Cluster, state: &NodeState) {
-    let client = runnev::client::Client::new(&c.urls()).expect("client");
+    let client = c.client();
     for s in &state.streams {
         let name = s["name"].as_str().expect("name");
         let last = s["last_seq"].as_u64().expect("last_seq");

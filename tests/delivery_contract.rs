@@ -15,7 +15,7 @@ fn client(c: &Cluster, first: u64) -> Client {
     // Put `first` first so a subscription starts there; the client rotates through the rest.
     let mut urls = vec![c.url(first)];
     urls.extend(c.ids().into_iter().filter(|i| *i != first).map(|i| c.url(i)));
-    Client::new(&urls).expect("client")
+    client_for(&urls)
 }
 
 async fn publish(c: &Cluster, node: u64, stream: &str, seq: Option<u64>, body: &[u8]) -> Resp {
@@ -512,8 +512,7 @@ async fn an_unknown_outcome_is_not_retried_without_seq() {
     assert!(ready.text().contains("quorum"), "{}", ready.describe());
 
     let policy = runnev::client::RetryPolicy { request_timeout: Duration::from_secs(3), ..Default::default() };
-    let client =
-        Client::with_dialer(&[c.url(leader)], std::sync::Arc::new(runnev::net::TcpDialer), policy).expect("client");
+    let client = client_for(&[c.url(leader)]).with_policy(policy);
     let err = client.publish("once", None, b"exactly one".to_vec()).await.expect_err("no quorum");
     assert!(matches!(err, runnev::client::ClientError::OutcomeUnknown(_)), "{err}");
     for id in others {

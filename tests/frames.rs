@@ -148,7 +148,7 @@ async fn a_retry_is_a_duplicate_for_every_frame_and_stores_nothing_twice() {
         assert_eq!((first, last, ts2, index2), (1, 50, ts, index), "node {id}");
     }
     // Through the Rust client too.
-    let client = runnev::client::Client::new(&c.urls()).expect("client");
+    let client = c.client();
     let a = client.publish_many("r", Some(1), &payloads).await.expect("a retry through the client");
     assert!(a.duplicate && a.index == index && a.count == 50, "{a:?}");
     let i = info(&http, &c.url(1), "r", index).await;

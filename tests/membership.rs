@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use runnev::client::Client;
 use serde_json::json;
 
 async fn add(c: &Cluster, via: u64, id: u64, addr: &str, voter: bool) -> Resp {
@@ -39,7 +38,7 @@ fn start_load(urls: Vec<String>, stream: &'static str) -> Load {
     let acks = Arc::new(AtomicU64::new(0));
     let (s, n) = (stop.clone(), acks.clone());
     let task = tokio::spawn(async move {
-        let client = Client::new(&urls).expect("client");
+        let client = client_for(&urls);
         let mut acked = Vec::new();
         let mut last_ok = Instant::now();
         let mut longest = Duration::ZERO;
@@ -201,7 +200,7 @@ async fn unsafe_changes_are_refused_and_the_leader_can_leave() {
         }
     })
     .await;
-    let client = Client::new(&c.urls()).expect("client");
+    let client = c.client();
     let mut last_index = 0;
     for i in 1..=30u64 {
         let ack = client
@@ -287,7 +286,7 @@ async fn concurrent_changes_are_serialised() {
 async fn a_wiped_node_rejoins_and_catches_up_by_snapshot() {
     let mut c = Cluster::start(3, &["--snapshot-logs", "50", "--snapshot-keep-logs", "10"]).await;
     create_stream(&c.http, &c.url(1), "w").await;
-    let client = Client::new(&c.urls()).expect("client");
+    let client = c.client();
     for i in 0..150u64 {
         client.publish("w", Some(i + 1), format!("w{i}").into_bytes()).await.expect("publish");
     }

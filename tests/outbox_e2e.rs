@@ -189,8 +189,7 @@ async fn outbox_end_to_end_concurrent_transactions_leader_kill_exactly_once() {
     // applied what the leader has committed (right after its restart it may still be catching
     // up, and a read there answers what it has applied so far).
     let committed_index = c.leader_commit_index().await;
-    let batches =
-        read_all(&c.http, &c.url(leader), STREAM, committed_index, Duration::from_secs(30)).await.unwrap();
+    let batches = read_all(&c.http, &c.url(leader), STREAM, committed_index, Duration::from_secs(30)).await.unwrap();
     assert_eq!(batches.len(), committed.len(), "stream length");
     assert!(relay.alive() && sink.alive());
     drop_outbox(&pg, &outbox).await;

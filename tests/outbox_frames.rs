@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use common::*;
 use outbox_common::*;
-use runnev::client::Client;
 
 /// Inserts `n` rows of `stream` with payloads `payload(tag, i)` in one statement, written
 /// `age_secs` seconds ago (`created_at`). Returns the payloads in id order.
@@ -54,7 +53,10 @@ async fn relayed_leaving(pg: &tokio_postgres::Client, table: &str, stream: &str,
 
 /// Checks that `stream` holds exactly `want` at seqs 1..=len, once each.
 async fn check_stream(c: &Cluster, stream: &str, want: &[Vec<u8>]) {
-    let got = read_all(&c.http, &c.url(2), stream, 0, Duration::from_secs(20)).await.unwrap();
+    // Node 2 may be a follower: read once it has applied what the leader committed.
+    let leader = c.leader().await;
+    let committed = c.cluster_info(leader).await.expect("the leader's view").commit_index;
+    let got = read_all(&c.http, &c.url(2), stream, committed, Duration::from_secs(20)).await.unwrap();
     let seqs: Vec<u64> = got.iter().map(|b| b.seq).collect();
     assert_eq!(seqs, (1..=want.len() as u64).collect::<Vec<_>>(), "stream {stream}: seqs");
     for (b, w) in got.iter().zip(want) {
@@ -81,7 +83,7 @@ async fn metric_at_least(c: &Cluster, p: &Proc, name: &str, at_least: f64) -> f6
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_relay_publishes_a_stream_as_frames_and_a_crash_after_publish_is_a_duplicate() {
     let url = require_pg!("outbox_relay_publishes_a_stream_as_frames_and_a_crash_after_publish_is_a_duplicate");
-    let c = Cluster::start(3, &[]).await;
+    let mut c = Cluster::start(3, &[]).await;
     let pg = connect(&url).await;
     let table = unique("ob_frames");
     create_outbox(&pg, &table).await;
@@ -90,7 +92,9 @@ async fn outbox_relay_publishes_a_stream_as_frames_and_a_crash_after_publish_is_
 
     let mut relay = Proc::start("relay", &args, &[("RUNNEV_OUTBOX_FAILPOINT", "after-publish")]);
     relay.wait_exit(Duration::from_secs(60)).await;
-    let stored = read_all(&c.http, &c.url(1), "frames", 0, Duration::from_secs(20)).await.unwrap();
+    // Node 1 may be a follower: read once it has applied what the leader committed.
+    let committed = c.leader_commit_index().await;
+    let stored = read_all(&c.http, &c.url(1), "frames", committed, Duration::from_secs(20)).await.unwrap();
     assert_eq!(stored.len(), 1000, "published before the crash");
     assert!(stored.iter().all(|b| b.ts == stored[0].ts), "the 1,000 rows are not one request (one entry, one ts)");
     assert_eq!(progress(&pg, &table, "frames").await, (0, 1000), "assigned 1000, recorded none");
@@ -127,7 +131,7 @@ async fn outbox_relay_resends_from_the_first_new_frame_on_partial_duplicate() {
     relay.wait_exit(Duration::from_secs(60)).await;
     assert_eq!(progress(&pg, &table, "partial").await, (0, 10));
     // The first three rows stored at their seqs, as a first request of a split would have.
-    let client = Client::new(&c.urls()).unwrap();
+    let client = c.client();
     client.publish_many("partial", Some(1), &want[..3]).await.unwrap();
 
     relay.set_env("RUNNEV_OUTBOX_FAILPOINT", None);
@@ -223,7 +227,7 @@ async fn outbox_sink_bulk_path_applies_each_batch_once_with_its_cursor() {
     let c = Cluster::start(3, &[]).await;
     let pg = connect(&url).await;
     let stream = "sink-bulk";
-    let client = Client::new(&c.urls()).unwrap();
+    let client = c.client();
     client.put_stream(stream, None).await.unwrap();
     let n = 3000u64;
     let want: Vec<Vec<u8>> = (0..n).map(|i| payload("bulk", i)).collect();
@@ -297,7 +301,7 @@ async fn outbox_relay_and_sink_speak_tls_and_tokens() {
     let admin = std::fs::read_to_string(&files.admin_token).unwrap().trim().to_string();
     let serve: Vec<&str> = files.serve_args.iter().map(String::as_str).collect();
     let (ca, token) = (files.ca.clone(), admin.clone());
-    let c = Cluster::start_edited(3, &serve, move |spec| {
+    let c = Cluster::start_insecure_edited(3, &serve, move |spec| {
         spec.tls_ca = Some(ca);
         spec.token = Some(token);
     })

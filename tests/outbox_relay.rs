@@ -373,7 +373,7 @@ async fn outbox_relay_foreign_publisher_and_a_stuck_stream() {
     relay.spawn();
     relay.wait_exit(Duration::from_secs(30)).await;
     assert_eq!(progress(&pg, &table, "shared").await, (2, 5));
-    let client = runnev::client::Client::new(&c.urls()).unwrap();
+    let client = c.client();
     client.publish("shared", Some(10), &b"foreign"[..]).await.unwrap();
 
     // A row too large for the cluster, in its own stream, next to rows of a healthy stream.

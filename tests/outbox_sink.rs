@@ -12,7 +12,7 @@ use bytes::Bytes;
 use common::*;
 use outbox_common::*;
 use rand::Rng as _;
-use runnev::client::{Batch as CBatch, Client, Delivery, Gap};
+use runnev::client::{Batch as CBatch, Delivery, Gap};
 use runnev::outbox::sink::{apply_deliveries, init_schema, SqlApply};
 
 fn sink_args(url: &str, nodes: &[String], stream: &str, consumer: &str, apply_sql: &str) -> Vec<String> {
@@ -138,7 +138,7 @@ async fn outbox_sink_killed_repeatedly_applies_each_batch_once() {
     let table = unique("sink_kill");
     effects_table(&pg, &table).await;
     let stream = "sink-kill";
-    let client = Client::new(&c.urls()).unwrap();
+    let client = c.client();
     client.put_stream(stream, None).await.unwrap();
     let n = 2000u64;
     // One writer, in order: payload i has seq i + 1.
@@ -198,7 +198,7 @@ async fn outbox_sink_surfaces_a_gap() {
     let table = unique("sink_gap");
     effects_table(&pg, &table).await;
     let stream = "sink-gap";
-    let client = Client::new(&c.urls()).unwrap();
+    let client = c.client();
     client.put_stream(stream, Some(serde_json::from_str(r#"{"max_batches": 5}"#).unwrap())).await.unwrap();
     for i in 0..20u64 {
         client.publish(stream, None, payload("gap", i)).await.unwrap();

@@ -192,7 +192,9 @@ async fn a_loaded_node_serves_within_its_bounds_and_refuses_past_them() {
         }
     };
     // A head deadline longer than the test, so the idle connections stay; a short body one.
-    let c = Cluster::start(
+    // Plain HTTP: the test holds and trickles thousands of connections by hand, byte by byte; the
+    // bounds are the same behind TLS (whose handshakes have a bound and a deadline of their own).
+    let c = Cluster::start_insecure(
         3,
         &[
             "--max-connections",
@@ -331,7 +333,9 @@ async fn a_loaded_node_serves_within_its_bounds_and_refuses_past_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_heads_and_bodies_are_cut_at_their_deadlines() {
-    let c = Cluster::start(1, &["--header-read-timeout", "5s", "--body-read-timeout", "2s"]).await;
+    // Plain HTTP: heads and bodies are written by hand, a byte at a time (the deadlines run after
+    // a TLS handshake the same way).
+    let c = Cluster::start_insecure(1, &["--header-read-timeout", "5s", "--body-read-timeout", "2s"]).await;
     let (port, url) = (c.node(1).port, c.url(1));
     create_stream(&c.http, &url, "s").await;
     let give_up = Duration::from_secs(30);

@@ -26,7 +26,7 @@ async fn a_rolling_upgrade_under_load_loses_nothing() {
     let next = dir.path().join("runnev-next");
     std::fs::copy(BIN, &next).expect("copy the executable");
 
-    let client = runnev::client::Client::new(&c.urls()).expect("client");
+    let client = c.client();
     let stop = Arc::new(AtomicBool::new(false));
     let load = {
         let stop = stop.clone();

@@ -54,7 +54,8 @@ impl Pki {
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (ca, admin) = (self.ca(), self.admin.clone());
-        Cluster::start_edited(n, &args, move |spec| {
+        // Its own CA and node certificates (the tests present them as forged peers), not the harness's.
+        Cluster::start_insecure_edited(n, &args, move |spec| {
             spec.tls_ca = Some(ca);
             spec.token = Some(admin);
         })
@@ -153,13 +154,13 @@ async fn forged_raft_rpcs_reach_no_node() {
     let wrong_ca_peer = other_ca_client(&pki.ca());
     // Trusts only the other CA: the nodes' certificates are refused by this client.
     let wrong_ca_server = other_ca_client(&other.path().join("ca.pem"));
-    let plain = Http::new();
+    let plain = Http::insecure(REQUEST_TIMEOUT);
 
     for target in c.ids() {
         let url = |path: &str| format!("{}{path}", c.url(target));
         let claimed = if target == 1 { 2 } else { 1 };
         // Plain HTTP: the node speaks TLS only; no HTTP answer at all.
-        if let Ok(r) = plain.post(&url("/raft/vote"), forged_vote(claimed)).await {
+        if let Ok(r) = plain.post(&url("/raft/vote").replacen("https://", "http://", 1), forged_vote(claimed)).await {
             panic!("a plain-HTTP vote got an HTTP answer from node {target}: {}", r.describe());
         }
         // TLS without a client certificate: 403 before the body is read.
@@ -406,7 +407,8 @@ async fn a_non_loopback_address_needs_tls_or_insecure() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_its_bounds_a_node_answers_overloaded() {
-    let c = Cluster::start(1, &["--max-subscribers", "1", "--max-connections", "8"]).await;
+    // Plain: it holds connections with raw HTTP/1 bytes to count them against the bound.
+    let c = Cluster::start_insecure(1, &["--max-subscribers", "1", "--max-connections", "8"]).await;
     let port = c.node(1).port;
     let (status, text) =
         send(&http_client(Arc::new(TcpDialer)), "PUT", &format!("{}/v1/streams/s", c.url(1)), None, Bytes::new())
@@ -480,5 +482,31 @@ async fn the_status_page_is_open_and_its_data_needs_a_read_token() {
         let v: runnev::wire::NodesView = serde_json::from_str(&text).unwrap();
         assert_eq!(v.nodes.len(), 3, "{text}");
         assert!(v.nodes.iter().all(|n| n.reachable && n.view.as_ref().is_some_and(|w| w.node_id == n.id)), "{text}");
+    }
+}
+
+/// The Rust client's subscriptions carry its token, as its other requests do (they went without
+/// one, and a node with `--auth` refused them `401`): a read token subscribes, over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_sends_the_clients_token() {
+    use futures::StreamExt;
+    let pki = Pki::new(1);
+    let c = pki.start(1, &[]).await;
+    let http = pki.client(None);
+    let admin = pki.admin.as_str();
+    let url = |path: &str| format!("{}{path}", c.url(1));
+    let (status, text) = send(&http, "PUT", &url("/v1/streams/feed"), Some(admin), Bytes::new()).await.unwrap();
+    assert_eq!(status, 201, "{text}");
+    let (status, text) =
+        send(&http, "POST", &url("/v1/streams/feed/batches"), Some(admin), Bytes::from_static(b"one")).await.unwrap();
+    assert_eq!(status, 201, "{text}");
+    let reader = create_token(&c, &http, admin, 1, "reader", r#"[{"permission": "read", "streams": "*"}]"#).await;
+    let token = runnev::auth::Token::parse(&reader).unwrap();
+    let client = runnev::client::Client::secure(&c.urls(), Some(&pki.ca()), Some(token)).unwrap();
+    let mut sub = client.subscribe("feed", 0);
+    let first = tokio::time::timeout(FORM, sub.next()).await.expect("an event").expect("an item");
+    match first {
+        Ok(runnev::client::Delivery::Batch(b)) => assert_eq!((b.seq, &b.data[..]), (1, &b"one"[..])),
+        other => panic!("expected batch 1, got {other:?}"),
     }
 }

@@ -224,7 +224,7 @@ async fn a_paused_follower_installs_a_snapshot_while_publishes_continue() {
     let acked: Arc<Mutex<Acked>> = Arc::default();
     let publisher = {
         let (stop, acked) = (stop.clone(), acked.clone());
-        let client = runnev::client::Client::new(&[c.url(leader), c.url(other)]).expect("client");
+        let client = client_for(&[c.url(leader), c.url(other)]);
         tokio::spawn(async move {
             let mut seq = 0;
             while !stop.load(Ordering::Relaxed) {

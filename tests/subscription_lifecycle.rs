@@ -6,13 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use common::*;
 use eventsource_stream::{Event, Eventsource};
 use futures::{Stream, StreamExt};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::BodyExt;
 use serde_json::Value;
 
 /// Deadline for something that should happen within about a second; only catches a hang.
@@ -27,13 +24,10 @@ struct Sse {
 impl Sse {
     /// Opens a subscription; returns the HTTP status when it is not `200`.
     async fn open(url: &str, last_event_id: Option<u64>) -> Result<Sse, (u16, String)> {
-        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-        let mut req = hyper::Request::get(url).header("accept", "text/event-stream");
-        if let Some(id) = last_event_id {
-            req = req.header("last-event-id", id.to_string());
-        }
-        let req = req.body(Full::new(Bytes::new())).expect("request");
-        let resp = tokio::time::timeout(SOON, client.request(req))
+        let id = last_event_id.map(|id| id.to_string());
+        let mut headers = vec![("accept", "text/event-stream")];
+        headers.extend(id.as_deref().map(|id| ("last-event-id", id)));
+        let resp = tokio::time::timeout(SOON, Http::new().open(hyper::Method::GET, url, None, &headers))
             .await
             .unwrap_or_else(|_| panic!("GET {url}: no answer within {SOON:?}"))
             .unwrap_or_else(|e| panic!("GET {url}: {e}"));

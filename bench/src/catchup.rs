@@ -31,6 +31,12 @@ pub struct CatchupArgs {
     /// Nodes to talk to, comma-separated base URLs.
     #[arg(long = "nodes", env = "RUNNEV_NODES", default_value = runnev::client::DEFAULT_NODES)]
     pub nodes: String,
+    /// The token to send (nodes run with --auth).
+    #[arg(long = "token", env = "RUNNEV_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// The cluster CA's certificate: speak TLS to the nodes and verify them with it.
+    #[arg(long = "ca-file", env = "RUNNEV_CA_FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Stream to read (created and filled up to --batches if it holds fewer).
     #[arg(long, default_value = "catchup")]
     pub stream: String,
@@ -241,7 +247,15 @@ pub async fn run(args: CatchupArgs) -> Result<(), BenchError> {
     if args.limit == 0 || args.limit > runnev::limits::READ_BATCHES_MAX {
         return Err(BenchError::Invalid(format!("--limit must be 1 to {}", runnev::limits::READ_BATCHES_MAX)));
     }
-    let client = Client::new(&Client::parse_nodes(&args.nodes))?;
+    let token = args
+        .token
+        .as_deref()
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| runnev::auth::Token::parse(t.trim()))
+        .transpose()
+        .map_err(|e| BenchError::Invalid(format!("--token: {e}")))?;
+    let secure = |nodes: &[String]| Client::secure(nodes, args.ca_file.as_deref(), token.clone());
+    let client = secure(&Client::parse_nodes(&args.nodes))?;
     let (info, _) = client.put_stream(&args.stream, None).await?;
     let missing = args.batches.saturating_sub(info.batches);
     let mut min_index = 0;
@@ -253,7 +267,7 @@ pub async fn run(args: CatchupArgs) -> Result<(), BenchError> {
         min_index = fill(&client, &args, missing).await?;
     }
     let (url, node_id, leader) = pick_node(&client, &args).await?;
-    let reader = Client::new(std::slice::from_ref(&url))?;
+    let reader = secure(std::slice::from_ref(&url))?;
     // Wait until the read node has applied the fill; the server bounds each wait at 10 s.
     let deadline = Instant::now() + Duration::from_millis(APPLY_MS_MAX);
     let last_seq = loop {

@@ -404,6 +404,28 @@ impl Client {
         })
     }
 
+    /// The same nodes, transport (TLS and its CA, if any) and token, with another retry policy
+    /// (a caller that does its own waiting).
+    pub fn with_policy(&self, policy: RetryPolicy) -> Client {
+        let i = &self.inner;
+        Client {
+            inner: Arc::new(Inner {
+                nodes: i.nodes.clone(),
+                http: i.http.clone(),
+                next: AtomicUsize::new(0),
+                leader: AtomicUsize::new(usize::MAX),
+                policy,
+                token: i.token.clone(),
+            }),
+        }
+    }
+
+    /// The HTTP client the requests go over: its dialer speaks TLS when the client was made
+    /// with a CA ([`Client::secure`]), so a `http://HOST:PORT` URL reaches a TLS node through it.
+    pub fn transport(&self) -> &HttpClient {
+        &self.inner.http
+    }
+
     /// Parses a comma-separated node list, as in `--nodes` or `RUNNEV_NODES`.
     pub fn parse_nodes(list: &str) -> Vec<String> {
         list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()

@@ -176,6 +176,7 @@ async fn connect(
     last_bytes: Arc<Mutex<Instant>>,
 ) -> Result<Events, Connect> {
     let name = segment(stream).map_err(Connect::Fail)?;
+    // The token too: a subscription is a read like any other on a node that runs `--auth`.
     let req = client
         .authorized(hyper::Request::get(format!("{node}/v1/streams/{name}/subscribe?after={cursor}")))
         .header("last-event-id", cursor.to_string())

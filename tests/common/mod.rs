@@ -2,6 +2,12 @@
 //! (started by `runnev::launcher`), an HTTP helper, and helpers for reads, payloads and metrics.
 //! Cleans up (no orphans) even when a test panics.
 //!
+//! Secure by default, as production runs (docs/security.md): every [`Cluster`] runs with peer
+//! TLS, client TLS and `--auth`, from one throwaway CA and admin token per test process
+//! ([`security`]); its URLs are `https://`, [`Http`] trusts that CA and sends the admin token,
+//! and [`cli`] passes both to the `runnev` client commands. `RUNNEV_TEST_INSECURE=1` runs the
+//! whole harness without security; [`Cluster::start_insecure`] opts one test out.
+//!
 //! Every wait in here is bounded and fails with a message that says what it was waiting for.
 //! When a test fails (the `Cluster` is dropped while panicking), the node data directories are
 //! kept and the path and tail of every node's log are printed.
@@ -9,6 +15,8 @@
 #![allow(dead_code)]
 
 use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -21,6 +29,8 @@ use hyper_util::rt::TokioExecutor;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use runnev::launcher::{log_tail, ClusterSpec, LocalCluster, Node, Signal};
+use runnev::net::{http_client, HttpClient, TcpDialer};
+use runnev::tls::TlsDialer;
 use runnev::wire::ClusterView;
 use serde_json::Value;
 
@@ -28,6 +38,74 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_runnev");
 
 /// Default per-request timeout of the HTTP helper.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------------------------
+// Security: one throwaway CA and admin token per test process
+// ---------------------------------------------------------------------------------------------
+
+/// Node certificates made up front, for ids `1..=SECURE_NODE_IDS` (tests add nodes up to 5).
+const SECURE_NODE_IDS: u64 = 9;
+
+/// The files and secrets every secure [`Cluster`] of this test process shares, made by
+/// `runnev local --secure`'s own [`runnev::local::prepare_secure`].
+#[derive(Debug)]
+pub struct Security {
+    /// The directory holding them (removed when the process exits).
+    pub dir: PathBuf,
+    /// The CA's certificate (`ca.pem`): nodes, [`Http`] and the CLI verify each other with it.
+    pub ca: PathBuf,
+    /// The admin token (`rnv_admin_…`), which every harness request and CLI run sends.
+    pub admin: String,
+    /// The `runnev serve` flags for peer TLS, client TLS and `--auth` (`{id}` is the node's id).
+    pub serve_args: Vec<String>,
+}
+
+impl Security {
+    /// Node `id`'s certificate and key (`node-N.pem`, `node-N.key`).
+    pub fn node_cert(&self, id: u64) -> (PathBuf, PathBuf) {
+        (self.dir.join(format!("node-{id}.pem")), self.dir.join(format!("node-{id}.key")))
+    }
+}
+
+static SECURITY: OnceLock<Option<Security>> = OnceLock::new();
+
+/// The harness's security, made on first use; `None` when `RUNNEV_TEST_INSECURE=1` (the whole
+/// harness then runs plain HTTP without tokens, for debugging and to keep that path exercised).
+pub fn security() -> Option<&'static Security> {
+    SECURITY
+        .get_or_init(|| {
+            if std::env::var("RUNNEV_TEST_INSECURE").is_ok_and(|v| v == "1") {
+                return None;
+            }
+            let dir = std::env::temp_dir().join(format!("runnev-test-pki-{}", std::process::id()));
+            let files = runnev::local::prepare_secure(&dir, SECURE_NODE_IDS)
+                .unwrap_or_else(|e| panic!("making the test CA under {}: {e}", dir.display()));
+            let admin =
+                std::fs::read_to_string(&files.admin_token).expect("reading the admin token").trim().to_string();
+            // The directory outlives every cluster of the process; it goes when the process exits.
+            extern "C" fn remove_pki() {
+                if let Some(Some(s)) = SECURITY.get() {
+                    let _ = std::fs::remove_dir_all(&s.dir);
+                }
+            }
+            // SAFETY: registers a plain `extern "C" fn` with no arguments, as atexit(3) asks.
+            unsafe { libc::atexit(remove_pki) };
+            Some(Security { dir, ca: files.ca, admin, serve_args: files.serve_args })
+        })
+        .as_ref()
+}
+
+/// `RUNNEV_CA_FILE` and `RUNNEV_TOKEN` for a `runnev` client command (or relay, sink, bench)
+/// against a harness cluster (empty, which they read as unset, when the harness is insecure).
+pub fn cli_security_env() -> Vec<(String, String)> {
+    match security() {
+        Some(s) => vec![
+            ("RUNNEV_CA_FILE".into(), s.ca.to_string_lossy().into_owned()),
+            ("RUNNEV_TOKEN".into(), s.admin.clone()),
+        ],
+        None => vec![("RUNNEV_CA_FILE".into(), String::new()), ("RUNNEV_TOKEN".into(), String::new())],
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // HTTP client helper
@@ -91,9 +169,15 @@ pub fn truncate(s: &str, n: usize) -> String {
 
 /// A small HTTP/1 client over hyper-util's legacy client. Errors (connect refused, timeout,
 /// reset) are returned as strings so load generators can count them as "unacknowledged".
+///
+/// `http://` URLs go over plain TCP; `https://` ones over TLS verified with the harness CA
+/// (Runnev's own [`TlsDialer`]). With the harness secure, every request carries the admin token
+/// unless it names its own `Authorization`.
 #[derive(Clone)]
 pub struct Http {
     client: Client<HttpConnector, Full<Bytes>>,
+    tls: Option<HttpClient>,
+    token: Option<String>,
     pub timeout: Duration,
 }
 
@@ -108,7 +192,20 @@ impl Http {
         Self::with_timeout(REQUEST_TIMEOUT)
     }
 
+    /// An HTTP helper for the harness's clusters: TLS with its CA and its admin token when it
+    /// is secure ([`security`]).
     pub fn with_timeout(timeout: Duration) -> Self {
+        let mut http = Self::insecure(timeout);
+        if let Some(s) = security() {
+            let config = runnev::tls::client_config(&s.ca, None).expect("the test CA is usable");
+            http.tls = Some(http_client(Arc::new(TlsDialer::new(Arc::new(TcpDialer), config))));
+            http.token = Some(s.admin.clone());
+        }
+        http
+    }
+
+    /// Plain HTTP without a token, whatever the harness (for clusters that run insecure).
+    pub fn insecure(timeout: Duration) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(3)));
@@ -118,7 +215,7 @@ impl Http {
             .pool_idle_timeout(Duration::from_millis(runnev::limits::HTTP_POOL_IDLE_MS))
             .pool_max_idle_per_host(32)
             .build(connector);
-        Http { client, timeout }
+        Http { client, tls: None, token: None, timeout }
     }
 
     pub async fn request(
@@ -129,15 +226,8 @@ impl Http {
         headers: &[(&str, &str)],
         timeout: Duration,
     ) -> Result<Resp, String> {
-        let mut builder = Request::builder().method(method.clone()).uri(url);
-        for (k, v) in headers {
-            builder = builder.header(*k, *v);
-        }
-        let req = builder
-            .body(Full::new(body.unwrap_or_default()))
-            .map_err(|e| format!("building request {method} {url}: {e}"))?;
         let fut = async {
-            let resp = self.client.request(req).await.map_err(|e| format!("{method} {url}: {e:?}"))?;
+            let resp = self.open(method.clone(), url, body, headers).await?;
             let status = resp.status().as_u16();
             let headers = resp.headers().clone();
             let body =
@@ -147,6 +237,34 @@ impl Http {
         match tokio::time::timeout(timeout, fut).await {
             Ok(r) => r,
             Err(_) => Err(format!("{method} {url}: timed out after {timeout:?}")),
+        }
+    }
+
+    /// Sends one request and returns the answer as it starts, its body unread (an event
+    /// stream, say); no deadline of its own.
+    pub async fn open(
+        &self,
+        method: Method,
+        url: &str,
+        body: Option<Bytes>,
+        headers: &[(&str, &str)],
+    ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+        let mut builder = Request::builder().method(method.clone()).uri(url);
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        if let Some(t) = &self.token {
+            if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("authorization")) {
+                builder = builder.header("authorization", format!("Bearer {t}"));
+            }
+        }
+        let req = builder
+            .body(Full::new(body.unwrap_or_default()))
+            .map_err(|e| format!("building request {method} {url}: {e}"))?;
+        match (&self.tls, url.starts_with("https://")) {
+            (Some(c), true) => c.request(req).await.map_err(|e| format!("{method} {url}: {e:?}")),
+            (None, true) => Err(format!("{method} {url}: https:// needs the harness's CA, and it runs insecure")),
+            _ => self.client.request(req).await.map_err(|e| format!("{method} {url}: {e:?}")),
         }
     }
 
@@ -230,6 +348,17 @@ pub async fn raw_get(port: u16, path: &str) -> Result<(tokio::net::TcpStream, St
     Ok((s, String::from_utf8_lossy(&head).into_owned()))
 }
 
+/// A Rust client over `urls` ([`runnev::client::Client::secure`]): with the harness's CA and
+/// admin token when they are `https://` (a secure cluster's nodes), plain otherwise.
+pub fn client_for(urls: &[String]) -> runnev::client::Client {
+    let secure = security().filter(|_| urls.iter().any(|u| u.starts_with("https://")));
+    let (ca, token) = match secure {
+        Some(s) => (Some(s.ca.as_path()), Some(runnev::auth::Token::parse(&s.admin).expect("the admin token"))),
+        None => (None, None),
+    };
+    runnev::client::Client::secure(urls, ca, token).expect("a client over the cluster")
+}
+
 // ---------------------------------------------------------------------------------------------
 // Polling helpers
 // ---------------------------------------------------------------------------------------------
@@ -311,19 +440,84 @@ impl Cluster {
     /// Like [`Cluster::start`], with `edit` applied to the launcher's spec first (to give one
     /// node an environment of its own, say).
     pub async fn start_edited(n: usize, extra_args: &[&str], edit: impl FnOnce(&mut ClusterSpec)) -> Cluster {
+        Cluster::launch(n, extra_args, security(), edit).await
+    }
+
+    /// Like [`Cluster::start`] but without the harness's security: plain HTTP, no tokens, and
+    /// [`Cluster::http`] speaks plain HTTP. Only for tests about the insecure mode or that must
+    /// speak raw bytes to a node; each use says why.
+    pub async fn start_insecure(n: usize, extra_args: &[&str]) -> Cluster {
+        Cluster::launch(n, extra_args, None, |_| {}).await
+    }
+
+    /// [`Cluster::start_insecure`] with `edit` applied to the spec (a test that brings its own
+    /// certificates and tokens).
+    pub async fn start_insecure_edited(n: usize, extra_args: &[&str], edit: impl FnOnce(&mut ClusterSpec)) -> Cluster {
+        Cluster::launch(n, extra_args, None, edit).await
+    }
+
+    async fn launch(
+        n: usize,
+        extra_args: &[&str],
+        security: Option<&'static Security>,
+        edit: impl FnOnce(&mut ClusterSpec),
+    ) -> Cluster {
         let root = tempfile::Builder::new().prefix("runnev-test-").tempdir().expect("create tempdir").keep();
         let mut spec = ClusterSpec::new(BIN, root, n as u64, "test harness");
         spec.serve_args = extra_args.iter().map(|s| s.to_string()).collect();
+        if let Some(s) = security {
+            spec.serve_args.extend(s.serve_args.iter().cloned());
+            spec.tls_ca = Some(s.ca.clone());
+            spec.token = Some(s.admin.clone());
+        }
         edit(&mut spec);
         if let Ok(level) = std::env::var("RUNNEV_TEST_LOG") {
             spec.env.push(("RUST_LOG".into(), level));
         }
         let inner = LocalCluster::spawn(spec).unwrap_or_else(|e| panic!("starting {n} nodes: {e}"));
-        let mut c = Cluster { inner, http: Http::new() };
+        let http = match security {
+            Some(_) => Http::new(),
+            None => Http::insecure(REQUEST_TIMEOUT),
+        };
+        let mut c = Cluster { inner, http };
         if let Err(e) = c.inner.wait_formed(false, FORM_TIMEOUT).await {
             panic!("the cluster did not form: {e}");
         }
         c
+    }
+
+    /// Whether the nodes run with the harness's security (TLS and tokens).
+    pub fn secure(&self) -> bool {
+        self.inner.tls()
+    }
+
+    /// A Rust client over every node, secured as the cluster is ([`client_for`]).
+    pub fn client(&self) -> runnev::client::Client {
+        client_for(&self.urls())
+    }
+
+    /// A raw byte stream to node `id`, for tests that write HTTP/1 by hand: TLS verified with
+    /// the harness's CA (Runnev's [`TlsDialer`]) when the cluster is secure, else plain TCP.
+    /// A request written on it needs [`Cluster::auth_line`] among its headers.
+    pub async fn connect_raw(&self, id: u64) -> Result<Box<dyn runnev::net::Io>, String> {
+        let addr = self.node(id).addr();
+        let dialer: Box<dyn runnev::net::Dialer> = match security().filter(|_| self.secure()) {
+            Some(s) => Box::new(TlsDialer::new(
+                Arc::new(TcpDialer),
+                runnev::tls::client_config(&s.ca, None).map_err(|e| e.to_string())?,
+            )),
+            None => Box::new(TcpDialer),
+        };
+        dialer.dial(addr.clone()).await.map_err(|e| format!("connect {addr}: {e}"))
+    }
+
+    /// The header line (with its CRLF) a hand-written request needs: the admin token's
+    /// `Authorization: Bearer …` when the cluster is secure, else nothing.
+    pub fn auth_line(&self) -> String {
+        match security().filter(|_| self.secure()) {
+            Some(s) => format!("Authorization: Bearer {}\r\n", s.admin),
+            None => String::new(),
+        }
     }
 
     /// Node `id`; panics if there is none.
@@ -656,12 +850,15 @@ impl CliRun {
 pub const CLI_HANG: Duration = Duration::from_secs(90);
 
 /// Runs `runnev ARGS` with `RUNNEV_NODES` unset, stdin empty and stdout piped (so output is
-/// JSON unless asked otherwise); `env` adds variables. Panics if it runs past [`CLI_HANG`].
+/// JSON unless asked otherwise); `env` adds variables. With the harness secure, the client
+/// commands get its CA and admin token (`RUNNEV_CA_FILE`, `RUNNEV_TOKEN`) unless `env` sets
+/// them (empty: unset). Panics if it runs past [`CLI_HANG`].
 pub async fn cli(args: &[&str], env: &[(&str, &str)]) -> CliRun {
     let mut cmd = tokio::process::Command::new(BIN);
     cmd.args(args)
         .env_remove("RUNNEV_NODES")
         .env_remove("RUST_LOG")
+        .envs(cli_security_env())
         .envs(env.iter().copied())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
@@ -701,6 +898,9 @@ pub fn free_base(n: u16) -> u16 {
 /// `lose` connections: it delivers the request, waits for the upstream's answer to begin (the
 /// request was processed), then closes the connection without passing it on. Later connections
 /// are forwarded both ways. Stops when dropped.
+///
+/// With the harness secure it ends TLS on both sides (it serves the harness's node 1 certificate,
+/// valid for 127.0.0.1, and dials the upstream verifying it), so it sees the HTTP it loses.
 pub struct LossyProxy {
     /// Its address, `127.0.0.1:PORT`.
     pub addr: String,
@@ -709,18 +909,37 @@ pub struct LossyProxy {
 
 impl LossyProxy {
     pub async fn start(upstream: &str, lose: usize) -> LossyProxy {
+        use runnev::net::Dialer as _;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let upstream = upstream.to_string();
+        let tls = security().map(|s| {
+            let (cert, key) = s.node_cert(1);
+            let files = runnev::tls::TlsFiles { ca: s.ca.clone(), cert, key };
+            let acceptor = tokio_rustls::TlsAcceptor::from(runnev::tls::server_config(&files).expect("proxy TLS"));
+            let dialer = TlsDialer::new(Arc::new(TcpDialer), runnev::tls::client_config(&s.ca, None).expect("CA"));
+            (acceptor, Arc::new(dialer))
+        });
         let task = tokio::spawn(async move {
             let mut n = 0usize;
-            while let Ok((mut down, _)) = listener.accept().await {
+            while let Ok((down, _)) = listener.accept().await {
                 n += 1;
                 let upstream = upstream.clone();
                 let lossy = n <= lose;
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await else { return };
+                    let (mut down, mut up): (Box<dyn runnev::net::Io>, Box<dyn runnev::net::Io>) = match tls {
+                        Some((acceptor, dialer)) => {
+                            let Ok(down) = acceptor.accept(down).await else { return };
+                            let Ok(up) = dialer.dial(upstream).await else { return };
+                            (Box::new(down), up)
+                        }
+                        None => {
+                            let Ok(up) = tokio::net::TcpStream::connect(&upstream).await else { return };
+                            (Box::new(down), Box::new(up))
+                        }
+                    };
                     if !lossy {
                         let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
                         return;
@@ -949,6 +1168,9 @@ pub async fn curl_until(url: &str, headers: &[&str], deadline: Duration, done: i
     use tokio::io::AsyncReadExt;
     let mut cmd = tokio::process::Command::new("curl");
     cmd.arg("-sN");
+    if let Some(s) = security().filter(|_| url.starts_with("https://")) {
+        cmd.arg("--cacert").arg(&s.ca).args(["-H", &format!("Authorization: Bearer {}", s.admin)]);
+    }
     for h in headers {
         cmd.args(["-H", h]);
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use runnev::launcher::{free_ports, log_tail, open_log, spawn_child, Signal};
 
-use crate::common::{prom_value, wait_for, Http, BIN};
+use crate::common::{cli_security_env, prom_value, wait_for, Http, BIN};
 
 /// The variable that opts out of the outbox tests on a machine without PostgreSQL: with it set
 /// to `1` they print `SKIPPED` and return; without it, a missing database fails them.
@@ -115,6 +115,7 @@ impl Proc {
             .arg("--metrics-listen")
             .arg(format!("127.0.0.1:{}", self.metrics_port))
             .env("RUST_LOG", std::env::var("RUNNEV_TEST_LOG").unwrap_or_else(|_| "info".into()))
+            .envs(cli_security_env())
             .stdin(Stdio::null());
         for (k, v) in &self.envs {
             cmd.env(k, v);
