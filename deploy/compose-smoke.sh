@@ -30,6 +30,16 @@ export RUNNEV_PORT1 RUNNEV_PORT2 RUNNEV_PORT3
 RUNNEV_SECRETS=$(mktemp -d "${TMPDIR:-/tmp}/runnev-compose-secrets.XXXXXX")
 export RUNNEV_SECRETS
 ./deploy/secrets.sh "$RUNNEV_SECRETS"
+# A second run changes nothing; with a file removed, it makes that file only.
+made=$(cd "$RUNNEV_SECRETS" && sha256sum ./* | sort)
+./deploy/secrets.sh "$RUNNEV_SECRETS" >/dev/null 2>&1
+[[ "$(cd "$RUNNEV_SECRETS" && sha256sum ./* | sort)" == "$made" ]] ||
+  { echo "compose-smoke.sh: a second deploy/secrets.sh changed the credentials" >&2; exit 1; }
+rm "$RUNNEV_SECRETS/node-2.key"
+./deploy/secrets.sh "$RUNNEV_SECRETS" >/dev/null 2>&1
+[[ -s "$RUNNEV_SECRETS/node-2.key" && -s "$RUNNEV_SECRETS/node-1.key" ]] &&
+  cmp -s <(grep -v node-2 <<<"$made") <(cd "$RUNNEV_SECRETS" && sha256sum ./* | sort | grep -v node-2) ||
+  { echo "compose-smoke.sh: deploy/secrets.sh did not remake only the missing node-2 files" >&2; exit 1; }
 C=("${COMPOSE[@]}" -p "$PROJECT" -f deploy/docker-compose.yml)
 TOKEN=$(cat "$RUNNEV_SECRETS/admin.token")
 # Every request: TLS verified against the cluster's CA, with the admin token.

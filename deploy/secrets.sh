@@ -13,7 +13,9 @@
 # Keys and the token are mode 0600. The image runs as uid 10001: run this as root (as CI does)
 # and they are given to uid 10001 for the Compose bind mounts; otherwise give them yourself
 # (`sudo chown 10001:10001 DIR/node-*.key DIR/admin.token`). Kubernetes reads them from a Secret
-# instead (docs/security.md). Nothing is overwritten: a DIR that has a ca.pem is left as it is.
+# instead (docs/security.md). Nothing is overwritten: a run on a DIR that has them makes only what
+# is missing (a node whose certificate or key is missing gets both anew from the same CA; a
+# missing admin.token is a new token, which only a cluster that never had one takes as its admin).
 #
 # It runs `runnev cert` from $RUNNEV_BIN, else target/release/runnev, else `runnev` on PATH, else
 # the image ($RUNNEV_IMAGE, default runnev:local) under docker.
@@ -24,13 +26,13 @@ NODES=${RUNNEV_NODE_COUNT:-3}
 NAMESPACE=${RUNNEV_K8S_NAMESPACE:-default}
 IMAGE=${RUNNEV_IMAGE:-runnev:local}
 
-if [[ -e "$DIR/ca.pem" ]]; then
-  echo "secrets.sh: $DIR/ca.pem exists; keeping $DIR as it is"
-  exit 0
-fi
 mkdir -p "$DIR"
 chmod 0700 "$DIR"
 DIR=$(cd "$DIR" && pwd)
+if [[ -e "$DIR/ca.pem" && ! -e "$DIR/ca.key" ]]; then
+  echo "secrets.sh: $DIR/ca.pem exists without its ca.key: cannot sign anything new there" >&2
+  exit 1
+fi
 
 if [[ -n "${RUNNEV_BIN:-}" ]]; then
   runnev() { "$RUNNEV_BIN" "$@"; }
@@ -43,14 +45,16 @@ else
   runnev() { docker run --rm --user "$(id -u):$(id -g)" -v "$DIR:$DIR" --entrypoint /usr/local/bin/runnev "$IMAGE" "$@"; }
 fi
 
-runnev cert create-ca --dir "$DIR"
+[[ -e "$DIR/ca.pem" ]] || runnev cert create-ca --dir "$DIR"
 for ((n = 1; n <= NODES; n++)); do
+  [[ -e "$DIR/node-$n.pem" && -e "$DIR/node-$n.key" ]] && continue
+  rm -f "$DIR/node-$n.pem" "$DIR/node-$n.key"
   hosts=(--host "runnev$n" --host "runnev-$((n - 1)).runnev-peers"
     --host "runnev-$((n - 1)).runnev-peers.$NAMESPACE.svc.cluster.local" --host localhost --host 127.0.0.1)
   for h in ${RUNNEV_EXTRA_HOSTS:-}; do hosts+=(--host "$h"); done
   runnev cert create-node --dir "$DIR" --id "$n" "${hosts[@]}"
 done
-runnev cert create-admin-token --dir "$DIR"
+[[ -e "$DIR/admin.token" ]] || runnev cert create-admin-token --dir "$DIR"
 if [[ "$(id -u)" == 0 ]]; then
   chown 10001:10001 "$DIR"/node-*.key "$DIR/admin.token"
   echo "secrets.sh: node keys and admin.token now belong to uid 10001 (the image's user)"

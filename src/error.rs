@@ -97,6 +97,10 @@ pub enum ApiError {
     /// `409 token_exists`: a token of that name exists; delete it first.
     #[error("{0}")]
     TokenExists(String),
+    /// `409 last_admin_token`: deleting this token would leave no token with the grant
+    /// `admin:*`, and no client could administer the cluster any more.
+    #[error("{0}")]
+    LastAdminToken(String),
     /// `501 not_implemented`: a transfer coding other than `chunked` (RFC 9112 §6.1); the body is
     /// not read, so the connection closes after the answer.
     #[error("{0}")]
@@ -143,6 +147,7 @@ impl ApiError {
             Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
             Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             TokenExists(_) => (StatusCode::CONFLICT, "token_exists"),
+            LastAdminToken(_) => (StatusCode::CONFLICT, "last_admin_token"),
             Overloaded(_) => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
         }

@@ -890,11 +890,16 @@ async fn run(args: Cli) -> Result<()> {
             }
         }
         Cmd::Local { count, dir, base_port, secure } => {
+            // The nodes write their logs as this command was asked to.
+            let log_format = match args.log_format {
+                runnev::logging::LogFormat::Text => "text",
+                runnev::logging::LogFormat::Json => "json",
+            };
             runnev::local::run(runnev::local::LocalOptions {
                 nodes: count,
                 dir,
                 base_port,
-                serve_args: Vec::new(),
+                serve_args: vec!["--log-format".into(), log_format.into()],
                 secure,
             })
             .await?;

@@ -30,8 +30,14 @@ fn stray_node(dir: &std::path::Path, base: u16, port: u16) -> tokio::process::Ch
 
 /// Starts `runnev local` on `base` under `dir`; returns it once its banner says the nodes run.
 async fn start_local(dir: &std::path::Path, base: u16) -> tokio::process::Child {
+    start_local_with(dir, base, &[]).await
+}
+
+/// [`start_local`] with `extra` arguments after `local`.
+async fn start_local_with(dir: &std::path::Path, base: u16, extra: &[&str]) -> tokio::process::Child {
     let mut local = tokio::process::Command::new(BIN)
         .args(["local", "--base-port", &base.to_string(), "--dir", dir.to_str().unwrap()])
+        .args(extra)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -144,6 +150,45 @@ async fn local_refuses_a_stray_node_and_exits_non_zero_when_its_nodes_die() {
     }
     let status = tokio::time::timeout(Duration::from_secs(30), local.wait()).await.expect("local ends").unwrap();
     assert_eq!(status.code(), Some(1), "every node died");
+}
+
+/// `runnev local --log-format json` runs its nodes with the same log format: every line a node
+/// writes to `DIR/node-N.log` is a JSON object naming the node (the launcher's own heading
+/// lines aside).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_passes_its_log_format_to_its_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("local");
+    let base = free_base(3);
+    let mut local = start_local_with(&root, base, &["--log-format", "json"]).await;
+    for id in 1..=3u64 {
+        let path = root.join(format!("node-{id}.log"));
+        let lines = wait_for(
+            &format!("node {id}'s 'node serving' line"),
+            Duration::from_secs(20),
+            Duration::from_millis(50),
+            || {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                async move {
+                    let lines: Vec<String> =
+                        text.lines().filter(|l| !l.starts_with("=====")).map(str::to_owned).collect();
+                    match lines.iter().any(|l| l.contains("node serving")) {
+                        true => Ok(lines),
+                        false => Err(format!("not yet: {lines:?}")),
+                    }
+                }
+            },
+        )
+        .await;
+        for l in &lines {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("node {id}: not JSON ({e}): {l}"));
+            assert_eq!(v["node"], id, "node {id}: {l}");
+        }
+    }
+    signal(local.id().unwrap(), libc::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(30), local.wait()).await.expect("local stops").unwrap();
+    assert_eq!(status.code(), Some(0), "a clean stop");
 }
 
 /// A node that cannot start (here its data dir is held by another process) stops `runnev local`

@@ -510,3 +510,47 @@ async fn a_subscription_sends_the_clients_token() {
         other => panic!("expected batch 1, got {other:?}"),
     }
 }
+
+/// The only token with `admin:*` cannot be deleted (`409 last_admin_token`, nothing proposed):
+/// without it no client could administer the cluster. Once another admin token exists, it can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_admin_token_cannot_be_deleted() {
+    if security().is_none() {
+        return skipped("security::the_last_admin_token_cannot_be_deleted: RUNNEV_TEST_INSECURE=1 runs no token");
+    }
+    let c = Cluster::start(3, &[]).await;
+    let leader = c.leader().await;
+    for id in c.ids() {
+        let r = c.http.delete(&format!("{}/v1/auth/tokens/admin", c.url(id))).await.unwrap();
+        assert_eq!(r.status, 409, "node {id}: {}", r.describe());
+        assert_eq!(r.error_code().as_deref(), Some("last_admin_token"), "{}", r.describe());
+    }
+    let body = r#"{"name": "ops", "grants": [{"permission": "admin", "streams": "*"}]}"#;
+    let r = c
+        .http
+        .request(
+            hyper::Method::POST,
+            &format!("{}/v1/auth/tokens", c.url(leader)),
+            Some(Bytes::from(body)),
+            &[("content-type", "application/json")],
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 201, "{}", r.describe());
+    let ops = r.json()["token"].as_str().expect("the new token").to_string();
+    let auth = format!("Bearer {ops}");
+    let delete_with_ops = |name: &str| {
+        let url = format!("{}/v1/auth/tokens/{name}", c.url(leader));
+        let headers = [("authorization", auth.clone())];
+        let http = c.http.clone();
+        async move {
+            let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            http.request(hyper::Method::DELETE, &url, None, &headers, REQUEST_TIMEOUT).await.unwrap()
+        }
+    };
+    let r = delete_with_ops("admin").await;
+    assert_eq!(r.status, 204, "with another admin token the first one can go: {}", r.describe());
+    let r = delete_with_ops("ops").await;
+    assert_eq!(r.status, 409, "now ops is the last: {}", r.describe());
+}

@@ -292,6 +292,7 @@ pub(super) async fn list(State(s): State<AppState>) -> Result<Response, ApiError
         (status = 204, description = "Deleted; the token stops working on each node as it applies the delete"),
         (status = 400, description = "`invalid_parameter`: not a token name", body = crate::wire::ErrorBody),
         (status = 404, description = "`not_found`: no token of that name", body = crate::wire::ErrorBody),
+        (status = 409, description = "`last_admin_token`: the only token with `admin:*`; create another first", body = crate::wire::ErrorBody),
         super::openapi::AuthErrors,
         super::openapi::WriteErrors,
     )
@@ -305,6 +306,7 @@ pub(super) async fn delete(
 ) -> Result<Response, ApiError> {
     let Path(name) = path.map_err(|e| ApiError::InvalidParameter(format!("token name: {e}")))?;
     crate::auth::validate_name(&name).map_err(ApiError::InvalidParameter)?;
+    refuse_deleting_the_last_admin(&s, &name).await?;
     let fwd = Forwardable::new(method, &uri, headers, bytes::Bytes::new());
     match write(&s, &fwd, |_| Command::DeleteToken { name: name.clone() }).await? {
         Led::Forwarded(resp) => Ok(resp),
@@ -317,6 +319,28 @@ pub(super) async fn delete(
         }
         Led::Here((other, index)) => Err(ApiError::Internal(format!("log index {index} applied as {other:?}"))),
     }
+}
+
+/// `409 last_admin_token` when `name` is the only token, in this node's applied state, with the
+/// grant `admin:*`: deleting it would lock every client out (only a connection with a node
+/// certificate could make a new one). Checked on the node that takes the request and again on
+/// the leader it is forwarded to, before anything is proposed; two deletes of the last two admin
+/// tokens sent at the same moment can still both pass (the state machine does not re-check, so
+/// that nodes of different builds apply the same log alike).
+async fn refuse_deleting_the_last_admin(s: &AppState, name: &str) -> Result<(), ApiError> {
+    let store = s.store.clone();
+    let (tokens, _) = crate::storage::blocking(move || store.tokens()).await?;
+    let full_admin = |grants: &[crate::auth::Grant]| {
+        grants.iter().any(|g| g.permission == crate::auth::Permission::Admin && g.streams == "*")
+    };
+    let admins: Vec<&str> = tokens.iter().filter(|(_, r)| full_admin(&r.grants)).map(|(n, _)| n.as_str()).collect();
+    if admins == [name] {
+        return Err(ApiError::LastAdminToken(format!(
+            "{name:?} is the only token with admin:*; create another admin token first \
+             (runnev auth token create NAME --grant admin:*), then delete this one"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -135,7 +135,7 @@ pub enum ClientError {
     OutcomeUnknown(String),
     /// No node answered at all before the deadline: every connection was refused (for
     /// [`RetryPolicy::unreachable_after`]), or accepted and then lost without an answer.
-    #[error("no Runnev node reachable at {} (tried for {}); last problem: {last}", .nodes.join(", "), format_duration(*.after))]
+    #[error("no Runnev node reachable at {} (tried for {}); last problem: {last}{}", .nodes.join(", "), format_duration(*.after), tls_hint(.last))]
     Unreachable {
         /// The nodes tried.
         nodes: Vec<String>,
@@ -284,6 +284,20 @@ struct Inner {
     policy: RetryPolicy,
     /// Sent as `Authorization: Bearer` on every request (nodes run with `--auth`).
     token: Option<crate::auth::Token>,
+}
+
+/// A hint for a failure that a TLS mismatch explains: plain HTTP sent to a node that serves TLS,
+/// TLS to one that serves plain HTTP, or a node certificate from another CA. Empty otherwise.
+fn tls_hint(last: &str) -> &'static str {
+    if last.contains("invalid HTTP version parsed") {
+        " (the node seems to serve TLS: give the cluster CA's certificate with --ca-file or RUNNEV_CA_FILE)"
+    } else if last.contains("UnknownIssuer") || last.contains("invalid peer certificate") {
+        " (the node's certificate is not signed by the CA given with --ca-file or RUNNEV_CA_FILE)"
+    } else if last.contains("InvalidContentType") || last.contains("corrupt message") {
+        " (the node seems to serve plain HTTP: leave out --ca-file and RUNNEV_CA_FILE)"
+    } else {
+        ""
+    }
 }
 
 impl Client {
@@ -1046,6 +1060,15 @@ mod tests {
         let took = started.elapsed();
         assert!(matches!(err, ClientError::Unreachable { .. }), "{err}");
         assert!(err.to_string().starts_with("no Runnev node reachable at http://a:1, http://b:1, http://c:1"), "{err}");
+        let tls = ClientError::Unreachable {
+            nodes: vec!["http://a:1".into()],
+            after: Duration::from_secs(1),
+            last: "GET http://a:1/v1/streams: invalid HTTP version parsed".into(),
+        };
+        assert!(
+            tls.to_string().ends_with("give the cluster CA's certificate with --ca-file or RUNNEV_CA_FILE)"),
+            "{tls}"
+        );
         let policy = RetryPolicy::default();
         assert!(took <= policy.unreachable_after, "gave up after {took:?}");
         let seen = seen.lock().unwrap();
