@@ -342,17 +342,7 @@ impl Client {
     pub fn with_token(mut self, token: Option<crate::auth::Token>) -> Client {
         match Arc::get_mut(&mut self.inner) {
             Some(inner) => inner.token = token,
-            None => {
-                let shared = &self.inner;
-                self.inner = Arc::new(Inner {
-                    nodes: shared.nodes.clone(),
-                    http: shared.http.clone(),
-                    next: AtomicUsize::new(shared.next.load(Ordering::Relaxed)),
-                    leader: AtomicUsize::new(shared.leader.load(Ordering::Relaxed)),
-                    policy: shared.policy,
-                    token,
-                });
-            }
+            None => self = self.derived(self.inner.policy, token),
         }
         self
     }
@@ -421,6 +411,12 @@ impl Client {
     /// The same nodes, transport (TLS and its CA, if any) and token, with another retry policy
     /// (a caller that does its own waiting).
     pub fn with_policy(&self, policy: RetryPolicy) -> Client {
+        self.derived(policy, self.inner.token.clone())
+    }
+
+    /// A new client on this one's nodes and transport with `policy` and `token`; it starts at
+    /// the first node, with no leader known.
+    fn derived(&self, policy: RetryPolicy, token: Option<crate::auth::Token>) -> Client {
         let i = &self.inner;
         Client {
             inner: Arc::new(Inner {
@@ -429,7 +425,7 @@ impl Client {
                 next: AtomicUsize::new(0),
                 leader: AtomicUsize::new(usize::MAX),
                 policy,
-                token: i.token.clone(),
+                token,
             }),
         }
     }
