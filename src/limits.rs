@@ -42,6 +42,12 @@ pub const APPEND_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// most 10 bytes for a u64, rounded up), counted when sizing entries.
 pub const FRAME_ENTRY_FRAMING_BYTES: usize = 16;
 
+/// Bytes of a request body over its limit that a node still reads, and drops, before it answers
+/// `413 payload_too_large`: the client, which is still sending, then reads the answer instead of
+/// a connection reset in the middle of its write (the staged close of RFC 9112 §9.6). A body
+/// declared or found larger than this is answered at once and its connection closed.
+pub const DISCARD_BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
+
 /// Largest body accepted by `PUT /v1/streams/{name}` (a retention document), in bytes.
 pub const ADMIN_BODY_BYTES_MAX: usize = 64 * 1024;
 

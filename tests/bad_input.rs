@@ -461,10 +461,10 @@ async fn missing_streams_are_stream_not_found() {
     f.finish().await;
 }
 
-/// One byte over max_batch_bytes → 413 payload_too_large. Sent on a client of its own: the
-/// server closes the connection after this answer without saying so (see
-/// `oversized_publish_leaves_connection_usable_or_announces_close`), which must not turn the
-/// following checks into transport errors.
+/// One byte over max_batch_bytes → 413 payload_too_large. Sent on a client of its own, so that
+/// the connection a refused body leaves behind (kept open once the node has read the rest of it:
+/// `oversized_publish_is_answered_413_to_a_client_still_writing`) is not reused by the checks
+/// that follow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_byte_over_the_batch_limit_is_payload_too_large() {
     let mut f = Fixture::start().await;
@@ -586,12 +586,15 @@ async fn bad_read_parameters_are_invalid_parameter() {
     f.finish().await;
 }
 
-/// After answering a publish 413 without reading the whole body, the server must either announce
-/// `Connection: close` or keep the connection usable. Closing silently makes a keep-alive client
-/// (hyper's pooled client, for one) fail its *next* request with a transport error.
-/// Raw TCP, so that no client-side pool retry hides the behaviour and the result is deterministic.
+/// A publish one byte over the limit is answered 413 to a client that is still writing its
+/// body: the node reads and drops the rest of the body first (RFC 9112 §9.6), so the client's
+/// write completes and it reads the answer, not a reset (a hyper client used to get
+/// `BrokenPipe` instead of the 413 when the node answered and closed mid-write). The writer here
+/// pauses after the first 64 KiB, past the moment the node answers, so the race always goes the
+/// way that used to fail. Then the connection must serve the next request, or have announced
+/// `Connection: close`. Raw bytes, so that no client-side pool retry hides the behaviour.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oversized_publish_leaves_connection_usable_or_announces_close() {
+async fn oversized_publish_is_answered_413_to_a_client_still_writing() {
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
     /// Reads one HTTP/1.1 response with a Content-Length body; returns (head, body).
@@ -641,10 +644,14 @@ async fn oversized_publish_leaves_connection_usable_or_announces_close() {
         MAX_BATCH + 1
     )
     .into_bytes();
+    let head_len = req.len();
     req.extend(std::iter::repeat_n(b'z', MAX_BATCH + 1));
     let writer = tokio::spawn(async move {
-        // The server may stop reading early; a write error is then possible and ignored here.
-        let ok = wr.write_all(&req).await.is_ok();
+        let (first, rest) = req.split_at(head_len + 64 * 1024);
+        let mut ok = wr.write_all(first).await.is_ok();
+        // The node has the head and knows the length: it answers now, while the rest is unsent.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        ok = ok && wr.write_all(rest).await.is_ok() && wr.flush().await.is_ok();
         (wr, ok)
     });
 
@@ -658,6 +665,7 @@ async fn oversized_publish_leaves_connection_usable_or_announces_close() {
         .expect("writer task");
     println!("first answer (request body fully written: {wrote_all}):\n{head}\n{}", String::from_utf8_lossy(&body));
     assert!(head.starts_with("HTTP/1.1 413"), "expected 413, got:\n{head}");
+    assert!(wrote_all, "the node closed the connection under a client still writing the body it refused");
 
     let announces_close = head.lines().any(|l| {
         l.split_once(':').is_some_and(|(k, v)| {

@@ -35,7 +35,7 @@ use axum::http::{HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::error::ApiError;
@@ -402,23 +402,69 @@ fn is_body_read_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
 
 /// Reads a whole request body of at most `limit_bytes`.
 ///
-/// Errors: `413 payload_too_large` past the limit; `408 request_timeout` when the body's
-/// deadline passed first ([`bound_body_read`]); `400 invalid_body` if the body breaks off.
-pub(crate) async fn read_body(body: Body, limit_bytes: usize) -> Result<bytes::Bytes, ApiError> {
+/// Errors: `413 payload_too_large` past the limit, answered once the rest of the body was read
+/// and dropped ([`refuse_too_large`]); `408 request_timeout` when the body's deadline passed
+/// first ([`bound_body_read`]); `400 invalid_body` if the body breaks off.
+pub(crate) async fn read_body(mut body: Body, limit_bytes: usize) -> Result<bytes::Bytes, ApiError> {
     // A declared length (Content-Length) over the limit is refused before any of the body is
-    // read or buffered.
-    if axum::body::HttpBody::size_hint(&body).lower() > limit_bytes as u64 {
-        return Err(ApiError::PayloadTooLarge { limit_bytes });
+    // buffered.
+    let declared = axum::body::HttpBody::size_hint(&body).lower();
+    if declared > limit_bytes as u64 {
+        return Err(refuse_too_large(body, declared, limit_bytes).await);
     }
-    match Limited::new(body, limit_bytes).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::PayloadTooLarge { limit_bytes }),
-        Err(e) if is_body_read_timeout(&*e) => Err(ApiError::RequestTimeout(format!(
-            "{}; nothing was done: send the request again, on a new connection",
-            crate::net::cause_text(&*e)
-        ))),
-        Err(e) => Err(ApiError::InvalidBody(format!("reading the body failed: {e}"))),
+    // One chunk (the usual small publish) is handed over as it came, without a copy.
+    let mut first: Option<bytes::Bytes> = None;
+    let mut more = bytes::BytesMut::new();
+    let mut read: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let data = match frame {
+            Ok(frame) => match frame.into_data() {
+                Ok(data) => data,
+                Err(_trailers) => continue,
+            },
+            Err(e) if is_body_read_timeout(&e) => {
+                return Err(ApiError::RequestTimeout(format!(
+                    "{}; nothing was done: send the request again, on a new connection",
+                    crate::net::cause_text(&e)
+                )))
+            }
+            Err(e) => return Err(ApiError::InvalidBody(format!("reading the body failed: {e}"))),
+        };
+        read = read.saturating_add(data.len() as u64);
+        if read > limit_bytes as u64 {
+            return Err(refuse_too_large(body, read, limit_bytes).await);
+        }
+        match first.take() {
+            None if more.is_empty() => first = Some(data),
+            None => more.extend_from_slice(&data),
+            Some(f) => {
+                more.extend_from_slice(&f);
+                more.extend_from_slice(&data);
+            }
+        }
     }
+    Ok(first.unwrap_or_else(|| more.freeze()))
+}
+
+/// The `413 payload_too_large` for a body of which `seen` bytes (declared or read) are over
+/// `limit_bytes`. If the whole body is at most [`DISCARD_BODY_BYTES_MAX`], the rest of it is
+/// read and dropped first (within the body's deadline), so the client finishes its write and
+/// reads the answer; a larger one is not read, and the connection closes under the client.
+///
+/// [`DISCARD_BODY_BYTES_MAX`]: crate::limits::DISCARD_BODY_BYTES_MAX
+async fn refuse_too_large(mut body: Body, seen: u64, limit_bytes: usize) -> ApiError {
+    let cap = crate::limits::DISCARD_BODY_BYTES_MAX as u64;
+    let mut total = seen.max(axum::body::HttpBody::size_hint(&body).lower());
+    while total <= cap {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                total = total.saturating_add(frame.data_ref().map_or(0, |d| d.len() as u64));
+            }
+            // The end, a deadline or a broken body: nothing more to wait for.
+            Some(Err(_)) | None => break,
+        }
+    }
+    ApiError::PayloadTooLarge { limit_bytes }
 }
 
 /// Decodes `bytes` as the JSON object `T`, whose shape `shape` names in the error. `objects`
@@ -507,5 +553,37 @@ mod tests {
         assert_eq!(started.elapsed(), timeout);
         let whole = read_body(Body::new(DeadlineBody::new(Body::from("abc"), timeout)), 1024).await;
         assert_eq!(whole.expect("a body in time").as_ref(), b"abc");
+    }
+
+    /// A body of `chunks` chunks of `chunk` bytes each, counting in `polled` how many were read.
+    fn counted(chunks: usize, chunk: usize, polled: Arc<std::sync::atomic::AtomicUsize>) -> Body {
+        let data = bytes::Bytes::from(vec![7u8; chunk]);
+        Body::from_stream(futures::stream::iter(0..chunks).map(move |_| {
+            polled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok::<_, std::io::Error>(data.clone())
+        }))
+    }
+
+    /// A body over its limit is `413`, but only after the rest of it was read (so a client still
+    /// writing it reads the answer); past `DISCARD_BODY_BYTES_MAX` the reading stops.
+    #[tokio::test]
+    async fn an_oversized_body_is_read_to_its_end_before_413_up_to_the_discard_bound() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let polled = Arc::new(AtomicUsize::new(0));
+        let refused = read_body(counted(100, 10, polled.clone()), 25).await;
+        assert!(matches!(refused, Err(ApiError::PayloadTooLarge { limit_bytes: 25 })), "{refused:?}");
+        assert_eq!(polled.load(Ordering::Relaxed), 100, "every chunk of the refused body was read");
+
+        let chunk = 1024 * 1024;
+        let chunks = crate::limits::DISCARD_BODY_BYTES_MAX / chunk + 10;
+        let polled = Arc::new(AtomicUsize::new(0));
+        let refused = read_body(counted(chunks, chunk, polled.clone()), 25).await;
+        assert!(matches!(refused, Err(ApiError::PayloadTooLarge { .. })), "{refused:?}");
+        let read = polled.load(Ordering::Relaxed);
+        assert!(read < chunks, "a body past the discard bound is not read to its end ({read} of {chunks})");
+        assert!(read * chunk > crate::limits::DISCARD_BODY_BYTES_MAX, "read up to the bound first ({read} chunks)");
+
+        let whole = read_body(counted(3, 10, Arc::new(AtomicUsize::new(0))), 30).await;
+        assert_eq!(whole.expect("a body at its limit").len(), 30);
     }
 }

@@ -285,7 +285,7 @@ pub(super) async fn publish(
         return publish_frames(s, name, seq, method, uri, headers, body).await;
     }
     let limit = s.max_batch_bytes;
-    let body = read_limited(&headers, body, limit).await?;
+    let body = read_body(body, limit).await?;
     let auto_create = s.auto_create_streams;
     let req = Forwardable::new(method, &uri, headers, body.clone());
     let stream = name.clone();
@@ -297,19 +297,6 @@ pub(super) async fn publish(
         data: body.to_vec(),
     })
     .await
-}
-
-/// Reads a body of at most `limit` bytes, refusing a larger declared `Content-Length` before
-/// reading any of it.
-///
-/// Errors: `413 payload_too_large`; `400 invalid_body` when reading fails.
-async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::PayloadTooLarge { limit_bytes: limit });
-    }
-    read_body(body, limit).await
 }
 
 /// A frames publish (SPEC §6): the body is read whole (at most `--max-append-bytes`), split
@@ -329,7 +316,7 @@ async fn publish_frames(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_limited(&headers, body, s.max_append_bytes).await?;
+    let body = read_body(body, s.max_append_bytes).await?;
     let ranges = wire::decode_frames(&body, FRAMES_PER_APPEND_MAX, s.max_batch_bytes)?;
     let count = ranges.len() as u64;
     if let Some(first) = seq {
