@@ -300,7 +300,12 @@ async fn a_wiped_node_rejoins_and_catches_up_by_snapshot() {
         client.publish("w", Some(i + 1), format!("w{i}").into_bytes()).await.expect("publish");
     }
     c.restart(victim).await;
-    let view = c.cluster_info(victim).await.expect("view");
+    // The wiped node knows the admin token (replicated state) only once it caught up.
+    let view =
+        wait_for("the wiped node to answer its view", Duration::from_secs(30), Duration::from_millis(200), || {
+            c.cluster_info(victim)
+        })
+        .await;
     assert!(view.term >= term_before, "the wiped node holds its vote at term ≥ {term_before}: {view}");
     let leader = c.leader().await;
     let index = c.cluster_info(leader).await.expect("view").commit_index;

@@ -146,8 +146,13 @@ async fn outbox_sink_killed_repeatedly_applies_each_batch_once() {
         client.publish(stream, Some(i + 1), payload("sk", i)).await.unwrap();
     }
     let consumer = unique("killer");
-    let args =
+    let mut args =
         sink_args(&url, &c.urls(), stream, &consumer, &format!("INSERT INTO {table} (seq, payload) VALUES ($2, $4)"));
+    // At most 50 batches a transaction, so 2,000 take at least 40 commits however fast they
+    // arrive: the third commit below always comes (with the default of 5,000, all of them could
+    // go in one or two transactions and the sink would wait at the failpoint's count forever),
+    // and the kills land between commits.
+    args.extend(["--batch-size".to_string(), "50".to_string()]);
     // First run: abort right before the third commit (effects applied, not committed).
     let mut sink = Proc::start("sink", &args, &[("RUNNEV_OUTBOX_FAILPOINT", "before-commit:3")]);
     sink.wait_exit(Duration::from_secs(60)).await;
