@@ -872,6 +872,9 @@ async fn run(args: Cli) -> Result<()> {
             match tls {
                 Some(files) => {
                     let server = runnev::tls::server_config(&files)?;
+                    // No ALPN: nodes speak HTTP/1.1 to each other, a connection per RPC in
+                    // flight, so a heartbeat never queues behind a snapshot chunk or a large
+                    // append on one TCP stream, and one stalled connection stalls one RPC.
                     let client = runnev::tls::client_config(&files.ca, Some((&files.cert, &files.key)))?;
                     env.dialer = std::sync::Arc::new(runnev::tls::TlsDialer::new(env.dialer.clone(), client));
                     let listener = runnev::tls::TlsListener::start(tcp, server)?;

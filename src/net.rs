@@ -27,12 +27,29 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
 /// A boxed future, as dialers return.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// A dialled byte stream, and whether its TLS handshake chose HTTP/2 (ALPN `h2`, RFC 7301).
+pub struct Dialed {
+    /// The stream.
+    pub io: Box<dyn Io>,
+    /// ALPN chose `h2`: HTTP/2 must be spoken on it.
+    pub http2: bool,
+}
+
 /// Opens byte streams to `host:port` addresses.
 pub trait Dialer: Send + Sync + 'static {
     /// Connects to `addr` (`host:port`).
     ///
     /// Errors: the connection could not be established.
     fn dial(&self, addr: String) -> BoxFuture<io::Result<Box<dyn Io>>>;
+
+    /// As [`Dialer::dial`], also saying whether the handshake chose HTTP/2; a dialer without
+    /// ALPN (plain TCP) never does.
+    ///
+    /// Errors: as [`Dialer::dial`].
+    fn dial_negotiated(&self, addr: String) -> BoxFuture<io::Result<Dialed>> {
+        let dialing = self.dial(addr);
+        Box::pin(async move { Ok(Dialed { io: dialing.await?, http2: false }) })
+    }
 }
 
 /// Dials over the operating system's TCP, with Nagle off (Raft and publish answers are small).
@@ -52,12 +69,17 @@ impl Dialer for TcpDialer {
 #[derive(Clone)]
 pub struct DialConnector(Arc<dyn Dialer>);
 
-/// A connection made by [`DialConnector`].
-pub struct DialedIo(TokioIo<Box<dyn Io>>);
+/// A connection made by [`DialConnector`], and whether ALPN chose HTTP/2 on it.
+pub struct DialedIo(TokioIo<Box<dyn Io>>, bool);
 
 impl Connection for DialedIo {
     fn connected(&self) -> Connected {
-        Connected::new()
+        let connected = Connected::new();
+        if self.1 {
+            connected.negotiated_h2()
+        } else {
+            connected
+        }
     }
 }
 
@@ -99,22 +121,63 @@ impl tower::Service<Uri> for DialConnector {
                 .authority()
                 .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("no host in {uri}")))?;
             let port = auth.port_u16().unwrap_or(80);
-            let io = dialer.dial(format!("{}:{port}", auth.host())).await?;
-            Ok(DialedIo(TokioIo::new(io)))
+            let dialed = dialer.dial_negotiated(format!("{}:{port}", auth.host())).await?;
+            Ok(DialedIo(TokioIo::new(dialed.io), dialed.http2))
         })
     }
 }
 
-/// The HTTP/1.1 client nodes use for Raft RPCs and forwarding, with pooled keep-alive connections.
+/// The HTTP client nodes use for Raft RPCs and forwarding (HTTP/1.1: their dialer offers no
+/// ALPN), and the Rust client for its requests, with pooled keep-alive connections: HTTP/1.1
+/// (a connection per request in flight) or HTTP/2 (every request on one connection per node),
+/// see [`HttpVersion`].
 pub type HttpClient = hyper_util::client::legacy::Client<DialConnector, Full<Bytes>>;
 
-/// Builds an [`HttpClient`] over `dialer`. Idle pooled connections close after
+/// The HTTP version a client speaks to nodes (every node serves both, [`crate::serve`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HttpVersion {
+    /// What the connection agrees on: over TLS the dialer offers `h2` and `http/1.1` by ALPN
+    /// ([`crate::tls::offering`]) and the node picks HTTP/2; over plain TCP, HTTP/1.1 (a proxy
+    /// between client and node may not know HTTP/2 without TLS).
+    #[default]
+    Auto,
+    /// HTTP/1.1 only: one request at a time per connection, so as many connections as
+    /// requests in flight.
+    Http1,
+    /// HTTP/2 only (RFC 9113): all requests to a node multiplexed on one connection. Over TLS
+    /// the dialer offers only `h2`; over plain TCP it is spoken with prior knowledge ("h2c",
+    /// RFC 9113 §3.3).
+    Http2,
+}
+
+impl HttpVersion {
+    /// The ALPN protocol ids (RFC 7301) a TLS dialer for this version offers, most wanted
+    /// first; empty for none (the node then speaks HTTP/1.1).
+    pub fn alpn(self) -> &'static [&'static [u8]] {
+        match self {
+            HttpVersion::Auto => &[b"h2", b"http/1.1"],
+            HttpVersion::Http1 => &[],
+            HttpVersion::Http2 => &[b"h2"],
+        }
+    }
+}
+
+/// Builds an [`HttpClient`] over `dialer` that speaks HTTP/1.1, or HTTP/2 where the dialer's
+/// TLS handshake chose it ([`HttpVersion::Auto`]). Idle pooled connections close after
 /// [`crate::limits::HTTP_POOL_IDLE_MS`].
 pub fn http_client(dialer: Arc<dyn Dialer>) -> HttpClient {
-    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(Duration::from_millis(crate::limits::HTTP_POOL_IDLE_MS))
-        .build(DialConnector(dialer))
+    http_client_speaking(dialer, HttpVersion::Auto)
+}
+
+/// Builds an [`HttpClient`] over `dialer` that speaks `version`. Idle pooled connections close
+/// after [`crate::limits::HTTP_POOL_IDLE_MS`].
+pub fn http_client_speaking(dialer: Arc<dyn Dialer>, version: HttpVersion) -> HttpClient {
+    let mut builder = hyper_util::client::legacy::Client::builder(TokioExecutor::new());
+    builder.pool_timer(TokioTimer::new()).pool_idle_timeout(Duration::from_millis(crate::limits::HTTP_POOL_IDLE_MS));
+    if version == HttpVersion::Http2 {
+        builder.http2_only(true).timer(TokioTimer::new());
+    }
+    builder.build(DialConnector(dialer))
 }
 
 /// The innermost cause of a transport error, which says what happened (`Connection refused

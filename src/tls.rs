@@ -29,7 +29,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::net::{BoxFuture, Dialer, Io};
+use crate::net::{BoxFuture, Dialed, Dialer, Io};
 use crate::raft::NodeId;
 
 /// Prefix of the URI naming a node in its certificate; the node id follows in decimal.
@@ -136,7 +136,18 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
         .with_client_cert_verifier(verifier)
         .with_single_cert(load_certs(&files.cert)?, load_key(&files.key)?)
         .map_err(|e| TlsError::Config(e.to_string()))?;
+    let mut config = config;
+    // HTTP/2 for clients that offer it, HTTP/1.1 for the rest (ALPN, RFC 7301; RFC 9113 §3.2).
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// `config`, offering by ALPN (RFC 7301) the protocols of `version`
+/// ([`crate::net::HttpVersion::alpn`]). Every node offers `h2` and `http/1.1`.
+pub fn offering(config: &ClientConfig, version: crate::net::HttpVersion) -> Arc<ClientConfig> {
+    let mut config = config.clone();
+    config.alpn_protocols = version.alpn().iter().map(|p| p.to_vec()).collect();
+    Arc::new(config)
 }
 
 /// The client side: servers verified against `ca` (by the host name or IP address dialled),
@@ -444,6 +455,11 @@ fn host_of(addr: &str) -> &str {
 
 impl Dialer for TlsDialer {
     fn dial(&self, addr: String) -> BoxFuture<io::Result<Box<dyn Io>>> {
+        let dialing = self.dial_negotiated(addr);
+        Box::pin(async move { Ok(dialing.await?.io) })
+    }
+
+    fn dial_negotiated(&self, addr: String) -> BoxFuture<io::Result<Dialed>> {
         let (inner, connector) = (self.inner.clone(), self.connector.clone());
         Box::pin(async move {
             let name = ServerName::try_from(host_of(&addr).to_string())
@@ -452,7 +468,8 @@ impl Dialer for TlsDialer {
             let tls = tokio::time::timeout(Duration::from_millis(HANDSHAKE_TIMEOUT_MS), connector.connect(name, io))
                 .await
                 .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "tls handshake timed out"))??;
-            Ok(Box::new(tls) as Box<dyn Io>)
+            let http2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+            Ok(Dialed { io: Box::new(tls), http2 })
         })
     }
 }

@@ -13,6 +13,7 @@ use runnev::client::Client;
 
 use crate::cluster::RUNNEV_EXE_ENV;
 use crate::publish::{run as run_load, stream_names, LoadArgs, RunnevTarget};
+use runnev::net::HttpVersion;
 
 #[derive(Parser)]
 #[command(
@@ -58,14 +59,29 @@ struct PublishArgs {
     /// The cluster CA's certificate: speak TLS to the nodes and verify them with it.
     #[arg(long = "ca-file", env = "RUNNEV_CA_FILE")]
     ca_file: Option<std::path::PathBuf>,
+    /// The HTTP version spoken to the nodes: `auto` (HTTP/2 over TLS by ALPN, HTTP/1.1
+    /// plain), `1` (HTTP/1.1: a connection per publish in flight) or `2` (HTTP/2: every publish
+    /// in flight to a node on one connection; plain, with prior knowledge).
+    #[arg(long = "http", default_value = "auto", value_parser = parse_http_version)]
+    http: HttpVersion,
     #[command(flatten)]
     load: LoadArgs,
+}
+
+/// `--http`: `auto`, `1` or `2`.
+fn parse_http_version(s: &str) -> std::result::Result<HttpVersion, String> {
+    match s {
+        "auto" => Ok(HttpVersion::Auto),
+        "1" | "1.1" => Ok(HttpVersion::Http1),
+        "2" => Ok(HttpVersion::Http2),
+        other => Err(format!("{other:?}: expected auto, 1 or 2")),
+    }
 }
 
 /// `runnev bench publish` (and plain `runnev bench`): a bounded publish load with the generator
 /// of [`crate::publish`]; progress on stderr, then a table or one JSON line on stdout.
 async fn publish(a: PublishArgs) -> Result<()> {
-    let client = Client::from_flags(&a.nodes, a.ca_file.as_deref(), a.token.as_deref())?;
+    let client = Client::from_flags_speaking(&a.nodes, a.ca_file.as_deref(), a.token.as_deref(), a.http)?;
     let spec = a.load.spec();
     let names = stream_names(&a.load.stream, spec.streams);
     let target = Arc::new(RunnevTarget::new(client, names));

@@ -31,7 +31,7 @@ use hyper::{Method, StatusCode};
 pub use cursor::{CursorStore, FileCursor};
 pub use subscription::{Connection, Delivery, SubscribeOptions, Subscription};
 
-use crate::net::{cause_text, http_client, Dialer, HttpClient, TcpDialer};
+use crate::net::{cause_text, http_client, http_client_speaking, Dialer, HttpClient, HttpVersion, TcpDialer};
 use crate::stream::{NameError, Retention};
 use crate::units::format_duration;
 use crate::wire::{self, BatchBody, ClusterView};
@@ -321,10 +321,24 @@ impl Client {
         ca: Option<&std::path::Path>,
         token: Option<crate::auth::Token>,
     ) -> Result<Client, ClientError> {
+        Client::secure_speaking(nodes, ca, token, HttpVersion::default())
+    }
+
+    /// As [`Client::secure`] (which speaks [`HttpVersion::Auto`]: HTTP/2 over TLS, HTTP/1.1
+    /// plain), speaking `version` to the nodes. On HTTP/2 every request in flight to a node
+    /// shares one connection.
+    ///
+    /// Errors: as [`Client::secure`].
+    pub fn secure_speaking(
+        nodes: &[String],
+        ca: Option<&std::path::Path>,
+        token: Option<crate::auth::Token>,
+        version: HttpVersion,
+    ) -> Result<Client, ClientError> {
         let dialer: Arc<dyn Dialer> = match ca {
             Some(ca) => {
                 let config = crate::tls::client_config(ca, None).map_err(|e| ClientError::Config(e.to_string()))?;
-                Arc::new(crate::tls::TlsDialer::new(Arc::new(TcpDialer), config))
+                Arc::new(crate::tls::TlsDialer::new(Arc::new(TcpDialer), crate::tls::offering(&config, version)))
             }
             None => Arc::new(TcpDialer),
         };
@@ -333,7 +347,7 @@ impl Client {
             Some(_) => nodes.iter().map(|n| n.trim().replacen("https://", "http://", 1)).collect(),
             None => nodes.to_vec(),
         };
-        Ok(Client::with_dialer(&nodes, dialer, RetryPolicy::default())?.with_token(token))
+        Ok(Client::over(&nodes, http_client_speaking(dialer, version), RetryPolicy::default())?.with_token(token))
     }
 
     /// This client, sending `token` as `Authorization: Bearer` on every request (nodes run with
@@ -360,17 +374,36 @@ impl Client {
         ca_file: Option<&std::path::Path>,
         token: Option<&str>,
     ) -> Result<Client, ClientError> {
+        Client::from_flags_speaking(nodes, ca_file, token, HttpVersion::default())
+    }
+
+    /// As [`Client::from_flags`], speaking `version` to the nodes ([`Client::secure_speaking`]).
+    ///
+    /// Errors: as [`Client::from_flags`].
+    pub fn from_flags_speaking(
+        nodes: &str,
+        ca_file: Option<&std::path::Path>,
+        token: Option<&str>,
+        version: HttpVersion,
+    ) -> Result<Client, ClientError> {
         let token = token
             .map(crate::auth::Token::parse)
             .transpose()
             .map_err(|e| ClientError::Config(format!("--token (or RUNNEV_TOKEN): {e}")))?;
-        Client::secure(&Client::parse_nodes(nodes), ca_file, token)
+        Client::secure_speaking(&Client::parse_nodes(nodes), ca_file, token, version)
     }
 
     /// A client over `nodes` with its own dialer (the simulation's) and retry policy.
     ///
     /// Errors: as [`Client::new`].
     pub fn with_dialer(nodes: &[String], dialer: Arc<dyn Dialer>, policy: RetryPolicy) -> Result<Client, ClientError> {
+        Client::over(nodes, http_client(dialer), policy)
+    }
+
+    /// A client over `nodes` sending its requests on `http`.
+    ///
+    /// Errors: as [`Client::new`].
+    fn over(nodes: &[String], http: HttpClient, policy: RetryPolicy) -> Result<Client, ClientError> {
         if nodes.is_empty() {
             return Err(ClientError::Config("no node given".into()));
         }
@@ -399,7 +432,7 @@ impl Client {
         Ok(Client {
             inner: Arc::new(Inner {
                 nodes: clean,
-                http: http_client(dialer),
+                http,
                 next: AtomicUsize::new(0),
                 leader: AtomicUsize::new(usize::MAX),
                 policy,
