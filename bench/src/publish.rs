@@ -9,8 +9,10 @@
 //! How the load is laid out:
 //! - `concurrency` workers, each with exactly one publish in flight; they claim publish slots from
 //!   one shared counter, so at most `count` publishes are started, and none after `duration`.
-//! - Worker `w` publishes to stream `w % streams` ([`stream_of`]); stream `i` is named
-//!   [`stream_names`]`(prefix, streams)[i]`.
+//! - Worker `w` publishes to stream `w % streams` ([`stream_of`]); with more streams than
+//!   workers, it owns streams `w`, `w + concurrency`, … and goes through them in turn
+//!   ([`stream_for`]), so every stream gets publishes. Stream `i` is named
+//!   [`stream_names`]`(prefix, streams)[i]`; streams are prepared up to 64 at a time.
 //! - With seqs, a stream has one writer at a time: each stream's next seq sits behind an async
 //!   lock held from before the publish until its answer, so the seqs reaching a stream strictly
 //!   increase (SPEC §2.3), and a stream carries one publish in flight. `streams = concurrency`
@@ -42,6 +44,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
 use super::stats::Histogram;
@@ -205,10 +208,28 @@ impl Timing {
     }
 }
 
-/// The stream a worker publishes to.
+/// The stream a worker publishes to when there are no more streams than workers.
 pub fn stream_of(worker: usize, streams: usize) -> usize {
     worker % streams.max(1)
 }
+
+/// The stream of closed-loop worker `worker`'s `j`-th publish (from 0), of `concurrency`
+/// workers: with no more streams than workers, always [`stream_of`]; with more, the worker owns
+/// streams `worker`, `worker + concurrency`, `worker + 2·concurrency`, … below `streams` and goes
+/// through them in turn, so every stream is used and no two workers share one (no waiting on a
+/// stream's seq lock).
+pub fn stream_for(worker: usize, j: u64, concurrency: usize, streams: usize) -> usize {
+    let (c, s) = (concurrency.max(1), streams.max(1));
+    if s <= c {
+        return stream_of(worker, s);
+    }
+    let first = worker % c;
+    let owned = (s - first).div_ceil(c); // ≥ 1, as first < c < s
+    first + c * (j % owned as u64) as usize
+}
+
+/// Streams prepared at once before a load.
+const PREPARE_AT_ONCE: usize = 64;
 
 /// The names of a run's streams: `prefix` alone for one stream, else `prefix-0` ..
 /// `prefix-(n-1)`.
@@ -451,11 +472,20 @@ type Lanes = Arc<Vec<tokio::sync::Mutex<u64>>>;
 /// in the summary, not returned.
 pub async fn run<T: Target>(target: Arc<T>, spec: &LoadSpec, progress: bool) -> Result<Summary, LoadError> {
     spec.validate().map_err(LoadError::Spec)?;
-    let mut lanes = Vec::with_capacity(spec.streams);
-    for stream in 0..spec.streams {
-        let first_seq = target.prepare(stream).await.map_err(|error| LoadError::Prepare { stream, error })?;
-        lanes.push(tokio::sync::Mutex::new(first_seq));
+    if progress && spec.streams > PREPARE_AT_ONCE {
+        eprintln!("preparing {} streams…", spec.streams);
     }
+    let lanes: Vec<_> = futures::stream::iter(0..spec.streams)
+        .map(|stream| {
+            let target = target.clone();
+            async move {
+                let first_seq = target.prepare(stream).await.map_err(|error| LoadError::Prepare { stream, error })?;
+                Ok::<_, LoadError>(tokio::sync::Mutex::new(first_seq))
+            }
+        })
+        .buffered(PREPARE_AT_ONCE)
+        .try_collect()
+        .await?;
     let lanes = Arc::new(lanes);
     let tally = Arc::new(Tally::default());
     let cpu_before = process_cpu();
@@ -513,11 +543,12 @@ async fn run_closed<T: Target>(
     let mut workers = Vec::with_capacity(spec.concurrency);
     for worker in 0..spec.concurrency {
         let (target, lanes, claimed, tally) = (target.clone(), lanes.clone(), claimed.clone(), tally.clone());
-        let (stream, count, with_seq, body, frames) =
-            (stream_of(worker, spec.streams), spec.count, spec.with_seq, body.clone(), spec.frames as u64);
+        let (concurrency, streams, count, with_seq, body, frames) =
+            (spec.concurrency, spec.streams, spec.count, spec.with_seq, body.clone(), spec.frames as u64);
         workers.push(tokio::spawn(async move {
             let mut latencies = Histogram::default();
-            loop {
+            for j in 0u64.. {
+                let stream = stream_for(worker, j, concurrency, streams);
                 let first = claimed.fetch_add(frames, Ordering::Relaxed);
                 if first >= count || Instant::now() >= deadline {
                     break;
@@ -762,6 +793,11 @@ mod tests {
         first_seq: u64,
     }
 
+    /// The seqs `stream` was published with, in the order they were answered.
+    fn seqs_of(log: &[(usize, Option<u64>, usize)], stream: usize) -> Vec<u64> {
+        log.iter().filter(|e| e.0 == stream).filter_map(|e| e.1).collect()
+    }
+
     impl Target for Recorder {
         async fn prepare(&self, stream: usize) -> Result<u64, TargetError> {
             Ok(self.first_seq + 100 * stream as u64)
@@ -791,6 +827,15 @@ mod tests {
         assert_eq!((0..3).map(|w| stream_of(w, 1)).collect::<Vec<_>>(), vec![0, 0, 0]);
         assert_eq!(stream_of(5, 0), 0, "zero streams is treated as one, never a division by zero");
         assert_eq!(stream_names("b", 1), vec!["b"]);
+        // No more streams than workers: the same stream every time.
+        assert!((0..5).all(|j| stream_for(4, j, 6, 3) == 1));
+        // 3 workers over 8 streams: worker 0 owns 0, 3, 6; worker 2 owns 2, 5.
+        assert_eq!((0..4).map(|j| stream_for(0, j, 3, 8)).collect::<Vec<_>>(), vec![0, 3, 6, 0]);
+        assert_eq!((0..3).map(|j| stream_for(2, j, 3, 8)).collect::<Vec<_>>(), vec![2, 5, 2]);
+        let mut used: Vec<usize> = (0..3).flat_map(|w| (0..3).map(move |j| stream_for(w, j, 3, 8))).collect();
+        used.sort_unstable();
+        used.dedup();
+        assert_eq!(used, (0..8).collect::<Vec<_>>(), "every stream is used");
         assert_eq!(stream_names("b", 3), vec!["b-0", "b-1", "b-2"]);
     }
 
@@ -974,17 +1019,27 @@ mod tests {
     /// stream's seqs still advance by the batches sent, one publish in flight per stream.
     #[tokio::test(start_paused = true)]
     async fn open_loop_spreads_requests_over_streams_with_increasing_seqs() {
-        let target = Arc::new(Recorder { first_seq: 1, ..Default::default() });
         let open = LoadSpec { rate: Some(2000.0), ..spec(16, 3, 30, true) };
-        let s = run(target.clone(), &open, false).await.unwrap();
-        assert_eq!((s.published, s.errors), (30, 0));
+        assert!(consecutive_seqs_per_stream(&open).await.iter().all(|seqs| seqs.len() == 10));
+    }
+
+    /// Runs `spec` (with seqs) on a fresh [`Recorder`]; checks that every batch was acknowledged
+    /// with one publish in flight per stream and that each stream's seqs are consecutive from
+    /// its first (1 + 100 × stream); returns them.
+    async fn consecutive_seqs_per_stream(spec: &LoadSpec) -> Vec<Vec<u64>> {
+        let target = Arc::new(Recorder { first_seq: 1, ..Default::default() });
+        let s = run(target.clone(), spec, false).await.unwrap();
+        assert_eq!((s.published, s.errors), (spec.count, 0));
         assert_eq!(target.max_in_flight_per_stream.load(Ordering::Relaxed), 1);
         let log = target.log.lock().unwrap();
-        for stream in 0..3 {
-            let seqs: Vec<u64> = log.iter().filter(|e| e.0 == stream).map(|e| e.1.unwrap()).collect();
-            let first = 1 + 100 * stream as u64;
-            assert_eq!(seqs, (first..first + 10).collect::<Vec<_>>(), "stream {stream}");
-        }
+        (0..spec.streams)
+            .map(|stream| {
+                let seqs = seqs_of(&log, stream);
+                let first = 1 + 100 * stream as u64;
+                assert_eq!(seqs, (first..first + seqs.len() as u64).collect::<Vec<_>>(), "stream {stream}");
+                seqs
+            })
+            .collect()
     }
 
     #[tokio::test]
@@ -1036,11 +1091,17 @@ mod tests {
         assert_eq!(target.max_in_flight_per_stream.load(Ordering::Relaxed), 1);
         let log = target.log.lock().unwrap();
         for stream in 0..2 {
-            let seqs: Vec<u64> = log.iter().filter(|e| e.0 == stream).map(|e| e.1.unwrap()).collect();
+            let seqs = seqs_of(&log, stream);
             let first = 7 + 100 * stream as u64;
             // Consecutive from the prepared first seq: a failed seq (9) is not reused.
             assert_eq!(seqs, (first..first + seqs.len() as u64).collect::<Vec<_>>(), "stream {stream}");
         }
+    }
+
+    #[tokio::test]
+    async fn more_streams_than_workers_are_all_used_in_turn() {
+        let seqs = consecutive_seqs_per_stream(&spec(2, 5, 20, true)).await;
+        assert!(seqs.iter().all(|s| !s.is_empty()), "a stream got no publish: {seqs:?}");
     }
 
     #[tokio::test]
