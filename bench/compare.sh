@@ -46,6 +46,9 @@ export PEERS_VENV=${PEERS_VENV:-$PWD/target/peers/venv}
 # so both pay the same fsync.
 export NATS_DIR=${NATS_DIR:-/tmp/runnev-bench-nats}
 OUT_DIR=${OUT_DIR:-target/bench}
+# Kept from cargo's environment: build scripts (ring's, through cc) rerun when an OUT_DIR there
+# changes, and would rebuild half the dependency tree.
+export -n OUT_DIR
 OUT=$OUT_DIR/results.jsonl
 LOGS=$OUT_DIR/logs
 COUNT64=${COUNT64:-30000}
@@ -63,9 +66,9 @@ command -v jq >/dev/null || { echo "needs jq ($PEERS/install.sh installs it)" >&
 mkdir -p "$LOGS"
 : > "$OUT"
 
-cargo build --release --locked -p runnev --bin runnev
-# `runnev bench` runs runnev-bench from beside runnev.
-cargo build --release --locked -p runnev-bench --bin runnev-bench --bin runnev-peer-bench
+# One build of both packages (`runnev bench` runs runnev-bench from beside runnev): built
+# separately, cargo would resolve features twice and build runnev's dependencies twice.
+cargo build --release --locked -p runnev --bin runnev -p runnev-bench --bin runnev-bench --bin runnev-peer-bench
 RUNNEV=target/release/runnev
 PEER_BENCH=target/release/runnev-peer-bench
 PORT=17001
