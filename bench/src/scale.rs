@@ -39,6 +39,8 @@ use runnev::net::TcpDialer;
 
 /// How long the cluster may take to form, or every node to apply what was published, in ms.
 const READY_MS_MAX: u64 = 120_000;
+/// How long `disk`'s small publishes may take to bring every node a snapshot of the fill, in ms.
+const SNAPSHOT_CYCLE_MS_MAX: u64 = 600_000;
 
 // ---------------------------------------------------------------------------------------------
 // streams
@@ -417,6 +419,12 @@ pub struct DiskArgs {
     /// Batches per publish request while filling (frames).
     #[arg(long, default_value_t = 1)]
     pub frames: usize,
+    /// The nodes' `--snapshot-logs` (a snapshot every N applied log entries; default theirs).
+    #[arg(long)]
+    pub snapshot_logs: Option<u64>,
+    /// The nodes' `--snapshot-keep-logs` (entries kept behind a snapshot; default theirs).
+    #[arg(long)]
+    pub snapshot_keep_logs: Option<u64>,
     /// The cluster this benchmark starts.
     #[command(flatten)]
     pub cluster: OwnCluster,
@@ -538,7 +546,14 @@ pub async fn disk(a: DiskArgs) -> Result<(), BenchError> {
         return Err(BenchError::Invalid("--payload-bytes must be positive and at most --fill-bytes".into()));
     }
     let own = a.cluster.clone();
-    cluster::run_on_own(&own, "disk", Duration::from_millis(READY_MS_MAX), async |c: &mut LocalCluster| {
+    let mut serve_args = Vec::new();
+    for (flag, value) in [("--snapshot-logs", a.snapshot_logs), ("--snapshot-keep-logs", a.snapshot_keep_logs)] {
+        if let Some(v) = value {
+            serve_args.extend([flag.to_string(), v.to_string()]);
+        }
+    }
+    let timeout = Duration::from_millis(READY_MS_MAX);
+    cluster::run_on_own_with(&own, "disk", serve_args, timeout, async |c: &mut LocalCluster| {
         let client = cluster::client(c, eager_retry_policy())?;
         DiskPhase::measure(c, "fresh", 0).print(a.json);
 
@@ -567,7 +582,7 @@ pub async fn disk(a: DiskArgs) -> Result<(), BenchError> {
         // and has purged its log behind it.
         eprintln!("publishing small batches until every node has snapshotted index {filled_index}…");
         client.put_stream("disk-tick", None).await?;
-        let deadline = Instant::now() + Duration::from_millis(READY_MS_MAX);
+        let deadline = Instant::now() + Duration::from_millis(SNAPSHOT_CYCLE_MS_MAX);
         loop {
             let mut pending = Vec::new();
             for id in c.ids() {
