@@ -8,17 +8,24 @@
 #
 # ROUNDS (default 3) alternating rounds; each round starts fresh clusters and runs, per system
 # (Runnev; NATS sync_interval: always; NATS default): c=64 plain, c=1 plain, c=64 with seq
-# (one stream per worker). Even rounds run the systems in reverse order, so both see the same
-# drift in background noise. Writes one JSON line per run to target/bench/results.jsonl, the
-# medians table to target/bench/table.md, and prints it; --update-doc also replaces the section
-# between <!-- results:start --> and <!-- results:end --> in BENCHMARKS.md with it.
+# (one stream per worker), and for Runnev and NATS sync always an open loop (`--rate`, latency
+# from each publish's scheduled time) at the round's rate: half of the Runnev c=64 plain maximum
+# measured last before it (in odd rounds this round's, as Runnev runs first; in even rounds the
+# previous round's), the same rate for both systems in a round. Even rounds run the systems in
+# reverse order, so both see the same drift in background noise. Writes one JSON line per run to
+# target/bench/results.jsonl, the medians table to target/bench/table.md, and prints it;
+# --update-doc also replaces the section between <!-- results:start --> and <!-- results:end -->
+# in BENCHMARKS.md with it.
 #
 # Needs bench/peers/install.sh run once (the NATS server in $PEERS_VENV, and jq). Not part of
 # CI: it takes minutes and its figures depend on the machine.
 #
 # Env: PEERS_DIR (default bench/peers), PEERS_VENV (default target/peers/venv), NATS_DIR
 # (default /tmp/runnev-bench-nats), OUT_DIR, COUNT64 (default 30000), COUNT1 (default 2000),
-# DURATION_SECS (default 60, bound of each run), DOC (default BENCHMARKS.md).
+# DURATION_SECS (default 60, bound of each run), DOC (default BENCHMARKS.md), OPEN_SECS (default
+# 15: each open-loop run schedules this many seconds of publishes), OPEN_CONCURRENCY (default 256:
+# most open-loop publishes in flight), OPEN_RATE (batches/s: a fixed open-loop rate instead of
+# half the measured maximum).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +34,7 @@ UPDATE_DOC=0
 for a in "$@"; do
   case "$a" in
     --update-doc) UPDATE_DOC=1 ;;
-    -h | --help) sed -n 2,21p "$0"; exit 0 ;;
+    -h | --help) sed -n 2,28p "$0"; exit 0 ;;
     *[!0-9]* | '') echo "unknown argument $a (usage: bench/compare.sh [ROUNDS] [--update-doc])" >&2; exit 2 ;;
     *) ROUNDS=$a ;;
   esac
@@ -39,22 +46,29 @@ export PEERS_VENV=${PEERS_VENV:-$PWD/target/peers/venv}
 # so both pay the same fsync.
 export NATS_DIR=${NATS_DIR:-/tmp/runnev-bench-nats}
 OUT_DIR=${OUT_DIR:-target/bench}
+# Kept from cargo's environment: build scripts (ring's, through cc) rerun when an OUT_DIR there
+# changes, and would rebuild half the dependency tree.
+export -n OUT_DIR
 OUT=$OUT_DIR/results.jsonl
 LOGS=$OUT_DIR/logs
 COUNT64=${COUNT64:-30000}
 COUNT1=${COUNT1:-2000}
 DURATION_SECS=${DURATION_SECS:-60}
 DOC=${DOC:-BENCHMARKS.md}
+OPEN_SECS=${OPEN_SECS:-15}
+OPEN_CONCURRENCY=${OPEN_CONCURRENCY:-256}
 PAYLOAD=1024
+# The open-loop rate of the current round, batches/s (set by open_rate on its first use).
+ROUND_RATE=
 
 command -v jq >/dev/null || { echo "needs jq ($PEERS/install.sh installs it)" >&2; exit 1; }
 [ -x "$PEERS_VENV/bin/nats-server" ] || { echo "no NATS in $PEERS_VENV: run $PEERS/install.sh first" >&2; exit 1; }
 mkdir -p "$LOGS"
 : > "$OUT"
 
-cargo build --release --locked -p runnev --bin runnev
-# `runnev bench` runs runnev-bench from beside runnev.
-cargo build --release --locked -p runnev-bench --bin runnev-bench --bin runnev-peer-bench
+# One build of both packages (`runnev bench` runs runnev-bench from beside runnev): built
+# separately, cargo would resolve features twice and build runnev's dependencies twice.
+cargo build --release --locked -p runnev --bin runnev -p runnev-bench --bin runnev-bench --bin runnev-peer-bench
 RUNNEV=target/release/runnev
 PEER_BENCH=target/release/runnev-peer-bench
 PORT=17001
@@ -69,6 +83,24 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# open_rate: sets ROUND_RATE, unless set for this round: OPEN_RATE, else half of the last Runnev
+# c=64 plain msgs/s in $OUT.
+open_rate() {
+  [ -n "$ROUND_RATE" ] && return 0
+  if [ -n "${OPEN_RATE:-}" ]; then ROUND_RATE=$OPEN_RATE; return 0; fi
+  ROUND_RATE=$(jq -rs '[.[] | select(.system == "runnev" and .mode == "plain" and .concurrency == 64)]
+    | if length == 0 then "" else (last.msgs_per_sec / 2 | floor | tostring) end' "$OUT")
+  [ -n "$ROUND_RATE" ] && [ "$ROUND_RATE" -gt 0 ] || {
+    echo "no Runnev c=64 maximum measured yet to set the open-loop rate (set OPEN_RATE)" >&2; ROUND_RATE=; return 1; }
+}
+
+# open_loop ROUND SYSTEM CMD...: the open-loop load at the round's rate.
+open_loop() {
+  local round=$1 system=$2; shift 2
+  open_rate || return 0
+  run "$round" "$system" open "$OPEN_CONCURRENCY" $((ROUND_RATE * OPEN_SECS)) "$@" --rate "$ROUND_RATE"
+}
+
 # run ROUND SYSTEM MODE C COUNT CMD...: one load; appends its summary, tagged, to $OUT.
 run() {
   local round=$1 system=$2 mode=$3 c=$4 count=$5; shift 5
@@ -80,7 +112,7 @@ run() {
   jq -c --arg system "$system" --arg mode "$mode" --argjson round "$round" \
     '. + {system: $system, mode: $mode, round: $round}' <<< "$line" >> "$OUT"
   jq -r --arg s "$system" --arg m "$mode" \
-    '"  \($s) \($m) c=\(.concurrency): \(.msgs_per_sec|floor) msgs/s, p50 \(.p50_ms) ms, p99 \(.p99_ms) ms, \(.errors) errors, client CPU \(.client_cpu_secs) s"' \
+    '"  \($s) \($m) c=\(.concurrency)\(if .rate then " rate=\(.rate)" else "" end): \(.msgs_per_sec|floor) msgs/s, p50 \(.p50_ms) ms, p99 \(.p99_ms) ms, \(.errors) errors\(if .rate then ", \(.behind_schedule) behind schedule" else "" end), client CPU \(.client_cpu_secs) s"' \
     <<< "$line" >&2
 }
 
@@ -105,6 +137,7 @@ runnev_round() {
   done
   [ $ready = 1 ] || { echo "runnev local not ready after 20 s; see $LOGS/r$round-runnev-local.log" >&2; exit 1; }
   loads "$round" runnev "$RUNNEV" bench publish --nodes "$NODES"
+  open_loop "$round" runnev "$RUNNEV" bench publish --nodes "$NODES"
   kill -TERM "$LOCAL_PID"; wait "$LOCAL_PID" || true
   LOCAL_PID=
   rm -rf "$LOCAL_DIR"; LOCAL_DIR=
@@ -116,11 +149,13 @@ nats_round() {
   "$PEERS/nats.sh" start --sync "$sync" --no-stream > "$LOGS/r$round-nats-$sync.log" 2>&1 \
     || { echo "nats.sh start failed; see $LOGS/r$round-nats-$sync.log" >&2; exit 1; }
   loads "$round" "nats-$sync" "$PEER_BENCH" nats
+  [ "$sync" = always ] && open_loop "$round" "nats-$sync" "$PEER_BENCH" nats
   "$PEERS/nats.sh" stop --wipe >/dev/null 2>&1 || true
 }
 
 for r in $(seq 1 "$ROUNDS"); do
   echo "round $r/$ROUNDS" >&2
+  ROUND_RATE=
   if [ $((r % 2)) = 1 ]; then
     runnev_round "$r"; nats_round "$r" always; nats_round "$r" default
   else

@@ -1,6 +1,6 @@
-//! `runnev bench failover | restart | catchup | membership`, run as the real binary in small
-//! configurations: each finishes, prints sane JSON summaries, loses nothing, and leaves no
-//! directory behind.
+//! `runnev bench failover | restart | catchup | membership | publish --rate | streams |
+//! subscribers | disk`, run as the real binary in small configurations: each finishes, prints
+//! sane JSON summaries, loses nothing, and leaves no directory behind.
 //!
 //! `runnev bench` runs the `runnev-bench` executable from beside `runnev` (another workspace
 //! member, which cargo builds for these tests only when asked): the tests build it first, for the
@@ -100,11 +100,19 @@ fn assert_empty(dir: &Path) {
     assert!(left.is_empty(), "the bench left {left:?} behind");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failover_two_kill_trials_lose_nothing() {
+/// Runs `runnev ARGS --json --dir TMP` for a mode that starts its own cluster under a fresh TMP,
+/// and checks that it left nothing there; returns its JSON lines.
+async fn bench_own(args: &[&str], timeout: Duration) -> Vec<Value> {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let lines = bench(&["bench", "failover", "--trials", "2", "--json", "--dir", d], Duration::from_secs(90)).await;
+    let lines = bench(&[args, &["--json", "--dir", d]].concat(), timeout).await;
+    assert_empty(dir.path());
+    lines
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_two_kill_trials_lose_nothing() {
+    let lines = bench_own(&["bench", "failover", "--trials", "2"], Duration::from_secs(90)).await;
     assert_eq!(lines.len(), 1, "{lines:?}");
     let v = &lines[0];
     assert_eq!(v["mode"], "failover");
@@ -119,18 +127,13 @@ async fn failover_two_kill_trials_lose_nothing() {
         assert!(w > 0.0 && w < 60_000.0, "{v}");
     }
     assert!(v["median_ms"].as_f64().unwrap() > 0.0, "{v}");
-    assert_empty(dir.path());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_after_a_small_fill_reports_both_signals() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().to_str().unwrap();
-    let lines = bench(
-        &["bench", "restart", "--fill-bytes", "8MiB", "--payload-bytes", "256K", "--json", "--dir", d],
-        Duration::from_secs(90),
-    )
-    .await;
+    let lines =
+        bench_own(&["bench", "restart", "--fill-bytes", "8MiB", "--payload-bytes", "256K"], Duration::from_secs(90))
+            .await;
     assert_eq!(lines.len(), 2, "one summary per signal: {lines:?}");
     for (v, signal) in lines.iter().zip(["kill", "term"]) {
         assert_eq!(v["mode"], "restart");
@@ -141,7 +144,6 @@ async fn restart_after_a_small_fill_reports_both_signals() {
         assert!(v["caught_up_ms"].as_f64().unwrap() >= ready - 1.0, "{v}");
         assert!(v["data_dir_bytes"].as_u64().unwrap() > 8 << 20, "a follower holds the fill: {v}");
     }
-    assert_empty(dir.path());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,9 +177,7 @@ async fn catchup_reads_the_whole_stream_from_a_follower() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn membership_one_round_loses_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().to_str().unwrap();
-    let lines = bench(&["bench", "membership", "--rounds", "1", "--json", "--dir", d], Duration::from_secs(120)).await;
+    let lines = bench_own(&["bench", "membership", "--rounds", "1"], Duration::from_secs(120)).await;
     assert_eq!(lines.len(), 1, "{lines:?}");
     let v = &lines[0];
     assert_eq!(v["mode"], "membership");
@@ -192,5 +192,99 @@ async fn membership_one_round_loses_nothing() {
         // Non-negative figures; their size is what the benchmark reports, not a verdict.
         assert!(c["change_ms"].as_f64().unwrap() >= 0.0 && c["longest_pause_ms"].as_f64().unwrap() >= 0.0, "{v}");
     }
-    assert_empty(dir.path());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_publish_and_many_streams_against_a_cluster() {
+    let c = Cluster::start(3, &[]).await;
+    let nodes = c.urls().join(",");
+    let args = ["--nodes", &nodes, "--concurrency", "16", "--json", "--quiet"];
+    let open =
+        bench(&[&["bench", "publish", "--rate", "200", "--count", "200"], &args[..]].concat(), Duration::from_secs(90))
+            .await;
+    assert_eq!(open.len(), 1, "{open:?}");
+    let v = &open[0];
+    assert_eq!((v["published"].as_u64(), v["errors"].as_u64()), (Some(200), Some(0)), "{v}");
+    assert_eq!(v["rate"], 200.0, "{v}");
+    assert!(v["behind_schedule"].as_u64().is_some_and(|b| b <= 200), "{v}");
+    let (p99, p999, max) =
+        (v["p99_ms"].as_f64().unwrap(), v["p999_ms"].as_f64().unwrap(), v["max_ms"].as_f64().unwrap());
+    assert!(0.0 < p99 && p99 <= p999 && p999 <= max, "{v}");
+
+    let runs = bench(
+        &[&["bench", "streams", "--many-streams", "40", "--count", "200"], &args[..]].concat(),
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_eq!(runs.len(), 3, "one run on one stream, one on many, then the ratio: {runs:?}");
+    let streams: Vec<u64> = runs[..2].iter().map(|r| r["streams"].as_u64().unwrap()).collect();
+    assert_eq!(streams, vec![1, 40], "{runs:?}");
+    assert!(runs[..2].iter().all(|r| r["published"] == 200 && r["errors"] == 0), "{runs:?}");
+    let summary = &runs[2];
+    assert_eq!((&summary["mode"], &summary["many_streams"]), (&"streams".into(), &40.into()), "{summary}");
+    assert!(summary["ratio"].as_f64().unwrap() > 0.0, "{summary}");
+    // Every one of the 40 streams got publishes: 40 workers' worth of streams from 16 workers.
+    let http = c.http.clone();
+    for i in 0..40 {
+        let r = http.get(&format!("{}/v1/streams/bench-{i}", c.url(c.leader().await))).await.unwrap();
+        assert!(r.json()["last_seq"].as_u64().unwrap() >= 1, "stream bench-{i}: {}", r.describe());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_each_get_every_batch_and_memory_is_read() {
+    let lines = bench_own(
+        &["bench", "subscribers", "--subscribers", "20", "--rate", "50", "--duration-secs", "2"],
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let v = &lines[0];
+    let published = v["published"].as_u64().unwrap();
+    assert!(published > 0, "{v}");
+    assert_eq!(v["complete"], 20, "{v}");
+    assert_eq!(v["delivered"].as_u64(), Some(20 * published), "each subscriber got each batch once: {v}");
+    for k in ["rss_before_kib", "rss_idle_kib", "rss_end_kib", "rss_peak_kib"] {
+        assert!(v[k].as_u64().unwrap() > 0, "{k}: {v}");
+    }
+    assert!(v["rss_peak_kib"].as_u64() >= v["rss_end_kib"].as_u64(), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_reports_fresh_filled_and_snapshotted() {
+    let lines = bench_own(
+        &[
+            "bench",
+            "disk",
+            "--fill-bytes",
+            "1MiB",
+            "--concurrency",
+            "8",
+            // A snapshot cycle within a few hundred entries: the fill is about 700.
+            "--snapshot-logs",
+            "300",
+            "--snapshot-keep-logs",
+            "50",
+        ],
+        Duration::from_secs(240),
+    )
+    .await;
+    let phases: Vec<&str> = lines.iter().map(|l| l["phase"].as_str().unwrap()).collect();
+    assert_eq!(phases, vec!["fresh", "filled", "snapshotted"], "{lines:?}");
+    assert_eq!(lines[0]["payload_bytes"], 0, "{}", lines[0]);
+    let node_bytes = |l: &Value| -> Vec<u64> {
+        l["nodes"].as_array().unwrap().iter().map(|n| n["bytes"].as_u64().unwrap()).collect()
+    };
+    let (fresh, filled) = (node_bytes(&lines[0]), node_bytes(&lines[1]));
+    assert!(fresh.iter().zip(&filled).all(|(f, g)| g > f), "every node grew with the fill: {fresh:?} {filled:?}");
+    for l in &lines[1..] {
+        assert_eq!(l["payload_bytes"].as_u64(), Some(1 << 20), "{l}");
+        assert!(l["bytes_per_payload_byte"].as_f64().unwrap() > 0.0, "{l}");
+    }
+    for node in lines[2]["nodes"].as_array().unwrap() {
+        let entries = node["entries"].as_object().unwrap();
+        let sum: u64 = entries.values().map(|b| b.as_u64().unwrap()).sum();
+        assert_eq!(node["bytes"].as_u64(), Some(sum), "the entries add up: {node}");
+        assert!(entries.keys().any(|k| k.contains("snapshot")), "a snapshot after the cycle: {node}");
+    }
 }

@@ -1,8 +1,10 @@
 //! Three fresh processes form one cluster, elect one leader that all agree on, and a stream
-//! created through a follower becomes visible on every node.
+//! created through a follower becomes visible on every node; a fresh cluster is small on disk.
 
 mod common;
 
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
@@ -139,4 +141,72 @@ async fn three_nodes_elect_a_leader_and_replicate_a_stream() {
         let v = c.cluster_info(id).await.expect("view");
         assert_eq!((v.leader_id, v.term), (Some(leader), term), "node {id}: {v}");
     }
+}
+
+/// Most disk a fresh three-node cluster with a handful of publishes may take, all nodes together,
+/// in allocated bytes (issue 15, "small by default": a test cluster must not take hundreds of
+/// MiB).
+const FRESH_CLUSTER_DISK_MAX: u64 = 30 * 1024 * 1024;
+
+/// Every file under `dir` with the bytes the file system allocated to it (`st_blocks` × 512, what
+/// `du` counts: preallocated space counts, holes do not).
+fn allocated_files(dir: &Path, out: &mut Vec<(u64, PathBuf)>) {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
+    for e in entries {
+        let e = e.unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()));
+        let m = std::fs::symlink_metadata(e.path()).unwrap_or_else(|err| panic!("{}: {err}", e.path().display()));
+        if m.is_dir() {
+            allocated_files(&e.path(), out);
+        } else {
+            out.push((m.blocks() * 512, e.path()));
+        }
+    }
+}
+
+/// A fresh cluster, one stream and 20 small publishes, replicated to every node: the three
+/// data directories together take at most [`FRESH_CLUSTER_DISK_MAX`] of allocated blocks (the
+/// Raft log's first segment, redb, the disk ballast and the rest, all counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_cluster_with_a_few_publishes_is_small_on_disk() {
+    const BATCHES: u64 = 20;
+    let c = Cluster::start(3, &[]).await;
+    let client = c.client();
+    client.put_stream("small", None).await.expect("create the stream");
+    for i in 0..BATCHES {
+        client.publish("small", None, payload("small", i)).await.expect("publish");
+    }
+    // Followers apply asynchronously: wait until every node holds every batch.
+    for id in c.ids() {
+        let url = format!("{}/v1/streams/small", c.url(id));
+        wait_for(
+            &format!("node {id} has the {BATCHES} batches"),
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+            || {
+                let (http, url) = (c.http.clone(), url.clone());
+                async move {
+                    let v = http.get(&url).await?.try_json().ok_or("no JSON")?;
+                    if v["last_seq"].as_u64() == Some(BATCHES) {
+                        Ok(())
+                    } else {
+                        Err(format!("{v}"))
+                    }
+                }
+            },
+        )
+        .await;
+    }
+    let mut files = Vec::new();
+    for id in c.ids() {
+        allocated_files(&c.data_dir(id), &mut files);
+    }
+    let total: u64 = files.iter().map(|(b, _)| b).sum();
+    files.sort_unstable_by(|a, b| b.cmp(a));
+    let largest: Vec<String> = files.iter().take(8).map(|(b, p)| format!("{b} {}", p.display())).collect();
+    println!("fresh cluster on disk: {total} bytes allocated; largest files:\n{}", largest.join("\n"));
+    assert!(
+        total <= FRESH_CLUSTER_DISK_MAX,
+        "a fresh cluster takes {total} bytes of disk (at most {FRESH_CLUSTER_DISK_MAX}); largest files:\n{}",
+        largest.join("\n")
+    );
 }

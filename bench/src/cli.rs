@@ -40,6 +40,14 @@ enum Cmd {
     Restart(crate::restart::RestartArgs),
     /// Add and remove voters of a cluster it starts under publish load; the pause publishers see.
     Membership(crate::membership::MembershipArgs),
+    /// The same publish load on one stream and on many (default 10,000); msgs/s of each and
+    /// their ratio.
+    Streams(crate::scale::StreamsArgs),
+    /// SSE subscribers (default 1,000) on one follower of a cluster it starts, under publish
+    /// load: the follower's memory and the fan-out rate.
+    Subscribers(crate::scale::SubscribersArgs),
+    /// Fill a cluster it starts, then snapshot: its disk per byte of payload at each phase.
+    Disk(crate::scale::DiskArgs),
     /// Publish load against a NATS JetStream stream; each publish waits for its PubAck.
     Nats(crate::nats::NatsArgs),
     /// PostgreSQL writers → outbox relay → a cluster it starts → sinks; rows/s per stage,
@@ -47,25 +55,36 @@ enum Cmd {
     Outbox(crate::outbox::OutboxArgs),
 }
 
-/// Flags of `runnev bench publish` (also accepted by plain `runnev bench`).
+/// Flags of `runnev bench publish` (also accepted by plain `runnev bench`, and by `runnev bench
+/// streams`).
 #[derive(clap::Args)]
-struct PublishArgs {
+pub struct PublishArgs {
     /// Nodes to talk to, comma-separated base URLs; the client fails over between them.
     #[arg(long = "nodes", env = "RUNNEV_NODES", default_value = runnev::client::DEFAULT_NODES)]
-    nodes: String,
+    pub nodes: String,
     /// The token to send (nodes run with --auth).
     #[arg(long = "token", env = "RUNNEV_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    pub token: Option<String>,
     /// The cluster CA's certificate: speak TLS to the nodes and verify them with it.
     #[arg(long = "ca-file", env = "RUNNEV_CA_FILE")]
-    ca_file: Option<std::path::PathBuf>,
+    pub ca_file: Option<std::path::PathBuf>,
     /// The HTTP version spoken to the nodes: `auto` (HTTP/2 over TLS by ALPN, HTTP/1.1
     /// plain), `1` (HTTP/1.1: a connection per publish in flight) or `2` (HTTP/2: every publish
     /// in flight to a node on one connection; plain, with prior knowledge).
     #[arg(long = "http", default_value = "auto", value_parser = parse_http_version)]
-    http: HttpVersion,
+    pub http: HttpVersion,
+    /// The load.
     #[command(flatten)]
-    load: LoadArgs,
+    pub load: LoadArgs,
+}
+
+impl PublishArgs {
+    /// A client over `--nodes`, secured by `--ca-file` and `--token`, speaking `--http`.
+    ///
+    /// Errors: the flags do not make a client (a bad URL, CA file or token).
+    pub fn client(&self) -> Result<Client> {
+        Ok(Client::from_flags_speaking(&self.nodes, self.ca_file.as_deref(), self.token.as_deref(), self.http)?)
+    }
 }
 
 /// `--http`: `auto`, `1` or `2`.
@@ -81,7 +100,7 @@ fn parse_http_version(s: &str) -> std::result::Result<HttpVersion, String> {
 /// `runnev bench publish` (and plain `runnev bench`): a bounded publish load with the generator
 /// of [`crate::publish`]; progress on stderr, then a table or one JSON line on stdout.
 async fn publish(a: PublishArgs) -> Result<()> {
-    let client = Client::from_flags_speaking(&a.nodes, a.ca_file.as_deref(), a.token.as_deref(), a.http)?;
+    let client = a.client()?;
     let spec = a.load.spec();
     let names = stream_names(&a.load.stream, spec.streams);
     let target = Arc::new(RunnevTarget::new(client, names));
@@ -101,6 +120,9 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Failover(a) => crate::failover::run(a).await?,
         Cmd::Restart(a) => crate::restart::run(a).await?,
         Cmd::Membership(a) => crate::membership::run(a).await?,
+        Cmd::Streams(a) => crate::scale::streams(a).await?,
+        Cmd::Subscribers(a) => crate::scale::subscribers(a).await?,
+        Cmd::Disk(a) => crate::scale::disk(a).await?,
         Cmd::Nats(a) => crate::nats::run(a).await?,
         Cmd::Outbox(a) => crate::outbox::run(a).await?,
     }

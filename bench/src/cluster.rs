@@ -220,8 +220,23 @@ pub async fn run_on_own<F>(own: &OwnCluster, label: &str, timeout: Duration, bod
 where
     F: AsyncFnOnce(&mut LocalCluster) -> Result<(), BenchError>,
 {
-    let opts =
-        ClusterOptions { nodes: own.nodes, parent_dir: own.dir.clone(), label: label.into(), serve_args: vec![] };
+    run_on_own_with(own, label, vec![], timeout, body).await
+}
+
+/// [`run_on_own`] with `serve_args` appended to every node's `runnev serve`.
+///
+/// Errors: as [`run_on_own`].
+pub async fn run_on_own_with<F>(
+    own: &OwnCluster,
+    label: &str,
+    serve_args: Vec<String>,
+    timeout: Duration,
+    body: F,
+) -> Result<(), BenchError>
+where
+    F: AsyncFnOnce(&mut LocalCluster) -> Result<(), BenchError>,
+{
+    let opts = ClusterOptions { nodes: own.nodes, parent_dir: own.dir.clone(), label: label.into(), serve_args };
     eprintln!("starting a {}-node cluster…", own.nodes);
     let mut cluster = start(opts, timeout).await?;
     if own.keep {

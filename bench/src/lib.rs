@@ -7,7 +7,8 @@
 //! [`catchup`], [`failover`], [`membership`] and [`restart`] (the modes that read a whole stream,
 //! change the membership, or kill and restart nodes of a cluster they start through
 //! `runnev::launcher`), [`outbox`] (the transactional outbox end to end: PostgreSQL writers,
-//! relay, cluster, sink), [`nats`] (NATS JetStream as
+//! relay, cluster, sink), [`scale`] (many streams, many subscribers, disk per byte of
+//! payload), [`nats`] (NATS JetStream as
 //! a target), [`stats`] (percentiles) and [`cli`] (the command line). Must never: be on the
 //! serving path, or be linked into the `runnev` binary (its dependencies, such as the NATS client,
 //! stay out of the product).
@@ -22,4 +23,5 @@ pub mod nats;
 pub mod outbox;
 pub mod publish;
 pub mod restart;
+pub mod scale;
 pub mod stats;

@@ -13,6 +13,8 @@
 //!   dedup on (stream, seq). The generator keeps seqs increasing per stream, as for Runnev.
 //! - By default the client connects to the server that leads the stream, as Runnev's client
 //!   sends publishes to the leader; `--any-server` connects to the first server that answers.
+//! - `--rate` runs the generator's open loop, as for Runnev: publishes start on a fixed schedule,
+//!   each waits for its PubAck in a task of its own, all multiplexed on the one connection.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

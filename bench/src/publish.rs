@@ -9,8 +9,10 @@
 //! How the load is laid out:
 //! - `concurrency` workers, each with exactly one publish in flight; they claim publish slots from
 //!   one shared counter, so at most `count` publishes are started, and none after `duration`.
-//! - Worker `w` publishes to stream `w % streams` ([`stream_of`]); stream `i` is named
-//!   [`stream_names`]`(prefix, streams)[i]`.
+//! - Worker `w` publishes to stream `w % streams` ([`stream_of`]); with more streams than
+//!   workers, it owns streams `w`, `w + concurrency`, … and goes through them in turn
+//!   ([`stream_for`]), so every stream gets publishes. Stream `i` is named
+//!   [`stream_names`]`(prefix, streams)[i]`; streams are prepared up to 64 at a time.
 //! - With seqs, a stream has one writer at a time: each stream's next seq sits behind an async
 //!   lock held from before the publish until its answer, so the seqs reaching a stream strictly
 //!   increase (SPEC §2.3), and a stream carries one publish in flight. `streams = concurrency`
@@ -23,16 +25,29 @@
 //!   entry): `count` still counts batches, a request claims `frames` of them (the last one fewer
 //!   if `count` is not a multiple), seqs advance by the batches sent, msgs/s counts batches, and a
 //!   latency sample is one request's.
+//! - Open loop (`rate`): instead of workers that wait for each answer, one dispatcher starts
+//!   request `i` at its scheduled time [`scheduled_offset`] (`rate` batches per second), each in a
+//!   task of its own, with at most `concurrency` in flight; request `i` goes to stream
+//!   `i % streams`. Its latency sample runs from the *scheduled* time, not from when it was
+//!   actually sent ([`Timing`]): a system that stalls makes the requests due meanwhile wait, and
+//!   their wait is counted, which a closed loop hides by sending less (Gil Tene's "coordinated
+//!   omission"; wrk2 and HdrHistogram measure the same way). Sends that started more than
+//!   [`SCHEDULE_SLACK`] late are counted in [`Summary::behind_schedule`]: many of them mean the
+//!   generator (or its `concurrency` bound) could not keep the rate, and the latencies then
+//!   include that wait.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
-use super::stats::Latencies;
+use super::stats::Histogram;
 use runnev::client::Client;
 
 /// The error a [`Target`] returns for one publish or one stream preparation.
@@ -57,6 +72,11 @@ pub struct LoadSpec {
     /// Batches per publish request (≥ 1); more than 1 sends them as frames (SPEC §6).
     #[serde(default = "one")]
     pub frames: usize,
+    /// Open loop: start publishes on a fixed schedule of this many batches per second, whatever
+    /// the answers, with at most `concurrency` in flight (`None`: closed loop, each worker
+    /// starts its next publish when its last one was answered).
+    #[serde(default)]
+    pub rate: Option<f64>,
 }
 
 fn one() -> usize {
@@ -77,6 +97,11 @@ impl LoadSpec {
         }
         if self.frames == 0 || self.frames > runnev::limits::FRAMES_PER_APPEND_MAX {
             return Err(format!("frames must be from 1 to {}", runnev::limits::FRAMES_PER_APPEND_MAX));
+        }
+        if let Some(rate) = self.rate {
+            if !(rate.is_finite() && rate > 0.0) {
+                return Err(format!("rate must be a positive number of batches per second, not {rate}"));
+            }
         }
         Ok(())
     }
@@ -112,6 +137,11 @@ pub struct LoadArgs {
     /// counts batches.
     #[arg(long, default_value_t = 1)]
     pub frames: usize,
+    /// Open loop: start this many batches per second on a fixed schedule, whatever the answers,
+    /// with at most --concurrency publishes in flight; latency counts from each publish's
+    /// scheduled time (no coordinated omission), and sends that fell behind are counted.
+    #[arg(long, value_name = "BATCHES_PER_SEC")]
+    pub rate: Option<f64>,
     /// Print the summary as one JSON line on stdout.
     #[arg(long)]
     pub json: bool,
@@ -131,14 +161,75 @@ impl LoadArgs {
             duration: Duration::from_secs(self.duration_secs),
             with_seq: self.with_seq,
             frames: self.frames,
+            rate: self.rate,
         }
     }
 }
 
-/// The stream a worker publishes to.
+/// How late past its scheduled time an open-loop send may start and still count as on schedule:
+/// twice tokio's timer resolution (1 ms), by which a sleep may wake after its deadline.
+pub const SCHEDULE_SLACK: Duration = Duration::from_millis(2);
+
+/// When open-loop request `i` (from 0) is due, from the start of the load: it carries batches
+/// `i * frames ..`, at `rate` batches per second, so it is due at `i * frames / rate` s.
+/// Computed from `i` rather than by adding intervals, so rounding never accumulates; a time past
+/// what a [`Duration`] holds saturates.
+pub fn scheduled_offset(i: u64, frames: u64, rate: f64) -> Duration {
+    Duration::try_from_secs_f64(i as f64 * frames as f64 / rate).unwrap_or(Duration::MAX)
+}
+
+/// The three instants of one open-loop request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// When the schedule said to send it.
+    pub scheduled: Instant,
+    /// When it was handed to the target (after a free in-flight slot and, with seqs, its
+    /// stream's lock).
+    pub sent: Instant,
+    /// When the target answered.
+    pub answered: Instant,
+}
+
+impl Timing {
+    /// The latency a user of the system sees: from the scheduled send to the answer, so time
+    /// spent waiting to be sent is counted (0 if the clock says otherwise).
+    pub fn latency(&self) -> Duration {
+        self.answered.saturating_duration_since(self.scheduled)
+    }
+
+    /// How late the send started.
+    pub fn lag(&self) -> Duration {
+        self.sent.saturating_duration_since(self.scheduled)
+    }
+
+    /// Whether the send started more than [`SCHEDULE_SLACK`] late.
+    pub fn behind(&self) -> bool {
+        self.lag() > SCHEDULE_SLACK
+    }
+}
+
+/// The stream a worker publishes to when there are no more streams than workers.
 pub fn stream_of(worker: usize, streams: usize) -> usize {
     worker % streams.max(1)
 }
+
+/// The stream of closed-loop worker `worker`'s `j`-th publish (from 0), of `concurrency`
+/// workers: with no more streams than workers, always [`stream_of`]; with more, the worker owns
+/// streams `worker`, `worker + concurrency`, `worker + 2·concurrency`, … below `streams` and goes
+/// through them in turn, so every stream is used and no two workers share one (no waiting on a
+/// stream's seq lock).
+pub fn stream_for(worker: usize, j: u64, concurrency: usize, streams: usize) -> usize {
+    let (c, s) = (concurrency.max(1), streams.max(1));
+    if s <= c {
+        return stream_of(worker, s);
+    }
+    let first = worker % c;
+    let owned = (s - first).div_ceil(c); // ≥ 1, as first < c < s
+    first + c * (j % owned as u64) as usize
+}
+
+/// Streams prepared at once before a load.
+const PREPARE_AT_ONCE: usize = 64;
 
 /// The names of a run's streams: `prefix` alone for one stream, else `prefix-0` ..
 /// `prefix-(n-1)`.
@@ -228,8 +319,18 @@ pub struct Summary {
     pub p90_ms: f64,
     /// 99th percentile publish latency, in ms.
     pub p99_ms: f64,
+    /// 99.9th percentile publish latency, in ms.
+    #[serde(default)]
+    pub p999_ms: f64,
     /// Largest publish latency, in ms.
     pub max_ms: f64,
+    /// Open loop: sends that started more than [`SCHEDULE_SLACK`] after their scheduled time
+    /// (0 in a closed loop, which has no schedule).
+    #[serde(default)]
+    pub behind_schedule: u64,
+    /// Open loop: the latest a send started after its scheduled time, in ms.
+    #[serde(default)]
+    pub max_behind_ms: f64,
     /// CPU time (user + system) the generator's process used during the load, in s; includes
     /// the target's client library, so it is the client-side cost of the load.
     pub client_cpu_secs: f64,
@@ -243,7 +344,7 @@ impl Summary {
     /// failures, its wall time and the process CPU time it used.
     pub fn new(
         spec: LoadSpec,
-        mut latencies: Latencies,
+        latencies: Histogram,
         errors: u64,
         first_error: Option<String>,
         elapsed: Duration,
@@ -251,7 +352,7 @@ impl Summary {
     ) -> Summary {
         // One sample per acknowledged request: the last request of a run may carry fewer than
         // `frames` batches, which [`Summary::count_batches`] corrects when the generator ran.
-        let published = latencies.len() as u64 * spec.frames.max(1) as u64;
+        let published = latencies.len() * spec.frames.max(1) as u64;
         let seconds = elapsed.as_secs_f64();
         let per_sec = |n: f64| if seconds > 0.0 { n / seconds } else { 0.0 };
         Summary {
@@ -264,7 +365,10 @@ impl Summary {
             p50_ms: latencies.ms(0.50),
             p90_ms: latencies.ms(0.90),
             p99_ms: latencies.ms(0.99),
+            p999_ms: latencies.ms(0.999),
             max_ms: latencies.ms(1.0),
+            behind_schedule: 0,
+            max_behind_ms: 0.0,
             client_cpu_secs: client_cpu.as_secs_f64(),
             spec,
         }
@@ -300,13 +404,19 @@ impl Summary {
             self.seconds,
             self.client_cpu_secs,
         );
+        if let Some(rate) = s.rate {
+            out += &format!(
+                "open loop at {rate} batches/s, at most {} in flight: {} sends behind schedule (latest {:.2} ms late); latency from the scheduled send\n",
+                s.concurrency, self.behind_schedule, self.max_behind_ms
+            );
+        }
         out += &format!(
-            "{:>12} {:>10} {:>9} {:>9} {:>9} {:>9}\n",
-            "msgs/s", "MB/s", "p50 ms", "p90 ms", "p99 ms", "max ms"
+            "{:>12} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+            "msgs/s", "MB/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms"
         );
         out += &format!(
-            "{:>12.0} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}\n",
-            self.msgs_per_sec, self.mb_per_sec, self.p50_ms, self.p90_ms, self.p99_ms, self.max_ms
+            "{:>12.0} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}\n",
+            self.msgs_per_sec, self.mb_per_sec, self.p50_ms, self.p90_ms, self.p99_ms, self.p999_ms, self.max_ms
         );
         if let Some(e) = &self.first_error {
             out += &format!("first error: {e}\n");
@@ -315,42 +425,84 @@ impl Summary {
     }
 }
 
+/// Counters shared by a load's workers (or open-loop tasks) and its progress reporter.
+#[derive(Default)]
+struct Tally {
+    /// Batches acknowledged.
+    acked: AtomicU64,
+    /// Publish requests that failed.
+    failed: AtomicU64,
+    /// The first failure's message.
+    first_error: Mutex<Option<String>>,
+}
+
+impl Tally {
+    /// Counts one failed request and keeps its message if it is the first.
+    fn fail(&self, e: &TargetError) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
+        if first.is_none() {
+            *first = Some(e.to_string());
+        }
+    }
+}
+
+/// What one loop (closed or open) measured.
+struct Ran {
+    /// One sample per acknowledged request, in µs.
+    latencies: Histogram,
+    /// From the first publish started to the last one answered.
+    elapsed: Duration,
+    /// Open loop: sends that started late ([`Timing::behind`]).
+    behind: u64,
+    /// Open loop: the largest [`Timing::lag`].
+    max_lag: Duration,
+}
+
+/// Each stream's next seq, behind the lock a publish with a seq holds until its answer.
+type Lanes = Arc<Vec<tokio::sync::Mutex<u64>>>;
+
 /// Runs `spec` against `target`: prepares every stream, then publishes until `count` publishes
-/// were started or `duration` passed, and summarises. With `progress`, prints one line a second
+/// were started or `duration` passed, and summarises: in a closed loop by default, on a fixed
+/// schedule with `spec.rate` (see the module docs). With `progress`, prints one line a second
 /// on stderr (published so far, errors, msgs/s over the last second).
 ///
 /// Errors: [`LoadError::Spec`] for an invalid spec, [`LoadError::Prepare`] when a stream cannot
-/// be prepared. Failed publishes are counted in the summary, not returned.
+/// be prepared, [`LoadError::Worker`] when a worker task panicked. Failed publishes are counted
+/// in the summary, not returned.
 pub async fn run<T: Target>(target: Arc<T>, spec: &LoadSpec, progress: bool) -> Result<Summary, LoadError> {
     spec.validate().map_err(LoadError::Spec)?;
-    let mut lanes = Vec::with_capacity(spec.streams);
-    for stream in 0..spec.streams {
-        let first_seq = target.prepare(stream).await.map_err(|error| LoadError::Prepare { stream, error })?;
-        lanes.push(tokio::sync::Mutex::new(first_seq));
+    if progress && spec.streams > PREPARE_AT_ONCE {
+        eprintln!("preparing {} streams…", spec.streams);
     }
+    let lanes: Vec<_> = futures::stream::iter(0..spec.streams)
+        .map(|stream| {
+            let target = target.clone();
+            async move {
+                let first_seq = target.prepare(stream).await.map_err(|error| LoadError::Prepare { stream, error })?;
+                Ok::<_, LoadError>(tokio::sync::Mutex::new(first_seq))
+            }
+        })
+        .buffered(PREPARE_AT_ONCE)
+        .try_collect()
+        .await?;
     let lanes = Arc::new(lanes);
-    let claimed = Arc::new(AtomicU64::new(0));
-    let acked = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let first_error: Arc<Mutex<Option<String>>> = Arc::default();
-    let body = payload(spec.payload_bytes);
+    let tally = Arc::new(Tally::default());
     let cpu_before = process_cpu();
-    let started = Instant::now();
-    let deadline = started + spec.duration;
 
     let reporter = progress.then(|| {
-        let (acked, failed) = (acked.clone(), failed.clone());
+        let tally = tally.clone();
         tokio::spawn(async move {
             let mut last = 0;
             let mut tick =
                 tokio::time::interval_at(tokio::time::Instant::now() + Duration::from_secs(1), Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                let now = acked.load(Ordering::Relaxed);
+                let now = tally.acked.load(Ordering::Relaxed);
                 eprintln!(
                     "  {:>9} published {:>6} errors {:>8} msgs/s",
                     now,
-                    failed.load(Ordering::Relaxed),
+                    tally.failed.load(Ordering::Relaxed),
                     now - last
                 );
                 last = now;
@@ -358,15 +510,45 @@ pub async fn run<T: Target>(target: Arc<T>, spec: &LoadSpec, progress: bool) -> 
         })
     });
 
+    let ran = match spec.rate {
+        Some(rate) => run_open(target, spec, rate, lanes, tally.clone()).await,
+        None => run_closed(target, spec, lanes, tally.clone()).await,
+    };
+    let cpu = process_cpu().saturating_sub(cpu_before);
+    if let Some(r) = reporter {
+        r.abort();
+    }
+    let ran = ran?;
+    let first_error = tally.first_error.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let mut summary =
+        Summary::new(spec.clone(), ran.latencies, tally.failed.load(Ordering::Relaxed), first_error, ran.elapsed, cpu);
+    summary.count_batches(tally.acked.load(Ordering::Relaxed));
+    summary.behind_schedule = ran.behind;
+    summary.max_behind_ms = ran.max_lag.as_secs_f64() * 1000.0;
+    Ok(summary)
+}
+
+/// The closed loop: `concurrency` workers, each with one publish in flight (module docs). Both
+/// loops time on tokio's clock (the wall clock, except in tests that pause it).
+async fn run_closed<T: Target>(
+    target: Arc<T>,
+    spec: &LoadSpec,
+    lanes: Lanes,
+    tally: Arc<Tally>,
+) -> Result<Ran, LoadError> {
+    let claimed = Arc::new(AtomicU64::new(0));
+    let body = payload(spec.payload_bytes);
+    let started = Instant::now();
+    let deadline = started + spec.duration;
     let mut workers = Vec::with_capacity(spec.concurrency);
     for worker in 0..spec.concurrency {
-        let (target, lanes, claimed, acked, failed, first_error) =
-            (target.clone(), lanes.clone(), claimed.clone(), acked.clone(), failed.clone(), first_error.clone());
-        let (stream, count, with_seq, body, frames) =
-            (stream_of(worker, spec.streams), spec.count, spec.with_seq, body.clone(), spec.frames as u64);
+        let (target, lanes, claimed, tally) = (target.clone(), lanes.clone(), claimed.clone(), tally.clone());
+        let (concurrency, streams, count, with_seq, body, frames) =
+            (spec.concurrency, spec.streams, spec.count, spec.with_seq, body.clone(), spec.frames as u64);
         workers.push(tokio::spawn(async move {
-            let mut latencies = Latencies::default();
-            loop {
+            let mut latencies = Histogram::default();
+            for j in 0u64.. {
+                let stream = stream_for(worker, j, concurrency, streams);
                 let first = claimed.fetch_add(frames, Ordering::Relaxed);
                 if first >= count || Instant::now() >= deadline {
                     break;
@@ -378,11 +560,7 @@ pub async fn run<T: Target>(target: Arc<T>, spec: &LoadSpec, progress: bool) -> 
                 }
                 let seq = lane.as_deref().copied();
                 let t = Instant::now();
-                let outcome = if frames == 1 {
-                    target.publish(stream, seq, body.clone()).await
-                } else {
-                    target.publish_frames(stream, seq, body.clone(), n as usize).await
-                };
+                let outcome = publish(&*target, stream, seq, body.clone(), frames, n).await;
                 let took = t.elapsed();
                 if let Some(next) = lane.as_deref_mut() {
                     *next += n;
@@ -391,40 +569,115 @@ pub async fn run<T: Target>(target: Arc<T>, spec: &LoadSpec, progress: bool) -> 
                 match outcome {
                     Ok(()) => {
                         latencies.record_us(took.as_micros() as u64);
-                        acked.fetch_add(n, Ordering::Relaxed);
+                        tally.acked.fetch_add(n, Ordering::Relaxed);
                     }
-                    Err(e) => {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                        let mut first = first_error.lock().unwrap_or_else(|p| p.into_inner());
-                        if first.is_none() {
-                            *first = Some(e.to_string());
-                        }
-                    }
+                    Err(e) => tally.fail(&e),
                 }
             }
             latencies
         }));
     }
-    let mut latencies = Latencies::default();
+    let mut latencies = Histogram::default();
     let mut panicked = None;
     for w in workers {
         match w.await {
-            Ok(l) => latencies.merge(l),
+            Ok(l) => latencies.merge(&l),
             Err(e) => panicked = Some(e.to_string()),
         }
     }
     let elapsed = started.elapsed();
-    let cpu = process_cpu().saturating_sub(cpu_before);
-    if let Some(r) = reporter {
-        r.abort();
-    }
     if let Some(e) = panicked {
         return Err(LoadError::Worker(e));
     }
-    let first_error = first_error.lock().unwrap_or_else(|p| p.into_inner()).take();
-    let mut summary = Summary::new(spec.clone(), latencies, failed.load(Ordering::Relaxed), first_error, elapsed, cpu);
-    summary.count_batches(acked.load(Ordering::Relaxed));
-    Ok(summary)
+    Ok(Ran { latencies, elapsed, behind: 0, max_lag: Duration::ZERO })
+}
+
+/// One request of `n` batches: a plain publish in a load of one batch per request, frames
+/// otherwise (even for a last request of one batch).
+async fn publish<T: Target>(
+    target: &T,
+    stream: usize,
+    seq: Option<u64>,
+    body: Bytes,
+    frames: u64,
+    n: u64,
+) -> Result<(), TargetError> {
+    if frames == 1 {
+        target.publish(stream, seq, body).await
+    } else {
+        target.publish_frames(stream, seq, body, n as usize).await
+    }
+}
+
+/// The open loop: request `i` starts at [`scheduled_offset`]`(i, frames, rate)` in a task of its
+/// own, once one of `concurrency` in-flight slots is free; latencies run from the scheduled time
+/// (module docs).
+async fn run_open<T: Target>(
+    target: Arc<T>,
+    spec: &LoadSpec,
+    rate: f64,
+    lanes: Lanes,
+    tally: Arc<Tally>,
+) -> Result<Ran, LoadError> {
+    let frames = spec.frames as u64;
+    let body = payload(spec.payload_bytes);
+    let slots = Arc::new(tokio::sync::Semaphore::new(spec.concurrency));
+    let started = Instant::now();
+    let deadline = started + spec.duration;
+    let mut ran = Ran { latencies: Histogram::default(), elapsed: Duration::ZERO, behind: 0, max_lag: Duration::ZERO };
+    let mut fold = |done: Result<(Timing, bool), tokio::task::JoinError>| -> Result<(), LoadError> {
+        let (timing, ok) = done.map_err(|e| LoadError::Worker(e.to_string()))?;
+        if ok {
+            ran.latencies.record_us(timing.latency().as_micros() as u64);
+        }
+        ran.behind += u64::from(timing.behind());
+        ran.max_lag = ran.max_lag.max(timing.lag());
+        Ok(())
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0u64.. {
+        let first = i.saturating_mul(frames);
+        let scheduled = started + scheduled_offset(i, frames, rate).min(spec.duration);
+        if first >= spec.count || scheduled >= deadline {
+            break;
+        }
+        tokio::time::sleep_until(scheduled).await;
+        let slot = slots.clone().acquire_owned().await.map_err(|e| LoadError::Worker(e.to_string()))?;
+        while let Some(done) = tasks.try_join_next() {
+            fold(done)?;
+        }
+        let n = frames.min(spec.count - first);
+        let stream = (i % spec.streams as u64) as usize;
+        let (target, lanes, tally, body, with_seq) =
+            (target.clone(), lanes.clone(), tally.clone(), body.clone(), spec.with_seq);
+        tasks.spawn(async move {
+            let mut lane = if with_seq { Some(lanes[stream].lock().await) } else { None };
+            let seq = lane.as_deref().copied();
+            let sent = Instant::now();
+            let outcome = publish(&*target, stream, seq, body, frames, n).await;
+            let answered = Instant::now();
+            if let Some(next) = lane.as_deref_mut() {
+                *next += n;
+            }
+            drop((lane, slot));
+            let ok = match outcome {
+                Ok(()) => {
+                    tally.acked.fetch_add(n, Ordering::Relaxed);
+                    true
+                }
+                Err(e) => {
+                    tally.fail(&e);
+                    false
+                }
+            };
+            (Timing { scheduled, sent, answered }, ok)
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        fold(done)?;
+    }
+    ran.elapsed = started.elapsed();
+    Ok(ran)
 }
 
 /// CPU time (user + system) this process has used so far; zero if the OS does not say.
@@ -525,6 +778,7 @@ mod tests {
             duration: Duration::from_secs(30),
             with_seq,
             frames: 1,
+            rate: None,
         }
     }
 
@@ -537,6 +791,11 @@ mod tests {
         max_in_flight_per_stream: AtomicU64,
         fail_seqs: Vec<u64>,
         first_seq: u64,
+    }
+
+    /// The seqs `stream` was published with, in the order they were answered.
+    fn seqs_of(log: &[(usize, Option<u64>, usize)], stream: usize) -> Vec<u64> {
+        log.iter().filter(|e| e.0 == stream).filter_map(|e| e.1).collect()
     }
 
     impl Target for Recorder {
@@ -568,6 +827,15 @@ mod tests {
         assert_eq!((0..3).map(|w| stream_of(w, 1)).collect::<Vec<_>>(), vec![0, 0, 0]);
         assert_eq!(stream_of(5, 0), 0, "zero streams is treated as one, never a division by zero");
         assert_eq!(stream_names("b", 1), vec!["b"]);
+        // No more streams than workers: the same stream every time.
+        assert!((0..5).all(|j| stream_for(4, j, 6, 3) == 1));
+        // 3 workers over 8 streams: worker 0 owns 0, 3, 6; worker 2 owns 2, 5.
+        assert_eq!((0..4).map(|j| stream_for(0, j, 3, 8)).collect::<Vec<_>>(), vec![0, 3, 6, 0]);
+        assert_eq!((0..3).map(|j| stream_for(2, j, 3, 8)).collect::<Vec<_>>(), vec![2, 5, 2]);
+        let mut used: Vec<usize> = (0..3).flat_map(|w| (0..3).map(move |j| stream_for(w, j, 3, 8))).collect();
+        used.sort_unstable();
+        used.dedup();
+        assert_eq!(used, (0..8).collect::<Vec<_>>(), "every stream is used");
         assert_eq!(stream_names("b", 3), vec!["b-0", "b-1", "b-2"]);
     }
 
@@ -582,6 +850,7 @@ mod tests {
             duration_secs: 2,
             with_seq,
             frames: 1,
+            rate: None,
             json: false,
             quiet: true,
         };
@@ -609,9 +878,9 @@ mod tests {
 
     #[test]
     fn summary_math() {
-        let mut l = Latencies::default();
-        for ms in 1..=100u64 {
-            l.record_us(ms * 1000);
+        let mut l = Histogram::default();
+        for ms in 1..=1000u64 {
+            l.record_us(ms * 100);
         }
         let s = Summary::new(
             spec(4, 1, 100, false),
@@ -621,20 +890,25 @@ mod tests {
             Duration::from_secs(2),
             Duration::from_millis(500),
         );
-        assert_eq!(s.published, 100);
+        assert_eq!(s.published, 1000);
         assert_eq!(s.errors, 3);
-        assert_eq!(s.msgs_per_sec, 50.0);
-        assert_eq!(s.mb_per_sec, 50.0 * 100.0 / 1e6);
-        assert_eq!((s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms), (50.0, 90.0, 99.0, 100.0));
+        assert_eq!(s.msgs_per_sec, 500.0);
+        assert_eq!(s.mb_per_sec, 500.0 * 100.0 / 1e6);
+        // HdrHistogram's 3 significant digits: each within 0.1 % above the exact sample.
+        for (got, want) in [(s.p50_ms, 50.0), (s.p90_ms, 90.0), (s.p99_ms, 99.0), (s.p999_ms, 99.9), (s.max_ms, 100.0)]
+        {
+            assert!(got >= want && got <= want * 1.001, "{got} ms, want {want}");
+        }
+        assert_eq!((s.behind_schedule, s.max_behind_ms), (0, 0.0), "a closed loop has no schedule");
         assert_eq!(s.client_cpu_secs, 0.5);
-        let empty = Summary::new(spec(1, 1, 0, false), Latencies::default(), 0, None, Duration::ZERO, Duration::ZERO);
+        let empty = Summary::new(spec(1, 1, 0, false), Histogram::default(), 0, None, Duration::ZERO, Duration::ZERO);
         assert_eq!((empty.msgs_per_sec, empty.mb_per_sec, empty.p99_ms), (0.0, 0.0, 0.0));
     }
 
     #[test]
     fn summary_json_is_flat_and_round_trips() {
         let s =
-            Summary::new(spec(2, 1, 1, true), Latencies::default(), 0, None, Duration::from_secs(1), Duration::ZERO);
+            Summary::new(spec(2, 1, 1, true), Histogram::default(), 0, None, Duration::from_secs(1), Duration::ZERO);
         let line = s.json_line();
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(v["concurrency"], 2);
@@ -643,6 +917,129 @@ mod tests {
         assert!(v["msgs_per_sec"].is_number() && v["p99_ms"].is_number());
         assert_eq!(serde_json::from_str::<Summary>(&line).unwrap(), s);
         assert!(s.table().contains("with seq"));
+    }
+
+    #[test]
+    fn the_schedule_is_computed_from_the_index() {
+        assert_eq!(scheduled_offset(0, 1, 1000.0), Duration::ZERO);
+        assert_eq!(scheduled_offset(1, 1, 1000.0), Duration::from_millis(1));
+        assert_eq!(scheduled_offset(1000, 1, 1000.0), Duration::from_secs(1));
+        // Ten batches per request at 1,000 batches/s: a request every 10 ms.
+        assert_eq!(scheduled_offset(3, 10, 1000.0), Duration::from_millis(30));
+        // A third of a ms each: no drift after a million requests (a sum of rounded intervals would).
+        assert_eq!(scheduled_offset(3_000_000, 1, 3000.0), Duration::from_secs(1000));
+        assert_eq!(scheduled_offset(u64::MAX, 1, 1e-9), Duration::MAX, "saturates, never panics");
+    }
+
+    #[test]
+    fn a_late_send_counts_its_latency_from_its_scheduled_time() {
+        let t0 = tokio::time::Instant::now();
+        let ms = Duration::from_millis;
+        let late = Timing { scheduled: t0, sent: t0 + ms(30), answered: t0 + ms(32) };
+        assert_eq!(late.latency(), ms(32), "the 30 ms it waited to be sent are in its latency");
+        assert_eq!(late.lag(), ms(30));
+        assert!(late.behind());
+        let on_time = Timing { scheduled: t0, sent: t0 + ms(1), answered: t0 + ms(3) };
+        assert_eq!(on_time.latency(), ms(3));
+        assert!(!on_time.behind(), "within the timer's slack");
+        let odd = Timing { scheduled: t0 + ms(5), sent: t0, answered: t0 };
+        assert_eq!((odd.latency(), odd.lag()), (Duration::ZERO, Duration::ZERO), "never negative");
+    }
+
+    #[test]
+    fn a_rate_must_be_positive_and_finite() {
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let s = LoadSpec { rate: Some(bad), ..spec(1, 1, 1, false) };
+            assert!(s.validate().unwrap_err().contains("rate"), "{bad}");
+        }
+        assert_eq!(LoadSpec { rate: Some(0.5), ..spec(1, 1, 1, false) }.validate(), Ok(()));
+    }
+
+    /// Answers every publish after `.0` of tokio's time.
+    struct Slow(Duration);
+
+    impl Target for Slow {
+        async fn prepare(&self, _: usize) -> Result<u64, TargetError> {
+            Ok(1)
+        }
+        async fn publish(&self, _: usize, _: Option<u64>, _: Bytes) -> Result<(), TargetError> {
+            tokio::time::sleep(self.0).await;
+            Ok(())
+        }
+    }
+
+    /// A target that takes 50 ms per publish, one in flight, asked for one every 10 ms: request
+    /// i is due at 10·i ms but sent at 50·i ms, so its latency from the schedule is 40·i + 50 ms.
+    /// The closed loop on the same target reports 50 ms for every publish.
+    #[tokio::test(start_paused = true)]
+    async fn open_loop_latency_runs_from_the_schedule() {
+        let open = LoadSpec { rate: Some(100.0), ..spec(1, 1, 5, false) };
+        let s = run(Arc::new(Slow(Duration::from_millis(50))), &open, false).await.unwrap();
+        assert_eq!((s.published, s.errors), (5, 0));
+        // Samples 50, 90, 130, 170, 210 ms; nearest rank of 5: p50 is the 3rd.
+        let about = |got: f64, want: f64| got >= want && got <= want * 1.001;
+        assert!(about(s.p50_ms, 130.0), "p50 {}", s.p50_ms);
+        assert!(about(s.max_ms, 210.0), "max {}", s.max_ms);
+        assert_eq!(s.behind_schedule, 4, "every send after the first waited for the one before");
+        assert_eq!(s.max_behind_ms, 160.0, "the last was due at 40 ms and sent at 200 ms");
+        assert!(s.table().contains("open loop at 100 batches/s"), "{}", s.table());
+
+        let closed = run(Arc::new(Slow(Duration::from_millis(50))), &spec(1, 1, 5, false), false).await.unwrap();
+        assert!(closed.max_ms < 50.1, "the closed loop sent later instead, and hides the wait: {}", closed.max_ms);
+    }
+
+    /// A target that keeps up (5 ms per publish, 1,000 publishes/s asked, room for 8 in flight):
+    /// every latency is the service time and no send is late.
+    #[tokio::test(start_paused = true)]
+    async fn open_loop_keeps_its_rate_when_the_target_keeps_up() {
+        let open = LoadSpec { rate: Some(1000.0), ..spec(8, 1, 100, false) };
+        let s = run(Arc::new(Slow(Duration::from_millis(5))), &open, false).await.unwrap();
+        assert_eq!((s.published, s.errors, s.behind_schedule), (100, 0, 0));
+        assert!(s.p50_ms >= 5.0 && s.max_ms <= 5.005, "{} {}", s.p50_ms, s.max_ms);
+        assert_eq!(s.max_behind_ms, 0.0);
+        // The last of 100 is due at 99 ms and answered 5 ms later.
+        assert_eq!(s.seconds, 0.104);
+        assert!(about_rate(s.msgs_per_sec, 100.0 / 0.104));
+    }
+
+    fn about_rate(got: f64, want: f64) -> bool {
+        (got - want).abs() < 1e-6 * want
+    }
+
+    /// The duration bounds the schedule: at 100/s for 1 s, about 100 requests start, not count.
+    #[tokio::test(start_paused = true)]
+    async fn open_loop_stops_scheduling_at_the_duration() {
+        let mut open = LoadSpec { rate: Some(100.0), ..spec(4, 1, u64::MAX, false) };
+        open.duration = Duration::from_secs(1);
+        let s = run(Arc::new(Slow(Duration::from_millis(1))), &open, false).await.unwrap();
+        assert_eq!(s.published, 100, "due at 0, 10, …, 990 ms");
+    }
+
+    /// With seqs and frames in the open loop, request i goes to stream i % streams and each
+    /// stream's seqs still advance by the batches sent, one publish in flight per stream.
+    #[tokio::test(start_paused = true)]
+    async fn open_loop_spreads_requests_over_streams_with_increasing_seqs() {
+        let open = LoadSpec { rate: Some(2000.0), ..spec(16, 3, 30, true) };
+        assert!(consecutive_seqs_per_stream(&open).await.iter().all(|seqs| seqs.len() == 10));
+    }
+
+    /// Runs `spec` (with seqs) on a fresh [`Recorder`]; checks that every batch was acknowledged
+    /// with one publish in flight per stream and that each stream's seqs are consecutive from
+    /// its first (1 + 100 × stream); returns them.
+    async fn consecutive_seqs_per_stream(spec: &LoadSpec) -> Vec<Vec<u64>> {
+        let target = Arc::new(Recorder { first_seq: 1, ..Default::default() });
+        let s = run(target.clone(), spec, false).await.unwrap();
+        assert_eq!((s.published, s.errors), (spec.count, 0));
+        assert_eq!(target.max_in_flight_per_stream.load(Ordering::Relaxed), 1);
+        let log = target.log.lock().unwrap();
+        (0..spec.streams)
+            .map(|stream| {
+                let seqs = seqs_of(&log, stream);
+                let first = 1 + 100 * stream as u64;
+                assert_eq!(seqs, (first..first + seqs.len() as u64).collect::<Vec<_>>(), "stream {stream}");
+                seqs
+            })
+            .collect()
     }
 
     #[tokio::test]
@@ -694,11 +1091,17 @@ mod tests {
         assert_eq!(target.max_in_flight_per_stream.load(Ordering::Relaxed), 1);
         let log = target.log.lock().unwrap();
         for stream in 0..2 {
-            let seqs: Vec<u64> = log.iter().filter(|e| e.0 == stream).map(|e| e.1.unwrap()).collect();
+            let seqs = seqs_of(&log, stream);
             let first = 7 + 100 * stream as u64;
             // Consecutive from the prepared first seq: a failed seq (9) is not reused.
             assert_eq!(seqs, (first..first + seqs.len() as u64).collect::<Vec<_>>(), "stream {stream}");
         }
+    }
+
+    #[tokio::test]
+    async fn more_streams_than_workers_are_all_used_in_turn() {
+        let seqs = consecutive_seqs_per_stream(&spec(2, 5, 20, true)).await;
+        assert!(seqs.iter().all(|s| !s.is_empty()), "a stream got no publish: {seqs:?}");
     }
 
     #[tokio::test]
