@@ -29,8 +29,9 @@
 //! Order per stream: N+1's rows of a stream carry the seqs after N's and are published only if
 //! N's publish acknowledged every row it had of that stream; otherwise they stay assigned and a
 //! later cycle loads them after what N did not publish. At most two cycles are open at once (one
-//! publishing, one prepared). A crash at any point rolls N+1's transaction back (none of its
-//! seqs was used) and leaves N assigned and unrecorded: published again, answered duplicate.
+//! publishing, one prepared). A crash before N+1's commit rolls its transaction back (none of
+//! its seqs was used) and leaves N assigned and unrecorded: published again, answered
+//! duplicate; a crash after it leaves N+1 assigned and unrecorded in the same way.
 //!
 //! Why seqs are assigned by the relay and not taken from the row id: ids come from a sequence
 //! in `nextval` order, not commit order. A transaction holding id 7 may commit after id 8 was
