@@ -435,6 +435,108 @@ async fn outbox_relay_foreign_publisher_and_a_stuck_stream() {
     drop_outbox(&pg, &table).await;
 }
 
+/// The relay's session while it waits for a publish with the next cycle's assignment done and
+/// not committed: `idle in transaction`, its last statement the progress update of the
+/// assignment. `Err` says what the session shows instead.
+async fn assignment_open_while_publishing(pg: &tokio_postgres::Client, table: &str) -> Result<(), String> {
+    let sessions: Vec<(String, String)> = pg
+        .query(
+            "SELECT coalesce(state, ''), query FROM pg_stat_activity
+             WHERE application_name = 'runnev-outbox-relay' AND query LIKE '%' || $1 || '%'",
+            &[&format!("{table}_progress SET assigned_seq")],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    if sessions.iter().any(|(state, _)| state == "idle in transaction") {
+        Ok(())
+    } else {
+        Err(format!("relay sessions whose last statement assigned seqs: {sessions:?}"))
+    }
+}
+
+/// Rows of `stream` with no seq, as another session sees them.
+async fn unassigned(pg: &tokio_postgres::Client, table: &str, stream: &str) -> i64 {
+    pg.query_one(&format!("SELECT count(*) FROM {table} WHERE stream = $1 AND seq IS NULL"), &[&stream])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// The pipeline: while a cycle is being published (the cluster paused, so it stays in flight),
+/// the relay assigns the next cycle's rows in its open transaction; once the publish lands it
+/// records it and commits with that assignment, then publishes the next rows after it, in
+/// order. A crash in between (the publish landed, the next assignment not committed) loses and
+/// repeats nothing: the landed rows are published again (duplicate: true) and the others are
+/// assigned anew, after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_relay_assigns_the_next_cycle_while_one_is_in_flight_and_a_crash_between_loses_nothing() {
+    let url =
+        require_pg!("outbox_relay_assigns_the_next_cycle_while_one_is_in_flight_and_a_crash_between_loses_nothing");
+    let mut c = Cluster::start(3, &[]).await;
+    let pg = connect(&url).await;
+    let table = unique("ob_pipe");
+    create_outbox(&pg, &table).await;
+    let nodes = [1, 2, 3];
+    let args = relay_args(&url, &c.urls(), &table, &["--poll-ms", &NOTIFY_ONLY_POLL_MS.to_string()]);
+    // Landed publishes: "warm", A, B, C; the crash comes when C lands, D being assigned.
+    let mut relay = Proc::start("relay", &args, &[("RUNNEV_OUTBOX_FAILPOINT", "after-publish:4")]);
+    let mut want = insert_rows(&pg, &table, &["pipe"], "warm", 1).await;
+    wait_relayed(&pg, &table, Duration::from_secs(30), &relay).await;
+
+    for (round, (first, next)) in [("A", "B"), ("C", "D")].into_iter().enumerate() {
+        let before = progress(&pg, &table, "pipe").await;
+        c.pause_all(&nodes);
+        let a = insert_rows(&pg, &table, &["pipe"], first, 5).await;
+        until(&format!("{first} assigned and publishing"), Duration::from_secs(20), || async {
+            match progress(&pg, &table, "pipe").await {
+                p if p == (before.0, before.1 + 5) => Ok(()),
+                p => Err(format!("(published, assigned) = {p:?}")),
+            }
+        })
+        .await;
+        let b = insert_rows(&pg, &table, &["pipe"], next, 5).await;
+        until(&format!("{next} assigned while {first} is in flight"), Duration::from_secs(8), || async {
+            assignment_open_while_publishing(&pg, &table).await
+        })
+        .await;
+        assert_eq!(unassigned(&pg, &table, "pipe").await, 5, "{next}'s assignment is not committed yet");
+        assert_eq!(progress(&pg, &table, "pipe").await, (before.0, before.1 + 5), "{first} not recorded yet");
+        c.resume_all(&nodes);
+        for m in [a, b] {
+            for (s, p) in m {
+                want.entry(s).or_default().extend(p);
+            }
+        }
+        if round == 0 {
+            wait_relayed(&pg, &table, Duration::from_secs(60), &relay).await;
+            check_streams(&c, &pg, &table, &want).await;
+        }
+    }
+
+    // C landed; the relay died before committing D's assignment with C's progress.
+    relay.wait_exit(Duration::from_secs(60)).await;
+    assert_eq!(progress(&pg, &table, "pipe").await, (11, 16), "C assigned and unrecorded");
+    assert_eq!(unassigned(&pg, &table, "pipe").await, 5, "D's assignment was rolled back");
+    relay.set_env("RUNNEV_OUTBOX_FAILPOINT", None);
+    relay.spawn();
+    wait_relayed(&pg, &table, Duration::from_secs(60), &relay).await;
+    assert!(
+        relay.log_text().contains("answered duplicate: true"),
+        "C was not published again as a duplicate:\n{}",
+        relay.log_tail(30)
+    );
+    check_streams(&c, &pg, &table, &want).await;
+    let got = read_all(&c.http, &c.url(2), "pipe", 0, Duration::from_secs(10)).await.unwrap();
+    let seqs: Vec<u64> = got.iter().map(|b| b.seq).collect();
+    assert_eq!(seqs, (1..=21).collect::<Vec<_>>());
+    let data: Vec<&Vec<u8>> = got.iter().map(|b| &b.data).collect();
+    assert_eq!(data, want["pipe"].iter().collect::<Vec<_>>(), "rows in commit order, each once");
+    drop_outbox(&pg, &table).await;
+}
+
 /// Relay throughput on this machine: `RUNNEV_OUTBOX_BENCH_ROWS` rows (default 20 000) over
 /// `RUNNEV_OUTBOX_BENCH_STREAMS` streams (default 4), 1 KiB payloads, default relay flags.
 /// Run: `cargo test --release --test outbox_relay -- --ignored --nocapture throughput`.

@@ -3,6 +3,12 @@
 //! starts, one PostgreSQL sink per stream applies them back (the default bulk path); it reports
 //! rows/s at each stage, commit → sink latency percentiles and the outbox table's size.
 //!
+//! The latency is also split into stages, each row stamped as it goes: the writer's INSERT and
+//! COMMIT, the relay's assignment (committed) and the cluster's acknowledgement (through
+//! [`RelayObserver`]), the sink's `Apply` and its commit (through [`Apply::committed`]); each
+//! stage's percentiles are over the rows, so the slowest stage is shown, not guessed. A row
+//! assigned before its writer saw its COMMIT return has no "committed → assigned" sample.
+//!
 //! Two phases: a **backlog** (`--backlog` rows inserted before the relay starts; the time it
 //! takes to drain them is the relay's capacity), then a **steady** run (`--rate` rows/s for
 //! `--duration`), where the latency and the table size are measured.
@@ -10,6 +16,7 @@
 //! Owns: the writers, the latency stamps and the summary. Must never: relay or apply by itself
 //! (that is [`runnev::outbox`]'s relay and sink, run in this process on their library API).
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -18,7 +25,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use runnev::client::{Batch, Client};
 use runnev::launcher::LocalCluster;
-use runnev::outbox::relay::{Relay, RelayOptions};
+use runnev::outbox::relay::{CycleTiming, Relay, RelayObserver, RelayOptions};
 use runnev::outbox::sink::{Apply, BulkApply, Sink, SinkOptions};
 
 use crate::cluster::{parse_size, run_on_own, BenchError, OwnCluster, Ticker};
@@ -80,13 +87,185 @@ fn row_payload(size: usize, stamp_us: u64) -> Vec<u8> {
     p
 }
 
-/// The sink's bulk path, plus the latency of each batch it applies (clock now minus the stamp
-/// in the payload): commit → sink, counted from just before the writer's COMMIT.
+/// The stamp a writer put in a row's payload (µs since the epoch), if the payload has one.
+fn stamp_of(payload: &[u8]) -> Option<u64> {
+    payload.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes)
+}
+
+/// When one row was committed and the relay handled it (µs since the epoch), kept from its
+/// assignment until a sink commits it.
+#[derive(Debug, Default, Clone, Copy)]
+struct RowStamps {
+    committed: Option<u64>,
+    assigned: Option<u64>,
+    acked: Option<u64>,
+}
+
+/// Percentiles of one stage, in ms.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Percentiles {
+    samples: usize,
+    p50: f64,
+    p90: f64,
+    p99: f64,
+    p999: f64,
+    max: f64,
+}
+
+impl Percentiles {
+    fn of(l: &mut Latencies) -> Percentiles {
+        Percentiles {
+            samples: l.len(),
+            p50: l.ms(0.5),
+            p90: l.ms(0.9),
+            p99: l.ms(0.99),
+            p999: l.ms(0.999),
+            max: l.ms(1.0),
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({"samples": self.samples, "p50": self.p50, "p90": self.p90, "p99": self.p99,
+                           "p999": self.p999, "max": self.max})
+    }
+}
+
+/// The stages a row goes through, in order; each sample is the time between two stamps of the
+/// same row (µs).
+#[derive(Debug, Default)]
+struct Stages {
+    /// Rows assigned or acknowledged while measuring and not yet committed by a sink.
+    rows: HashMap<(String, u64), RowStamps>,
+    /// Writer's stamp → when its COMMIT returned (µs), for rows not yet assigned.
+    committed: HashMap<u64, u64>,
+    /// Writer's stamp (just before its INSERT) → its COMMIT returned: the writer's own latency.
+    writer_commit: Latencies,
+    /// COMMIT returned → the relay's assignment transaction committed (the relay's wait for a
+    /// cycle and the assignment).
+    commit_to_assigned: Latencies,
+    /// Assigned → the cluster acknowledged the publish request carrying the row.
+    assigned_to_acked: Latencies,
+    /// Acknowledged → a sink's `Apply` runs on it (subscription delivery, the sink's queue,
+    /// its transaction's cursor lock).
+    acked_to_sink: Latencies,
+    /// The sink's `Apply` → its transaction committed (insert, cursor update, commit).
+    sink_to_commit: Latencies,
+    /// Writer's stamp → the sink's commit: the end-to-end latency.
+    end_to_end: Latencies,
+    /// The writer's COMMIT returned → the sink's commit.
+    commit_to_sink: Latencies,
+    /// Relay cycles (those that moved rows): rows, and each phase's duration in µs.
+    cycle_rows: Vec<u64>,
+    cycle_remove: Latencies,
+    cycle_assign: Latencies,
+    cycle_publish: Latencies,
+    cycle_record: Latencies,
+}
+
+/// What [`Stages`] reports: each stage's percentiles and the relay's cycles.
+#[derive(Debug, Default, Clone)]
+struct StageSummary {
+    writer_commit: Percentiles,
+    commit_to_assigned: Percentiles,
+    assigned_to_acked: Percentiles,
+    acked_to_sink: Percentiles,
+    sink_to_commit: Percentiles,
+    end_to_end: Percentiles,
+    commit_to_sink: Percentiles,
+    cycles: usize,
+    cycle_rows_p50: u64,
+    cycle_rows_max: u64,
+    cycle_remove: Percentiles,
+    cycle_assign: Percentiles,
+    cycle_publish: Percentiles,
+    cycle_record: Percentiles,
+}
+
+impl Stages {
+    fn summary(&mut self) -> StageSummary {
+        self.cycle_rows.sort_unstable();
+        StageSummary {
+            writer_commit: Percentiles::of(&mut self.writer_commit),
+            commit_to_assigned: Percentiles::of(&mut self.commit_to_assigned),
+            assigned_to_acked: Percentiles::of(&mut self.assigned_to_acked),
+            acked_to_sink: Percentiles::of(&mut self.acked_to_sink),
+            sink_to_commit: Percentiles::of(&mut self.sink_to_commit),
+            end_to_end: Percentiles::of(&mut self.end_to_end),
+            commit_to_sink: Percentiles::of(&mut self.commit_to_sink),
+            cycles: self.cycle_rows.len(),
+            cycle_rows_p50: crate::stats::percentile(&self.cycle_rows, 0.5).unwrap_or(0),
+            cycle_rows_max: crate::stats::percentile(&self.cycle_rows, 1.0).unwrap_or(0),
+            cycle_remove: Percentiles::of(&mut self.cycle_remove),
+            cycle_assign: Percentiles::of(&mut self.cycle_assign),
+            cycle_publish: Percentiles::of(&mut self.cycle_publish),
+            cycle_record: Percentiles::of(&mut self.cycle_record),
+        }
+    }
+}
+
+/// The relay's observer: stamps each row's assignment and acknowledgement, and each cycle's
+/// phases, while the steady phase is measured.
+#[derive(Debug)]
+struct RelayStamps {
+    stages: Arc<Mutex<Stages>>,
+    measure: Arc<AtomicBool>,
+}
+
+impl RelayStamps {
+    /// The clock (µs since the epoch) and the stages, while the steady phase is measured.
+    fn stamp(&self) -> Option<(u64, std::sync::MutexGuard<'_, Stages>)> {
+        self.measure.load(Ordering::Relaxed).then(|| (now_us(), self.stages.lock().unwrap_or_else(|p| p.into_inner())))
+    }
+}
+
+impl RelayObserver for RelayStamps {
+    fn assigned(&self, stream: &str, rows: &[(u64, &[u8])]) {
+        let Some((now, mut st)) = self.stamp() else { return };
+        for (seq, payload) in rows {
+            let committed = stamp_of(payload).and_then(|stamp| st.committed.get(&stamp).copied());
+            if let Some(c) = committed {
+                st.commit_to_assigned.record_us(now.saturating_sub(c));
+            }
+            let r = st.rows.entry((stream.to_string(), *seq)).or_default();
+            r.assigned = Some(now);
+            r.committed = committed;
+        }
+    }
+
+    fn acknowledged(&self, stream: &str, rows: &[(u64, &[u8])]) {
+        let Some((now, mut st)) = self.stamp() else { return };
+        for (seq, _) in rows {
+            let r = st.rows.entry((stream.to_string(), *seq)).or_default();
+            r.acked = Some(now);
+            if let Some(a) = r.assigned {
+                st.assigned_to_acked.record_us(now.saturating_sub(a));
+            }
+        }
+    }
+
+    fn cycle(&self, t: &CycleTiming) {
+        let Some((_, mut st)) = self.stamp() else { return };
+        let us = |d: Duration| d.as_micros() as u64;
+        st.cycle_rows.push(t.rows as u64);
+        st.cycle_remove.record_us(us(t.remove));
+        st.cycle_assign.record_us(us(t.assign));
+        st.cycle_publish.record_us(us(t.publish));
+        st.cycle_record.record_us(us(t.record));
+    }
+}
+
+/// The sink's bulk path, stamping each batch when it is applied and again when its transaction
+/// commits (see [`Stages`]).
 struct Stamped {
     bulk: BulkApply,
-    latencies: Arc<Mutex<Latencies>>,
+    stages: Arc<Mutex<Stages>>,
     applied: Arc<AtomicU64>,
     measure: Arc<AtomicBool>,
+    /// Batches applied in the open transaction: seq → (writer's stamp, applied at), µs. A
+    /// batch applied again after a failed transaction replaces its entry.
+    pending: BTreeMap<u64, (u64, u64)>,
+    /// Batches applied in the open transaction, measured or not.
+    uncommitted: u64,
 }
 
 impl Apply for Stamped {
@@ -97,21 +276,40 @@ impl Apply for Stamped {
         batches: &'a [Batch],
     ) -> BoxFuture<'a, Result<(), tokio_postgres::Error>> {
         async move {
-            self.bulk.apply(tx, stream, batches).await?;
             let now = now_us();
-            self.applied.fetch_add(batches.len() as u64, Ordering::Relaxed);
+            self.uncommitted += batches.len() as u64;
             if self.measure.load(Ordering::Relaxed) {
-                let mut l = self.latencies.lock().unwrap_or_else(|p| p.into_inner());
                 for b in batches {
-                    if let Some(stamp) = b.data.get(..8) {
-                        let stamp = u64::from_be_bytes(stamp.try_into().unwrap_or([0; 8]));
-                        l.record_us(now.saturating_sub(stamp));
+                    if let Some(stamp) = stamp_of(&b.data) {
+                        self.pending.insert(b.seq, (stamp, now));
                     }
                 }
             }
-            Ok(())
+            self.bulk.apply(tx, stream, batches).await
         }
         .boxed()
+    }
+
+    fn committed(&mut self, stream: &str) {
+        self.applied.fetch_add(std::mem::take(&mut self.uncommitted), Ordering::Relaxed);
+        let pending = std::mem::take(&mut self.pending);
+        if pending.is_empty() {
+            return;
+        }
+        let now = now_us();
+        let mut st = self.stages.lock().unwrap_or_else(|p| p.into_inner());
+        for (seq, (stamp, applied_at)) in pending {
+            st.end_to_end.record_us(now.saturating_sub(stamp));
+            st.sink_to_commit.record_us(now.saturating_sub(applied_at));
+            st.committed.remove(&stamp);
+            let r = st.rows.remove(&(stream.to_string(), seq)).unwrap_or_default();
+            if let Some(acked) = r.acked {
+                st.acked_to_sink.record_us(applied_at.saturating_sub(acked));
+            }
+            if let Some(c) = r.committed {
+                st.commit_to_sink.record_us(now.saturating_sub(c));
+            }
+        }
     }
 }
 
@@ -130,14 +328,17 @@ fn pg(e: tokio_postgres::Error) -> BenchError {
 }
 
 /// One transaction inserting `streams.len()` rows (`INSERT … SELECT FROM unnest`).
+/// With `stages`, the time its COMMIT returned is kept for each row's stamp.
 async fn insert(
     pg_client: &mut tokio_postgres::Client,
     table: &str,
     streams: &[String],
     size: usize,
+    stages: Option<&Mutex<Stages>>,
 ) -> Result<(), BenchError> {
     let tx = pg_client.transaction().await.map_err(pg)?;
-    let payloads: Vec<Vec<u8>> = streams.iter().map(|_| row_payload(size, now_us())).collect();
+    let stamps: Vec<u64> = streams.iter().map(|_| now_us()).collect();
+    let payloads: Vec<Vec<u8>> = stamps.iter().map(|s| row_payload(size, *s)).collect();
     tx.execute(
         &format!("INSERT INTO {table} (stream, payload) SELECT * FROM unnest($1::text[], $2::bytea[])"),
         &[&streams, &payloads],
@@ -145,7 +346,16 @@ async fn insert(
     .await
     .map_err(pg)?;
     // The stamp is taken before the insert; the commit follows at once.
-    tx.commit().await.map_err(pg)
+    tx.commit().await.map_err(pg)?;
+    if let Some(st) = stages {
+        let now = now_us();
+        let mut st = st.lock().unwrap_or_else(|p| p.into_inner());
+        for stamp in stamps {
+            st.writer_commit.record_us(now.saturating_sub(stamp));
+            st.committed.insert(stamp, now);
+        }
+    }
+    Ok(())
 }
 
 /// Rows the relay has published, all streams (sum of `published_seq`).
@@ -195,7 +405,7 @@ struct Summary {
     written_rows_per_s: f64,
     relayed_rows_per_s: f64,
     sunk_rows_per_s: f64,
-    latency_ms: [f64; 5],
+    stages: StageSummary,
     table_bytes_start: u64,
     table_bytes_max: u64,
     table_bytes_end: u64,
@@ -205,14 +415,17 @@ struct Summary {
 impl Summary {
     fn table(&self) -> String {
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-        let [p50, p90, p99, p999, max] = self.latency_ms;
-        format!(
+        let st = &self.stages;
+        let e = st.end_to_end;
+        let line = |name: &str, p: &Percentiles| {
+            format!("  {name:<34} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}\n", p.p50, p.p90, p.p99, p.p999, p.max)
+        };
+        let mut out = format!(
             "outbox bench: {} stream(s), {} B rows\n\
              backlog:  {} rows relayed at {:.0} rows/s\n\
              steady:   {:.0} s; written {:.0} rows/s, relayed {:.0} rows/s, sunk {:.0} rows/s\n\
-             commit → sink latency (ms): p50 {p50:.1}  p90 {p90:.1}  p99 {p99:.1}  p99.9 {p999:.1}  max {max:.1}\n\
-             outbox table (pg_total_relation_size): start {:.1} MiB, max {:.1} MiB, end {:.1} MiB\n\
-             load average at the end: {}\n",
+             commit → sink latency (ms, writer's INSERT → sink's commit): p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}\n\
+             stages (ms, each row)                    p50      p90      p99    p99.9      max\n",
             self.streams,
             self.row_bytes,
             self.backlog_rows,
@@ -221,14 +434,50 @@ impl Summary {
             self.written_rows_per_s,
             self.relayed_rows_per_s,
             self.sunk_rows_per_s,
+            e.p50,
+            e.p90,
+            e.p99,
+            e.p999,
+            e.max,
+        );
+        out += &line("writer: INSERT + COMMIT", &st.writer_commit);
+        out += &line("committed → assigned (relay)", &st.commit_to_assigned);
+        out += &line("assigned → acked (cluster)", &st.assigned_to_acked);
+        out += &line("acked → sink applies", &st.acked_to_sink);
+        out += &line("sink applies → sink commit", &st.sink_to_commit);
+        out += &line("COMMIT returned → sink commit", &st.commit_to_sink);
+        out += &format!(
+            "relay cycles: {}, rows per cycle p50 {} max {}; phase ms p50/p99/max: remove {:.1}/{:.1}/{:.1}, \
+             assign {:.1}/{:.1}/{:.1}, publish {:.1}/{:.1}/{:.1}, record {:.1}/{:.1}/{:.1}\n",
+            st.cycles,
+            st.cycle_rows_p50,
+            st.cycle_rows_max,
+            st.cycle_remove.p50,
+            st.cycle_remove.p99,
+            st.cycle_remove.max,
+            st.cycle_assign.p50,
+            st.cycle_assign.p99,
+            st.cycle_assign.max,
+            st.cycle_publish.p50,
+            st.cycle_publish.p99,
+            st.cycle_publish.max,
+            st.cycle_record.p50,
+            st.cycle_record.p99,
+            st.cycle_record.max,
+        );
+        out += &format!(
+            "outbox table (pg_total_relation_size): start {:.1} MiB, max {:.1} MiB, end {:.1} MiB\n\
+             load average at the end: {}\n",
             mib(self.table_bytes_start),
             mib(self.table_bytes_max),
             mib(self.table_bytes_end),
             self.load_average,
-        )
+        );
+        out
     }
 
     fn json_line(&self) -> String {
+        let st = &self.stages;
         serde_json::json!({
             "mode": "outbox",
             "streams": self.streams,
@@ -239,8 +488,24 @@ impl Summary {
             "written_rows_per_s": self.written_rows_per_s,
             "relayed_rows_per_s": self.relayed_rows_per_s,
             "sunk_rows_per_s": self.sunk_rows_per_s,
-            "latency_ms": {"p50": self.latency_ms[0], "p90": self.latency_ms[1], "p99": self.latency_ms[2],
-                           "p999": self.latency_ms[3], "max": self.latency_ms[4]},
+            "latency_ms": st.end_to_end.json(),
+            "stages_ms": {
+                "writer_commit": st.writer_commit.json(),
+                "commit_to_assigned": st.commit_to_assigned.json(),
+                "assigned_to_acked": st.assigned_to_acked.json(),
+                "acked_to_sink": st.acked_to_sink.json(),
+                "sink_to_commit": st.sink_to_commit.json(),
+                "commit_to_sink": st.commit_to_sink.json(),
+            },
+            "relay_cycles": {
+                "count": st.cycles,
+                "rows_p50": st.cycle_rows_p50,
+                "rows_max": st.cycle_rows_max,
+                "remove_ms": st.cycle_remove.json(),
+                "assign_ms": st.cycle_assign.json(),
+                "publish_ms": st.cycle_publish.json(),
+                "record_ms": st.cycle_record.json(),
+            },
             "table_bytes": {"start": self.table_bytes_start, "max": self.table_bytes_max, "end": self.table_bytes_end},
             "load_average": self.load_average,
         })
@@ -292,7 +557,7 @@ async fn measure(a: &OutboxArgs, c: &LocalCluster) -> Result<Summary, BenchError
             let n = chunk.min((a.backlog - done) as usize);
             let streams: Vec<String> = (0..n).map(|i| names[(done as usize + i) % names.len()].clone()).collect();
             let mut w = connect(&a.postgres).await?;
-            insert(&mut w, &table, &streams, size).await?;
+            insert(&mut w, &table, &streams, size, None).await?;
             done += n as u64;
         }
     }
@@ -301,10 +566,13 @@ async fn measure(a: &OutboxArgs, c: &LocalCluster) -> Result<Summary, BenchError
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
+    let stages = Arc::new(Mutex::new(Stages::default()));
+    let measuring = Arc::new(AtomicBool::new(false));
     let mut ro = RelayOptions::new(a.postgres.clone(), table.clone());
     ro.batch_size = a.batch_size;
     ro.max_append_bytes = a.max_append_bytes as usize;
     ro.create_streams = true;
+    ro.observer = Some(Arc::new(RelayStamps { stages: stages.clone(), measure: measuring.clone() }));
     let relay = Relay::new(client.clone(), ro).map_err(|e| BenchError::Invalid(e.to_string()))?;
     let relay_task = tokio::spawn(relay.run(stopped(stop_rx.clone())));
     if a.backlog > 0 {
@@ -319,18 +587,18 @@ async fn measure(a: &OutboxArgs, c: &LocalCluster) -> Result<Summary, BenchError
     }
 
     // Sinks (they catch up on the backlog before the steady phase is measured).
-    let latencies = Arc::new(Mutex::new(Latencies::default()));
     let applied = Arc::new(AtomicU64::new(0));
-    let measuring = Arc::new(AtomicBool::new(false));
     let mut sinks = Vec::new();
     for name in &names {
         let mut so = SinkOptions::new(a.postgres.clone(), consumer.clone(), name.clone());
         so.batch_max = 5000;
         let apply = Stamped {
             bulk: BulkApply::new(consumer.clone()),
-            latencies: latencies.clone(),
+            stages: stages.clone(),
             applied: applied.clone(),
             measure: measuring.clone(),
+            pending: BTreeMap::new(),
+            uncommitted: 0,
         };
         let sink = Sink::new(client.clone(), so, apply).map_err(|e| BenchError::Invalid(e.to_string()))?;
         sinks.push(tokio::spawn(sink.run(stopped(stop_rx.clone()))));
@@ -354,7 +622,7 @@ async fn measure(a: &OutboxArgs, c: &LocalCluster) -> Result<Summary, BenchError
     let mut writers = Vec::new();
     for w in 0..a.writers {
         let (url, table, names) = (a.postgres.clone(), table.clone(), names.clone());
-        let (written, writing) = (written.clone(), writing.clone());
+        let (written, writing, stages) = (written.clone(), writing.clone(), stages.clone());
         let rows = a.rows_per_tx;
         writers.push(tokio::spawn(async move {
             let mut pgw = connect(&url).await?;
@@ -370,7 +638,7 @@ async fn measure(a: &OutboxArgs, c: &LocalCluster) -> Result<Summary, BenchError
                 }
                 let streams: Vec<String> = (0..rows).map(|i| names[(next + i) % names.len()].clone()).collect();
                 next += rows;
-                insert(&mut pgw, &table, &streams, size).await?;
+                insert(&mut pgw, &table, &streams, size, Some(&stages)).await?;
                 mine += rows as u64;
                 written.fetch_add(rows as u64, Ordering::Relaxed);
             }
@@ -428,10 +696,7 @@ async fn measure(a: &OutboxArgs, c: &LocalCluster) -> Result<Summary, BenchError
     drop(ticker);
     s.table_bytes_end = table_bytes(&main, &table).await?;
     s.table_bytes_max = max_bytes.load(Ordering::Relaxed).max(s.table_bytes_end);
-    {
-        let mut l = latencies.lock().unwrap_or_else(|p| p.into_inner());
-        s.latency_ms = [l.ms(0.5), l.ms(0.9), l.ms(0.99), l.ms(0.999), l.ms(1.0)];
-    }
+    s.stages = stages.lock().unwrap_or_else(|p| p.into_inner()).summary();
     s.load_average = std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string();
     let _ = stop_tx.send(true);
     let _ = relay_task.await;

@@ -45,7 +45,7 @@ pub struct RelayArgs {
     /// then remove them (e.g. 0s, 10m, 7d).
     #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = crate::units::parse_duration)]
     pub keep_relayed: Duration,
-    /// Most relayed rows removed by one DELETE (one short transaction).
+    /// Most relayed rows of one stream removed by one DELETE (the streams' DELETEs of a round share one short transaction).
     #[arg(long, default_value_t = 5000)]
     pub delete_batch: usize,
     /// Poll for rows this often (ms) even without a NOTIFY.

@@ -254,6 +254,16 @@ impl PgTarget {
 
 pub use crate::client::Backoff;
 
+/// Aborts its task when dropped: a task of the relay or the sink ends with the session that
+/// started it.
+pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Where a test makes the relay or sink process abort (as `kill -9` would), to prove a crash at
 /// that point loses and repeats nothing. Set with `RUNNEV_OUTBOX_FAILPOINT=NAME[:N]` (abort on
 /// the N-th time the point is reached, default 1); NAME is one of the variants in kebab case.

@@ -4,30 +4,45 @@
 //! publish a row under two seqs, publish a seq at or below its stream's last seq, or lose a
 //! committed row.
 //!
-//! One cycle, on the PostgreSQL session that holds the relay's advisory lock:
-//! 1. **Assign** (one transaction): take up to `batch_size` rows with `seq IS NULL` in id order,
-//!    give each the next seq of its stream (per-stream counter in `<table>_progress`), commit.
-//!    The seq is now durable *before* anything is published.
-//! 2. **Publish**: each stream's rows as many frames in one request (SPEC §6, `?seq=N`: frame k
-//!    is the row with seq N+k), split to stay within `max_append_bytes` and 10,000 frames; up to
-//!    `concurrency` streams in flight at once. After a crash, rows assigned but not recorded as
-//!    published are published again first; the cluster answers `duplicate: true` for a request
-//!    it already has, and `409 partial_duplicate` (frame k) when only frames `0..k` are stored:
-//!    the relay resends from frame k with seq N+k.
-//! 3. **Record** (one transaction): `published_seq` per stream, commit.
-//! 4. **Remove** (short transactions of at most `delete_batch` rows): rows with
-//!    `seq <= published_seq` older than `keep_relayed`. Only those: a row above `published_seq`
-//!    may still have to be published again, and the progress table, not the outbox, says what
-//!    was published.
+//! Cycles run as a pipeline of two on the PostgreSQL session that holds the relay's advisory
+//! lock: while cycle N's rows are published (by a task of its own), cycle N+1 is prepared.
+//! 1. **Remove** (short transactions, each one `DELETE` per stream of at most `delete_batch`
+//!    rows): rows with `seq <= published_seq` older than `keep_relayed`. Only those: a row
+//!    above `published_seq` may still have to be published again, and the progress table, not
+//!    the outbox, says what was published.
+//! 2. **Assign**, in cycle N+1's transaction, left open: take up to `batch_size` rows with
+//!    `seq IS NULL` in id order, give each the next seq of its stream (per-stream counter in
+//!    `<table>_progress`); rows assigned earlier and not acknowledged (after a crash or a failed
+//!    publish) and not in cycle N are loaded with them. If none is found while N publishes, the
+//!    transaction ends and the relay waits for N, a NOTIFY or the poll, then prepares again: a
+//!    row committed during a long publish is assigned at once and published right after it.
+//! 3. Once N's publish has landed, **record** its progress (`published_seq` per stream) in the
+//!    same transaction and **commit**: one commit per cycle, and N+1's seqs are durable *before*
+//!    anything of N+1 is published.
+//! 4. **Publish** N+1: each stream's rows as many frames in one request (SPEC §6, `?seq=N`:
+//!    frame k is the row with seq N+k), split to stay within `max_append_bytes` and 10,000
+//!    frames; up to `concurrency` streams in flight at once. After a crash, rows assigned but
+//!    not recorded as published are published again first; the cluster answers `duplicate:
+//!    true` for a request it already has, and `409 partial_duplicate` (frame k) when only frames
+//!    `0..k` are stored: the relay resends from frame k with seq N+k.
+//!
+//! Order per stream: N+1's rows of a stream carry the seqs after N's and are published only if
+//! N's publish acknowledged every row it had of that stream; otherwise they stay assigned and a
+//! later cycle loads them after what N did not publish. At most two cycles are open at once (one
+//! publishing, one prepared). A crash before N+1's commit rolls its transaction back (none of
+//! its seqs was used) and leaves N assigned and unrecorded: published again, answered
+//! duplicate; a crash after it leaves N+1 assigned and unrecorded in the same way.
 //!
 //! Why seqs are assigned by the relay and not taken from the row id: ids come from a sequence
 //! in `nextval` order, not commit order. A transaction holding id 7 may commit after id 8 was
 //! relayed as seq 8; publishing id 7 as seq 7 would then be refused (`seq_not_increasing`). Here
 //! id 7 is simply still `seq IS NULL` when it becomes visible, and gets the stream's next seq.
 //!
-//! Why two transactions and not one: if the seqs were assigned in the transaction that records
-//! the progress, a crash after publishing would roll the assignment back, and the retry could
-//! give the same seq to another row (one that committed in between) → `seq_conflict`.
+//! Why a cycle's seqs are committed before it is published, and not in the transaction that
+//! records its progress: a crash after publishing would roll the assignment back, and the retry
+//! could give the same seq to another row (one that committed in between) → `seq_conflict`.
+//! Recording N with N+1's assignment is safe for that reason: N+1's seqs are published only
+//! after that commit.
 //!
 //! If another publisher took a seq the relay assigned (the relay should be the stream's only
 //! publisher), the cluster answers `seq_not_increasing` or `seq_conflict`: no batch of that row
@@ -41,14 +56,22 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
+use tokio_postgres::types::Type;
 
-use super::{count_error, failpoint, is_connection_problem, Backoff, Failpoint, FailpointName, OutboxError, PgTarget};
+use super::{
+    count_error, failpoint, is_connection_problem, AbortOnDrop, Backoff, Failpoint, FailpointName, OutboxError,
+    PgTarget,
+};
 use crate::client::{Client, ClientError};
 
 const SCHEMA_FILE: &str = "sql/outbox.sql";
 
 /// Most `DELETE`s of relayed rows per stream per cycle (see `Relay::remove_relayed`).
 const REMOVE_ROUNDS_MAX: usize = 8;
+
+/// Longest time between two removals of relayed rows while rows are acknowledged (fewer than a
+/// delete batch of them): the outbox holds at most this long's rows beyond `keep_relayed`.
+const REMOVE_EVERY: Duration = Duration::from_secs(1);
 
 /// How the relay runs. [`RelayOptions::new`] gives the defaults.
 #[derive(Debug, Clone)]
@@ -83,10 +106,44 @@ pub struct RelayOptions {
     /// How long a relayed row (`seq <= published_seq`) stays in the outbox after it was
     /// written (`created_at`); zero removes it right after its progress is recorded.
     pub keep_relayed: Duration,
-    /// Most rows removed by one `DELETE` (one short transaction).
+    /// Most rows of one stream removed by one `DELETE` (the streams' `DELETE`s of a round
+    /// share one short transaction).
     pub delete_batch: usize,
     /// A test's crash point, if any.
     pub failpoint: Option<Arc<Failpoint>>,
+    /// Told about every assignment, acknowledgement and cycle (the benchmark's per-stage
+    /// latency); `None` in the `runnev outbox-relay` command.
+    pub observer: Option<Arc<dyn RelayObserver>>,
+}
+
+/// Receives what the relay does, as it does it, for measurements: `runnev bench outbox` splits
+/// its commit → sink latency into stages with it. Called inline on the relay's task, so an
+/// implementation must return quickly and never block. Every method has an empty default.
+pub trait RelayObserver: Send + Sync + std::fmt::Debug {
+    /// The assignment transaction that gave these rows of `stream` their seqs committed.
+    /// `rows`: (seq, payload), ascending seqs.
+    fn assigned(&self, _stream: &str, _rows: &[(u64, &[u8])]) {}
+    /// The cluster acknowledged these rows of `stream` (stored, or answered duplicate).
+    /// `rows`: (seq, payload), consecutive ascending seqs.
+    fn acknowledged(&self, _stream: &str, _rows: &[(u64, &[u8])]) {}
+    /// A cycle that moved at least one row ended (its progress committed).
+    fn cycle(&self, _timing: &CycleTiming) {}
+}
+
+/// How long the phases of one relay cycle took (wall clock), reported to
+/// [`RelayObserver::cycle`].
+#[derive(Debug, Clone, Default)]
+pub struct CycleTiming {
+    /// Rows handed to the publish (loaded after a crash plus newly assigned).
+    pub rows: usize,
+    /// Removing relayed rows (`DELETE`s).
+    pub remove: Duration,
+    /// Loading unpublished rows and the assignment transaction, to its commit.
+    pub assign: Duration,
+    /// Publishing, from the first request to the last answer of every stream.
+    pub publish: Duration,
+    /// Recording the progress (in the next cycle's transaction) and that transaction's commit.
+    pub record: Duration,
 }
 
 impl RelayOptions {
@@ -111,6 +168,7 @@ impl RelayOptions {
             keep_relayed: Duration::ZERO,
             delete_batch: 5000,
             failpoint: None,
+            observer: None,
         }
     }
 }
@@ -139,6 +197,84 @@ struct StreamOutcome {
     error: Option<OutboxError>,
 }
 
+/// What a turn of the pipeline leaves to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// Go on at once: a cycle is publishing, or more rows may be waiting.
+    Again,
+    /// Nothing in flight and nothing found: wait for a NOTIFY or the poll timer.
+    Idle,
+}
+
+/// What one PostgreSQL session of the active relay keeps between turns.
+#[derive(Default)]
+struct Pipe {
+    /// The cycle being published, until its progress is recorded.
+    flight: Option<InFlight>,
+    /// Streams whose row the cluster refused for good, and until when they are left alone.
+    resting: BTreeMap<String, Instant>,
+}
+
+/// A cycle whose rows are being published by a task of its own.
+struct InFlight {
+    task: AbortOnDrop<BTreeMap<String, StreamOutcome>>,
+    /// Per stream, the last seq this cycle carries; the next cycle's rows of the stream follow
+    /// it and are published only once this one is acknowledged through it.
+    last: BTreeMap<String, u64>,
+    /// The preparation's phases (rows, remove, assign); publish and record are added later.
+    timing: CycleTiming,
+    started: Instant,
+    /// The publish's outcomes per stream and how long it took, once it finished.
+    landed: Option<(BTreeMap<String, StreamOutcome>, Duration)>,
+}
+
+impl InFlight {
+    /// Waits until the publish finished (at once if it has). Cancel-safe: dropping it before it
+    /// returns leaves the publish running. A publish task that panicked counts as a publish
+    /// that acknowledged nothing.
+    async fn land(&mut self) {
+        if self.landed.is_some() {
+            return;
+        }
+        let outcomes = (&mut self.task.0).await.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "the publish task failed; its rows are published again");
+            BTreeMap::new()
+        });
+        self.landed = Some((outcomes, self.started.elapsed()));
+    }
+
+    /// The outcomes (empty before [`InFlight::land`]).
+    fn outcomes(&self) -> &BTreeMap<String, StreamOutcome> {
+        static NONE: BTreeMap<String, StreamOutcome> = BTreeMap::new();
+        self.landed.as_ref().map_or(&NONE, |l| &l.0)
+    }
+
+    /// Streams whose rows were not all acknowledged.
+    fn stopped_short(&self) -> BTreeSet<String> {
+        let o = self.outcomes();
+        self.last
+            .iter()
+            .filter(|(s, last)| o.get(*s).and_then(|o| o.acked) != Some(**last))
+            .map(|(s, _)| s.clone())
+            .collect()
+    }
+}
+
+/// The next cycle, prepared while the one before publishes: its transaction (open, the
+/// assignment done) and its rows.
+struct Prepared<'c> {
+    tx: tokio_postgres::Transaction<'c>,
+    /// Rows to publish, per stream in seq order: those loaded (assigned earlier, not
+    /// acknowledged), then the newly assigned ones of streams that had none loaded.
+    work: Vec<Row>,
+    /// Every row this transaction assigned (for the observer).
+    fresh: Vec<Row>,
+    /// The assignment took a full batch: more rows may be waiting.
+    full: bool,
+    remove: Duration,
+    assign: Duration,
+}
+
 /// The relay for one outbox table. See the module docs for the algorithm.
 pub struct Relay {
     client: Client,
@@ -148,6 +284,10 @@ pub struct Relay {
     /// Per stream, the seq through which this relay has removed relayed rows (see
     /// `Relay::remove_relayed`); learnt from the table on first use.
     removed_through: std::sync::Mutex<BTreeMap<String, i64>>,
+    /// When the last removal ran (`None`: not yet).
+    last_removal: std::sync::Mutex<Option<Instant>>,
+    /// Rows acknowledged since the last removal.
+    acked_since_removal: std::sync::atomic::AtomicU64,
 }
 
 impl StreamOutcome {
@@ -209,7 +349,15 @@ impl Relay {
         }
         let target = PgTarget::parse(&opts.postgres, "runnev-outbox-relay")?;
         let progress = format!("{}_progress", opts.table);
-        Ok(Relay { client, opts, target, progress, removed_through: Default::default() })
+        Ok(Relay {
+            client,
+            opts,
+            target,
+            progress,
+            removed_through: Default::default(),
+            last_removal: Default::default(),
+            acked_since_removal: Default::default(),
+        })
     }
 
     /// Runs until `shutdown` completes: waits as a hot standby while another relay holds the
@@ -218,6 +366,12 @@ impl Relay {
     ///
     /// Errors: none after start (failures are retried); kept for symmetry with [`Relay::new`].
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), OutboxError> {
+        // Shared with the task publishing the cycle in flight.
+        let relay = Arc::new(self);
+        relay.run_shared(shutdown).await
+    }
+
+    async fn run_shared(self: &Arc<Self>, shutdown: impl Future<Output = ()>) -> Result<(), OutboxError> {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut backoff = Backoff::new(self.opts.backoff_min, self.opts.backoff_max);
         let table = self.opts.table.clone();
@@ -243,14 +397,14 @@ impl Relay {
 
     /// One PostgreSQL session: connect, (init,) wait for the lock, relay until a session-level
     /// failure, which is returned.
-    async fn session(&self, backoff: &mut Backoff) -> OutboxError {
+    async fn session(self: &Arc<Self>, backoff: &mut Backoff) -> OutboxError {
         match self.session_inner(backoff).await {
             Ok(never) => match never {},
             Err(e) => e,
         }
     }
 
-    async fn session_inner(&self, backoff: &mut Backoff) -> Result<std::convert::Infallible, OutboxError> {
+    async fn session_inner(self: &Arc<Self>, backoff: &mut Backoff) -> Result<std::convert::Infallible, OutboxError> {
         let table = &self.opts.table;
         let pg_err = |e| OutboxError::from_pg(&self.target.display, e, SCHEMA_FILE);
         metrics::gauge!("runnev_outbox_active", "table" => table.clone()).set(0.0);
@@ -287,24 +441,28 @@ impl Relay {
         backoff.reset();
         let mut cycle_backoff = Backoff::new(self.opts.backoff_min, self.opts.backoff_max);
         let mut last_lag = Instant::now() - self.opts.lag_every;
+        let mut pipe = Pipe::default();
         loop {
             if last_lag.elapsed() >= self.opts.lag_every {
                 self.update_lag(&pg).await?;
                 last_lag = Instant::now();
             }
-            match self.cycle(&mut pg).await {
-                Ok(n) => {
+            match self.turn(&mut pg, &mut notes, &mut pipe).await {
+                Ok(Turn::Again) => cycle_backoff.reset(),
+                Ok(Turn::Idle) => {
                     cycle_backoff.reset();
-                    if n >= self.opts.batch_size {
-                        continue;
-                    }
                     // Idle: wake on NOTIFY (a commit that inserted rows) or on the poll timer.
                     if let Ok(Some(_)) = tokio::time::timeout(self.opts.poll, notes.recv()).await {
                         while notes.try_recv().is_ok() {}
                     }
                 }
-                Err(e) if is_connection_problem(&e) => return Err(e),
                 Err(e) => {
+                    // A publish still in flight is abandoned (its task aborted): its rows are
+                    // loaded again by the next cycle and answered duplicate: true if stored.
+                    pipe.flight = None;
+                    if is_connection_problem(&e) {
+                        return Err(e);
+                    }
                     count_error("relay", &e);
                     let delay = cycle_backoff.next_delay();
                     tracing::error!(table = %table, error = %e, retry_in = ?delay, "outbox relay cycle failed; retrying");
@@ -343,7 +501,7 @@ impl Relay {
                  CROSS JOIN LATERAL (SELECT created_at FROM {t} o WHERE o.stream = p.stream AND o.seq > p.published_seq) o
              ) x"
         );
-        let row = pg.query_one(&sql, &[]).await.map_err(|e| self.pg_err(e))?;
+        let row = pg.query_typed_one(&sql, &[]).await.map_err(|e| self.pg_err(e))?;
         let (rows, secs): (i64, f64) = (row.get(0), row.get(1));
         metrics::gauge!("runnev_outbox_lag_rows", "table" => t.clone()).set(rows as f64);
         metrics::gauge!("runnev_outbox_lag_seconds", "table" => t.clone()).set(secs);
@@ -351,31 +509,41 @@ impl Relay {
     }
 
     /// Removes relayed rows: those with `seq <= published_seq` of their stream (the cluster
-    /// acknowledged them and the progress says so) written at least `keep_relayed` ago. Each
-    /// `DELETE` is its own short transaction over one stream's seq range `(low, high]` of at
-    /// most `delete_batch` seqs, found through the `(stream, seq)` index; `low` is what this
-    /// relay already removed (kept in memory, so the scan never walks the index entries of rows
-    /// removed before), `high` at most `published_seq`. It locks only the rows it removes, which
-    /// no writer touches again, so inserts never wait for it. At most [`REMOVE_ROUNDS_MAX`]
-    /// deletes per stream per cycle (the next cycle goes on). Returns the rows removed.
-    async fn remove_relayed(&self, pg: &tokio_postgres::Client) -> Result<u64, OutboxError> {
+    /// acknowledged them and the progress says so) written at least `keep_relayed` ago, once
+    /// [`REMOVE_EVERY`] has passed since the last removal or `delete_batch` rows were
+    /// acknowledged since (so a cycle of a few rows does not pay for a removal). Each
+    /// round is one short transaction with one `DELETE` per stream (sent together, without
+    /// waiting for each answer) over the stream's seq range `(low, high]` of at most
+    /// `delete_batch` seqs, found through the `(stream, seq)` index; `low` is what this relay
+    /// already removed (kept in memory, so the scan never walks the index entries of rows
+    /// removed before), `high` at most `published_seq`. It locks only the rows it removes,
+    /// which no writer touches again, so inserts never wait for it. At most
+    /// [`REMOVE_ROUNDS_MAX`] rounds per cycle (the next cycle goes on). Returns the rows removed.
+    async fn remove_relayed(&self, pg: &mut tokio_postgres::Client) -> Result<u64, OutboxError> {
+        {
+            // Due after REMOVE_EVERY, or once a delete's worth of rows was acknowledged.
+            let mut last = self.last_removal.lock().unwrap_or_else(|e| e.into_inner());
+            let acked = self.acked_since_removal.load(std::sync::atomic::Ordering::Relaxed);
+            if last.is_some_and(|l| l.elapsed() < REMOVE_EVERY) && acked < self.opts.delete_batch as u64 {
+                return Ok(0);
+            }
+            *last = Some(Instant::now());
+            self.acked_since_removal.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
         let (t, p) = (&self.opts.table, &self.progress);
         let keep = self.opts.keep_relayed.as_secs_f64();
         let published: Vec<(String, i64)> = pg
-            .query(&format!("SELECT stream, published_seq FROM {p}"), &[])
+            .query_typed(&format!("SELECT stream, published_seq FROM {p}"), &[])
             .await
             .map_err(|e| self.pg_err(e))?
             .into_iter()
             .map(|r| (r.get(0), r.get(1)))
             .collect();
-        let delete = format!(
-            "DELETE FROM {t} WHERE stream = $1 AND seq > $2 AND seq <= $3
-               AND created_at <= now() - make_interval(secs => $4)"
-        );
-        let mut removed = 0;
+        // (stream, low, top): what is left to remove of each stream.
+        let mut ranges: Vec<(String, i64, i64)> = Vec::with_capacity(published.len());
         for (stream, top) in published {
             let known = self.removed_through.lock().unwrap_or_else(|e| e.into_inner()).get(&stream).copied();
-            let mut low = match known {
+            let low = match known {
                 Some(l) => l,
                 None => pg
                     .query_one(
@@ -386,34 +554,63 @@ impl Relay {
                     .map_err(|e| self.pg_err(e))?
                     .get::<_, i64>(0),
             };
-            for _ in 0..REMOVE_ROUNDS_MAX {
-                if low >= top {
-                    break;
-                }
-                let high = top.min(low.saturating_add(self.opts.delete_batch as i64));
-                let n = pg.execute(&delete, &[&stream, &low, &high, &keep]).await.map_err(|e| self.pg_err(e))?;
+            ranges.push((stream, low, top));
+        }
+        let delete = format!(
+            "DELETE FROM {t} WHERE stream = $1 AND seq > $2 AND seq <= $3
+               AND created_at <= now() - make_interval(secs => $4)"
+        );
+        let first_kept = format!("SELECT min(seq) FROM {t} WHERE stream = $1 AND seq > $2 AND seq <= $3");
+        let (delete, first_kept) = (&delete, &first_kept);
+        let mut removed = 0;
+        for _ in 0..REMOVE_ROUNDS_MAX {
+            let round: Vec<(String, i64, i64)> = ranges
+                .iter()
+                .filter(|(_, low, top)| low < top)
+                .map(|(s, low, top)| (s.clone(), *low, (*top).min(low.saturating_add(self.opts.delete_batch as i64))))
+                .collect();
+            if round.is_empty() {
+                break;
+            }
+            let tx = pg.transaction().await.map_err(|e| self.pg_err(e))?;
+            let txr = &tx;
+            let counts = futures::future::try_join_all(round.iter().map(|(s, low, high)| async move {
+                txr.execute_typed(
+                    delete,
+                    &[(s, Type::TEXT), (low, Type::INT8), (high, Type::INT8), (&keep, Type::FLOAT8)],
+                )
+                .await
+            }))
+            .await
+            .map_err(|e| self.pg_err(e))?;
+            // Rows inside the keep window stay: the stream's range continues from the first.
+            let kept: Vec<Option<i64>> = if keep > 0.0 {
+                futures::future::try_join_all(round.iter().map(|(s, low, high)| async move {
+                    txr.query_one(first_kept, &[s, low, high]).await.map(|r| r.get::<_, Option<i64>>(0))
+                }))
+                .await
+                .map_err(|e| self.pg_err(e))?
+            } else {
+                vec![None; round.len()]
+            };
+            tx.commit().await.map_err(|e| self.pg_err(e))?;
+            metrics::counter!("runnev_outbox_remove_statements_total", "table" => t.clone())
+                .increment(round.len() as u64);
+            for (((stream, low, high), n), kept) in round.iter().zip(counts).zip(kept) {
                 debug_assert!(n <= (high - low) as u64);
                 removed += n;
-                metrics::counter!("runnev_outbox_removed_total", "table" => t.clone()).increment(n);
-                metrics::counter!("runnev_outbox_remove_statements_total", "table" => t.clone()).increment(1);
-                // Rows inside the keep window stay: the range continues from the first of them.
-                let kept: Option<i64> = if keep > 0.0 {
-                    pg.query_one(
-                        &format!("SELECT min(seq) FROM {t} WHERE stream = $1 AND seq > $2 AND seq <= $3"),
-                        &[&stream, &low, &high],
-                    )
-                    .await
-                    .map_err(|e| self.pg_err(e))?
-                    .get(0)
-                } else {
-                    None
-                };
-                low = kept.map_or(high, |k| k - 1);
-                if kept.is_some() {
-                    break;
+                let Some(r) = ranges.iter_mut().find(|r| &r.0 == stream) else { continue };
+                match kept {
+                    // Nothing more of this stream this cycle.
+                    Some(k) => (r.1, r.2) = (k - 1, k - 1),
+                    None => r.1 = *high,
                 }
             }
-            self.removed_through.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, low);
+        }
+        metrics::counter!("runnev_outbox_removed_total", "table" => t.clone()).increment(removed);
+        let mut through = self.removed_through.lock().unwrap_or_else(|e| e.into_inner());
+        for (stream, low, _) in ranges {
+            through.insert(stream, low);
         }
         Ok(removed)
     }
@@ -422,11 +619,115 @@ impl Relay {
         OutboxError::from_pg(&self.target.display, e, SCHEMA_FILE)
     }
 
-    /// One cycle: publish what is assigned and unpublished (after a crash), else assign a new
-    /// batch and publish it; then record the progress. Returns the rows acknowledged.
-    async fn cycle(&self, pg: &mut tokio_postgres::Client) -> Result<usize, OutboxError> {
+    /// One turn of the pipeline (see the module docs): prepare the next cycle in a
+    /// transaction while the cycle in `pipe` publishes; once that publish has landed, record its
+    /// progress in the same transaction, commit, and start publishing the new cycle.
+    async fn turn(
+        self: &Arc<Self>,
+        pg: &mut tokio_postgres::Client,
+        notes: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+        pipe: &mut Pipe,
+    ) -> Result<Turn, OutboxError> {
+        let in_flight = pipe.flight.as_ref().map(|f| f.last.clone()).unwrap_or_default();
+        let mut next = self.prepare(pg, &in_flight).await?;
+        if next.work.is_empty() && !next.full {
+            if let Some(f) = pipe.flight.as_mut().filter(|f| f.landed.is_none()) {
+                // Nothing new yet: end the empty transaction and wait for the publish to land, a
+                // NOTIFY or the poll timer; then prepare again.
+                next.tx.commit().await.map_err(|e| self.pg_err(e))?;
+                tokio::select! {
+                    _ = f.land() => {}
+                    _ = notes.recv() => while notes.try_recv().is_ok() {},
+                    _ = tokio::time::sleep(self.opts.poll) => {}
+                }
+                return Ok(Turn::Again);
+            }
+        }
+        let mut finished = pipe.flight.take();
+        let mut record = Duration::ZERO;
+        if let Some(f) = finished.as_mut() {
+            f.land().await;
+            failpoint(&self.opts.failpoint, FailpointName::AfterPublish);
+            let t = Instant::now();
+            self.record(&next.tx, f.outcomes()).await?;
+            record = t.elapsed();
+            // A stream whose publish stopped short keeps its next rows back (they are loaded
+            // again, after what it did not publish, by a later cycle): no seq overtakes one that
+            // is not acknowledged.
+            let short = f.stopped_short();
+            next.work.retain(|r| !short.contains(&r.stream));
+        }
+        // Streams refused for good rest for a poll interval rather than being retried each turn.
+        let now = Instant::now();
+        pipe.resting.retain(|_, until| *until > now);
+        next.work.retain(|r| !pipe.resting.contains_key(&r.stream));
+        let t = Instant::now();
+        next.tx.commit().await.map_err(|e| self.pg_err(e))?;
+        record += t.elapsed();
+        if let Some(obs) = &self.opts.observer {
+            for rows in next.fresh.chunk_by(|a, b| a.stream == b.stream) {
+                obs.assigned(&rows[0].stream, &rows.iter().map(|r| (r.seq, r.payload.as_ref())).collect::<Vec<_>>());
+            }
+        }
+        let mut acked = 0;
+        let mut first_error = None;
+        if let Some(f) = finished {
+            let mut timing = f.timing.clone();
+            timing.record = record;
+            timing.publish = f.landed.as_ref().map_or(Duration::ZERO, |l| l.1);
+            if let Some(obs) = &self.opts.observer {
+                obs.cycle(&timing);
+            }
+            (acked, first_error) = self.report(f, &mut pipe.resting);
+        }
+        match first_error {
+            // Nothing moved and waiting may help (database, cluster): back off. The new cycle is
+            // not published; its rows are loaded again after the backoff.
+            Some(e) if acked == 0 && !matches!(e, OutboxError::Stuck { .. }) => return Err(e),
+            // Other streams moved, or the row is refused for good: count the error and go on.
+            Some(e) => count_error("relay", &e),
+            None => {}
+        }
+        if next.work.is_empty() {
+            return Ok(if next.full { Turn::Again } else { Turn::Idle });
+        }
+        failpoint(&self.opts.failpoint, FailpointName::AfterAssign);
+        let mut last = BTreeMap::new();
+        for r in &next.work {
+            debug_assert!(in_flight.get(&r.stream).is_none_or(|l| r.seq > *l), "a seq overtook the cycle before");
+            debug_assert!(last.get(&r.stream).is_none_or(|l| r.seq > *l), "seqs not increasing in a cycle");
+            last.insert(r.stream.clone(), r.seq);
+        }
+        let timing =
+            CycleTiming { rows: next.work.len(), remove: next.remove, assign: next.assign, ..CycleTiming::default() };
+        let relay = Arc::clone(self);
+        let work = std::mem::take(&mut next.work);
+        pipe.flight = Some(InFlight {
+            task: AbortOnDrop(tokio::spawn(async move { relay.publish(work).await })),
+            last,
+            timing,
+            started: Instant::now(),
+            landed: None,
+        });
+        Ok(Turn::Again)
+    }
+
+    /// Prepares the next cycle on `pg`: removes relayed rows, then opens the cycle's
+    /// transaction, loads the rows assigned earlier and not acknowledged (minus those
+    /// `in_flight`: per stream, the last seq of the cycle being published) and assigns seqs to
+    /// new rows. The transaction is left open: the caller records the cycle in flight in it and
+    /// commits.
+    async fn prepare<'c>(
+        &self,
+        pg: &'c mut tokio_postgres::Client,
+        in_flight: &BTreeMap<String, u64>,
+    ) -> Result<Prepared<'c>, OutboxError> {
+        let t = Instant::now();
         self.remove_relayed(pg).await?;
-        let mut work = self.load_unpublished(pg).await?;
+        let remove = t.elapsed();
+        let t = Instant::now();
+        let tx = pg.transaction().await.map_err(|e| self.pg_err(e))?;
+        let mut work = self.load_unpublished(&tx, in_flight).await?;
         // Streams with rows assigned but not acknowledged (after a crash or a failed publish)
         // continue with exactly those rows, in seq order; their newly assigned rows wait for a
         // later cycle so that no seq overtakes an unpublished one. Other streams are not held
@@ -438,19 +739,21 @@ impl Relay {
                 "publishing rows assigned but not yet acknowledged (duplicates expected after a crash)"
             );
         }
-        work.extend(self.assign(pg).await?.into_iter().filter(|r| !blocked.contains(&r.stream)));
-        if work.is_empty() {
-            return Ok(0);
-        }
-        failpoint(&self.opts.failpoint, FailpointName::AfterAssign);
-        let outcomes = self.publish(work).await;
-        failpoint(&self.opts.failpoint, FailpointName::AfterPublish);
-        self.record(pg, &outcomes).await?;
+        let (fresh, full) = self.assign(&tx).await?;
+        work.extend(fresh.iter().filter(|r| !blocked.contains(&r.stream)).cloned());
+        Ok(Prepared { tx, work, fresh, full, remove, assign: t.elapsed() })
+    }
+
+    /// Counts the outcomes of a cycle that landed in the metrics and logs; a stream refused for
+    /// good rests in `resting` for a poll interval. Returns the rows acknowledged and the first
+    /// error.
+    fn report(&self, f: InFlight, resting: &mut BTreeMap<String, Instant>) -> (usize, Option<OutboxError>) {
         let table = self.opts.table.clone();
         let mut acked = 0usize;
         let mut first_error = None;
-        for (stream, o) in outcomes {
+        for (stream, o) in f.landed.map(|l| l.0).unwrap_or_default() {
             acked += o.acked_rows as usize;
+            self.acked_since_removal.fetch_add(o.acked_rows, std::sync::atomic::Ordering::Relaxed);
             metrics::counter!("runnev_outbox_relayed_total", "table" => table.clone()).increment(o.acked_rows);
             metrics::counter!("runnev_outbox_publish_requests_total", "table" => table.clone()).increment(o.requests);
             metrics::counter!("runnev_outbox_duplicates_total", "table" => table.clone()).increment(o.duplicates);
@@ -460,34 +763,40 @@ impl Relay {
             }
             if let Some(e) = o.error {
                 tracing::warn!(table = %table, stream = %stream, error = %e, "publishing stopped for this stream");
+                if matches!(e, OutboxError::Stuck { .. }) {
+                    resting.insert(stream, Instant::now() + self.opts.poll);
+                }
                 first_error.get_or_insert(e);
             }
         }
-        match first_error {
-            // Nothing moved and waiting may help (database, cluster): back off.
-            Some(e) if acked == 0 && !matches!(e, OutboxError::Stuck { .. }) => Err(e),
-            // Other streams moved, or the row is refused for good: count the error and go on
-            // (the stuck stream is retried every poll interval; the others are not held back).
-            Some(e) => {
-                count_error("relay", &e);
-                Ok(acked)
-            }
-            None => Ok(acked),
-        }
+        (acked, first_error)
     }
 
-    /// Rows with published_seq < seq (assigned, not known to be acknowledged), per stream in
-    /// seq order.
-    async fn load_unpublished(&self, pg: &tokio_postgres::Client) -> Result<Vec<Row>, OutboxError> {
+    /// Rows with seq above both published_seq and the stream's last seq `in_flight` (assigned,
+    /// not known to be acknowledged, not being published), at most `batch_size` per stream, per
+    /// stream in seq order.
+    async fn load_unpublished(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        in_flight: &BTreeMap<String, u64>,
+    ) -> Result<Vec<Row>, OutboxError> {
         let (t, p) = (&self.opts.table, &self.progress);
         let sql = format!(
             "SELECT o.stream, o.seq, o.payload FROM {p} p
+               LEFT JOIN unnest($2::text[], $3::int8[]) AS f(stream, seq) ON f.stream = p.stream
                CROSS JOIN LATERAL (SELECT stream, seq, payload FROM {t} o
-                                   WHERE o.stream = p.stream AND o.seq > p.published_seq
+                                   WHERE o.stream = p.stream AND o.seq > GREATEST(p.published_seq, f.seq)
                                    ORDER BY o.seq LIMIT $1) o
              ORDER BY o.stream, o.seq"
         );
-        let rows = pg.query(&sql, &[&(self.opts.batch_size as i64)]).await.map_err(|e| self.pg_err(e))?;
+        let (names, seqs): (Vec<&str>, Vec<i64>) = in_flight.iter().map(|(s, q)| (s.as_str(), *q as i64)).unzip();
+        let rows = tx
+            .query_typed(
+                &sql,
+                &[(&(self.opts.batch_size as i64), Type::INT8), (&names, Type::TEXT_ARRAY), (&seqs, Type::INT8_ARRAY)],
+            )
+            .await
+            .map_err(|e| self.pg_err(e))?;
         Ok(rows
             .into_iter()
             .map(|r| Row {
@@ -498,26 +807,31 @@ impl Relay {
             .collect())
     }
 
-    /// The assignment transaction: the oldest `batch_size` rows without a seq get the next seqs
-    /// of their streams; committed before anything is published.
-    async fn assign(&self, pg: &mut tokio_postgres::Client) -> Result<Vec<Row>, OutboxError> {
+    /// The assignment, inside the cycle's transaction `tx`: the oldest `batch_size` rows
+    /// without a seq get the next seqs of their streams (committed by the caller before any of
+    /// them is published). Returns those rows, per stream in seq order, and whether the batch
+    /// was full (more rows may be waiting).
+    async fn assign(&self, tx: &tokio_postgres::Transaction<'_>) -> Result<(Vec<Row>, bool), OutboxError> {
         let (t, p) = (&self.opts.table, &self.progress);
-        let tx = pg.transaction().await.map_err(|e| self.pg_err(e))?;
         let rows = tx
-            .query(
+            .query_typed(
                 &format!("SELECT id, stream, payload FROM {t} WHERE seq IS NULL ORDER BY id LIMIT $1"),
-                &[&(self.opts.batch_size as i64)],
+                &[(&(self.opts.batch_size as i64), Type::INT8)],
             )
             .await
             .map_err(|e| self.pg_err(e))?;
         if rows.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), false));
         }
+        let full = rows.len() >= self.opts.batch_size;
         let mut streams: Vec<String> = rows.iter().map(|r| r.get::<_, String>(1)).collect();
         streams.sort();
         streams.dedup();
         let mut next: BTreeMap<String, u64> = tx
-            .query(&format!("SELECT stream, assigned_seq FROM {p} WHERE stream = ANY($1) FOR UPDATE"), &[&streams])
+            .query_typed(
+                &format!("SELECT stream, assigned_seq FROM {p} WHERE stream = ANY($1) FOR UPDATE"),
+                &[(&streams, Type::TEXT_ARRAY)],
+            )
             .await
             .map_err(|e| self.pg_err(e))?
             .into_iter()
@@ -550,27 +864,26 @@ impl Relay {
             seqs.push(*n as i64);
             work.push(Row { stream, seq: *n, payload: Bytes::from(r.get::<_, Vec<u8>>(2)) });
         }
-        tx.execute(
+        tx.execute_typed(
             &format!(
                 "UPDATE {t} SET seq = v.seq FROM unnest($1::int8[], $2::int8[]) AS v(id, seq) WHERE {t}.id = v.id"
             ),
-            &[&ids, &seqs],
+            &[(&ids, Type::INT8_ARRAY), (&seqs, Type::INT8_ARRAY)],
         )
         .await
         .map_err(|e| self.pg_err(e))?;
         let (names, tops): (Vec<String>, Vec<i64>) = next.into_iter().map(|(s, n)| (s, n as i64)).unzip();
-        tx.execute(
+        tx.execute_typed(
             &format!(
                 "UPDATE {p} SET assigned_seq = v.seq, updated_at = now()
                  FROM unnest($1::text[], $2::int8[]) AS v(stream, seq) WHERE {p}.stream = v.stream"
             ),
-            &[&names, &tops],
+            &[(&names, Type::TEXT_ARRAY), (&tops, Type::INT8_ARRAY)],
         )
         .await
         .map_err(|e| self.pg_err(e))?;
-        tx.commit().await.map_err(|e| self.pg_err(e))?;
         work.sort_by(|a, b| (&a.stream, a.seq).cmp(&(&b.stream, b.seq)));
-        Ok(work)
+        Ok((work, full))
     }
 
     /// The last seq of a stream the relay has not seen before (creating it if allowed).
@@ -632,14 +945,14 @@ impl Relay {
             };
             match answer {
                 Ok(ack) => {
-                    o.acknowledge(chunk, ack.duplicate);
+                    self.acknowledge(&mut o, stream, chunk, ack.duplicate);
                     i = end;
                     cap = None;
                 }
                 Err(e) if e.code() == Some("partial_duplicate") => match frame(&e) {
                     Some(k) if k > 0 => {
                         tracing::info!(stream, first, stored = k, "the cluster had the first frames of this request (a retry after a crash); resending from the first new one");
-                        o.acknowledge(&chunk[..k], true);
+                        self.acknowledge(&mut o, stream, &chunk[..k], true);
                         i += k;
                         cap = None;
                     }
@@ -688,7 +1001,7 @@ impl Relay {
                             seq = chunk[k].seq,
                             "already published and since evicted by retention; counted as relayed"
                         );
-                        o.acknowledge(&chunk[..=k], true);
+                        self.acknowledge(&mut o, stream, &chunk[..=k], true);
                         i += k + 1;
                         cap = None;
                     }
@@ -726,6 +1039,14 @@ impl Relay {
         o
     }
 
+    /// Counts `rows` of `stream` as acknowledged in `o` and tells the observer.
+    fn acknowledge(&self, o: &mut StreamOutcome, stream: &str, rows: &[Row], duplicate: bool) {
+        o.acknowledge(rows, duplicate);
+        if let Some(obs) = &self.opts.observer {
+            obs.acknowledged(stream, &rows.iter().map(|r| (r.seq, r.payload.as_ref())).collect::<Vec<_>>());
+        }
+    }
+
     /// An answer that breaks SPEC §6 (a frame index missing or out of range).
     fn protocol(&self, stream: &str, e: &ClientError) -> OutboxError {
         OutboxError::Cluster(ClientError::Protocol {
@@ -738,7 +1059,7 @@ impl Relay {
     /// took go back to `seq IS NULL`.
     async fn record(
         &self,
-        pg: &mut tokio_postgres::Client,
+        tx: &tokio_postgres::Transaction<'_>,
         outcomes: &BTreeMap<String, StreamOutcome>,
     ) -> Result<(), OutboxError> {
         let (t, p) = (&self.opts.table, &self.progress);
@@ -749,14 +1070,13 @@ impl Relay {
                 acked.push(a as i64);
             }
         }
-        let tx = pg.transaction().await.map_err(|e| self.pg_err(e))?;
         if !names.is_empty() {
-            tx.execute(
+            tx.execute_typed(
                 &format!(
                     "UPDATE {p} SET published_seq = GREATEST(published_seq, v.seq), updated_at = now()
                      FROM unnest($1::text[], $2::int8[]) AS v(stream, seq) WHERE {p}.stream = v.stream"
                 ),
-                &[&names, &acked],
+                &[(&names, Type::TEXT_ARRAY), (&acked, Type::INT8_ARRAY)],
             )
             .await
             .map_err(|e| self.pg_err(e))?;
@@ -778,7 +1098,7 @@ impl Relay {
             .map_err(|e| self.pg_err(e))?;
             metrics::counter!("runnev_outbox_reassigned_total", "table" => t.clone()).increment(n);
         }
-        tx.commit().await.map_err(|e| self.pg_err(e))
+        Ok(())
     }
 }
 
@@ -828,6 +1148,31 @@ mod tests {
         let r = rows(1..=n, 0);
         assert_eq!(request_end(&r, 0, usize::MAX, r.len()), crate::limits::FRAMES_PER_APPEND_MAX);
         assert_eq!(request_end(&r, crate::limits::FRAMES_PER_APPEND_MAX, usize::MAX, r.len()), r.len());
+    }
+
+    #[tokio::test]
+    async fn a_stream_not_acknowledged_through_its_last_seq_stopped_short() {
+        let mut f = InFlight {
+            task: AbortOnDrop(tokio::spawn(async {
+                let mut done = BTreeMap::new();
+                let mut whole = StreamOutcome::default();
+                whole.acknowledge(&rows(1..=3, 1), false);
+                let mut part = StreamOutcome::default();
+                part.acknowledge(&rows(4..=5, 1), false);
+                done.insert("whole".to_string(), whole);
+                done.insert("part".to_string(), part);
+                done
+            })),
+            last: BTreeMap::from([("whole".to_string(), 3), ("part".to_string(), 7), ("lost".to_string(), 2)]),
+            timing: CycleTiming::default(),
+            started: Instant::now(),
+            landed: None,
+        };
+        // Before it lands, nothing is known to be acknowledged.
+        assert_eq!(f.stopped_short().len(), 3);
+        f.land().await;
+        let short: Vec<String> = f.stopped_short().into_iter().collect();
+        assert_eq!(short, ["lost", "part"], "part stopped at 5 of 7; lost has no outcome");
     }
 
     #[test]

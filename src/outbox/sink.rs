@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 
-use super::{count_error, failpoint, Backoff, Failpoint, FailpointName, OutboxError, PgTarget};
+use super::{count_error, failpoint, AbortOnDrop, Backoff, Failpoint, FailpointName, OutboxError, PgTarget};
 use crate::client::{Batch, Client, ClientError, Delivery, Gap};
 
 const SCHEMA_FILE: &str = "sql/sink.sql";
@@ -40,6 +40,13 @@ pub trait Apply: Send {
         stream: &'a str,
         batches: &'a [Batch],
     ) -> BoxFuture<'a, Result<(), tokio_postgres::Error>>;
+
+    /// The transaction of the last [`Apply::apply`] calls (every call since the previous
+    /// `committed`) committed, cursor included: their effects are durable. Called once per
+    /// group that applied at least one batch; not called when the transaction failed (those
+    /// batches come again). The default does nothing; `runnev bench outbox` stamps its latency
+    /// here.
+    fn committed(&mut self, _stream: &str) {}
 }
 
 /// An [`Apply`] running one SQL statement per batch, with parameters `$1` stream (text), `$2`
@@ -118,7 +125,18 @@ impl Apply for BulkApply {
             let seqs: Vec<i64> = batches.iter().map(|b| b.seq as i64).collect();
             let tss: Vec<i64> = batches.iter().map(|b| b.ts as i64).collect();
             let payloads: Vec<&[u8]> = batches.iter().map(|b| b.data.as_ref()).collect();
-            let n = tx.execute(BULK_APPLY_SQL, &[&self.consumer, &stream, &seqs, &tss, &payloads]).await?;
+            let n = tx
+                .execute_typed(
+                    BULK_APPLY_SQL,
+                    &[
+                        (&self.consumer, Type::TEXT),
+                        (&stream, Type::TEXT),
+                        (&seqs, Type::INT8_ARRAY),
+                        (&tss, Type::INT8_ARRAY),
+                        (&payloads, Type::BYTEA_ARRAY),
+                    ],
+                )
+                .await?;
             debug_assert_eq!(n, batches.len() as u64);
             metrics::counter!("runnev_outbox_sink_statements_total", "stream" => stream.to_string()).increment(1);
             Ok(())
@@ -182,17 +200,21 @@ async fn apply_group<A: Apply + ?Sized>(
     fp: &Option<Arc<Failpoint>>,
 ) -> Result<GroupOutcome, tokio_postgres::Error> {
     let tx = pg.transaction().await?;
-    tx.execute(
-        "INSERT INTO runnev_sink_cursor (consumer, stream) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-        &[&consumer, &stream],
-    )
-    .await?;
-    let row = tx
-        .query_one(
-            "SELECT cursor FROM runnev_sink_cursor WHERE consumer = $1 AND stream = $2 FOR UPDATE",
-            &[&consumer, &stream],
-        )
-        .await?;
+    // One round trip each (typed, no separate prepare); the cursor row is created only when
+    // missing.
+    let key: [(&(dyn ToSql + Sync), Type); 2] = [(&consumer, Type::TEXT), (&stream, Type::TEXT)];
+    let lock = "SELECT cursor FROM runnev_sink_cursor WHERE consumer = $1 AND stream = $2 FOR UPDATE";
+    let row = match tx.query_typed_opt(lock, &key).await? {
+        Some(row) => row,
+        None => {
+            tx.execute_typed(
+                "INSERT INTO runnev_sink_cursor (consumer, stream) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                &key,
+            )
+            .await?;
+            tx.query_typed_one(lock, &key).await?
+        }
+    };
     let start = row.get::<_, i64>(0).max(0) as u64;
     let mut out = GroupOutcome { cursor: start, ..GroupOutcome::default() };
     let mut fresh: Vec<Batch> = Vec::new();
@@ -227,14 +249,17 @@ async fn apply_group<A: Apply + ?Sized>(
         out.applied += fresh.len();
     }
     if out.cursor != start {
-        tx.execute(
+        tx.execute_typed(
             "UPDATE runnev_sink_cursor SET cursor = $3, updated_at = now() WHERE consumer = $1 AND stream = $2",
-            &[&consumer, &stream, &(out.cursor as i64)],
+            &[(&consumer, Type::TEXT), (&stream, Type::TEXT), (&(out.cursor as i64), Type::INT8)],
         )
         .await?;
     }
     failpoint(fp, FailpointName::BeforeCommit);
     tx.commit().await?;
+    if out.applied > 0 {
+        apply.committed(stream);
+    }
     Ok(out)
 }
 
@@ -285,15 +310,6 @@ impl SinkOptions {
             backoff_max: Duration::from_secs(30),
             failpoint: None,
         }
-    }
-}
-
-/// Aborts its task when dropped (the sink's subscription reader ends with its session).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
