@@ -917,7 +917,10 @@ impl LossyProxy {
         let tls = security().map(|s| {
             let (cert, key) = s.node_cert(1);
             let files = runnev::tls::TlsFiles { ca: s.ca.clone(), cert, key };
-            let acceptor = tokio_rustls::TlsAcceptor::from(runnev::tls::server_config(&files).expect("proxy TLS"));
+            // An HTTP/1.1 proxy: it offers only `http/1.1` by ALPN, so clients speak HTTP/1.1 to it.
+            let mut config = (*runnev::tls::server_config(&files).expect("proxy TLS")).clone();
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
             let dialer = TlsDialer::new(Arc::new(TcpDialer), runnev::tls::client_config(&s.ca, None).expect("CA"));
             (acceptor, Arc::new(dialer))
         });
