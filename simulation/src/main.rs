@@ -2,7 +2,8 @@
 //! its own process, so a livelocked seed is reported and the sweep goes on);
 //! `-- --seed S` runs (replays) one seed in this process, printing its plan and fault log when
 //! it fails. Other flags: `--fault-ms MS` (length of the fault phase), `--classic` (the plans
-//! of the first rounds, before swarm plans: the older regression seeds), `--twice` (run each seed
+//! of the first rounds, before swarm plans: the older regression seeds), `--membership` (swarm plans
+//! may also change the membership), `--twice` (run each seed
 //! again in a new process and compare the histories), `--plan` (print the plans only), `--history` (print the
 //! plan and fault log even when the seed passes). Every failure prints the one command that
 //! replays it. See `README.md`.
@@ -25,7 +26,7 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: simulation [--seeds N [--start S] [--jobs J]] [--seed S] [--fault-ms MS] [--classic] [--twice] [--plan] [--history]";
+    "usage: simulation [--seeds N [--start S] [--jobs J]] [--seed S] [--fault-ms MS] [--classic] [--membership] [--twice] [--plan] [--history]";
 
 fn parse() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
@@ -43,6 +44,7 @@ fn parse() -> Result<Args, String> {
             "--jobs" => jobs = num(args.next(), "--jobs")?.max(1) as usize,
             "--fault-ms" => knobs.fault_phase_ms = num(args.next(), "--fault-ms")?,
             "--classic" => knobs.swarm = false,
+            "--membership" => knobs.membership = true,
             "--twice" => twice = true,
             "--plan" => plan_only = true,
             "--history" => history = true,
@@ -94,6 +96,7 @@ fn effects(e: &simulation::runner::FaultEffects) -> String {
         ("snapshot crashes", e.snapshot_crashes),
         ("bits flipped", e.bits_flipped),
         ("rotten logs refused", e.refused_rotten_logs),
+        ("membership changes", e.membership_changes),
     ] {
         if n > 0 {
             out.push_str(&format!("  {what} {n}"));
@@ -157,6 +160,7 @@ fn run_again(seed: u64, knobs: Knobs) -> Result<(u64, u64), String> {
         .arg("--fault-ms")
         .arg(knobs.fault_phase_ms.to_string())
         .args(if knobs.swarm { &[][..] } else { &["--classic"][..] })
+        .args(if knobs.membership { &["--membership"][..] } else { &[][..] })
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| e.to_string())?;
@@ -175,6 +179,9 @@ fn spawn(seed: u64, args: &Args) -> std::io::Result<Child> {
     cmd.arg("--seed").arg(seed.to_string()).arg("--fault-ms").arg(args.knobs.fault_phase_ms.to_string());
     if !args.knobs.swarm {
         cmd.arg("--classic");
+    }
+    if args.knobs.membership {
+        cmd.arg("--membership");
     }
     if args.twice {
         cmd.arg("--twice");

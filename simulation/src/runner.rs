@@ -112,6 +112,9 @@ pub fn replay_command(seed: u64, knobs: Knobs) -> String {
     if !knobs.swarm {
         cmd.push_str(" --classic");
     }
+    if knobs.membership {
+        cmd.push_str(" --membership");
+    }
     cmd
 }
 
@@ -177,6 +180,8 @@ pub struct FaultEffects {
     pub bits_flipped: u64,
     /// Nodes that refused to start on a flipped bit (retired for the rest of the run).
     pub refused_rotten_logs: u64,
+    /// Membership changes made (removals and re-additions).
+    pub membership_changes: u64,
 }
 
 impl Driver {
@@ -217,6 +222,7 @@ impl Driver {
             let mut full = false;
             let mut offset = 0i64;
             let mut cut = 0u64;
+            let mut out = false;
             for a in self.active.values() {
                 match a.fault {
                     Fault::SlowDisk { node: n, min_ms, max_ms } if n == node => {
@@ -225,6 +231,7 @@ impl Driver {
                     Fault::DiskFull { node: n } if n == node => full = true,
                     Fault::ClockJump { node: n, offset_ms } if n == node => offset = offset.saturating_add(offset_ms),
                     Fault::SnapshotCut { node: n, per_mille } if n == node => cut = cut.max(per_mille),
+                    Fault::Membership { node: n } if n == node => out = true,
                     _ => {}
                 }
             }
@@ -233,6 +240,7 @@ impl Driver {
             self.disk(node).set_full(full);
             self.shared.clock_offset_ms[node as usize].store(offset, Ordering::SeqCst);
             self.shared.snapshot_cut_per_mille[node as usize].store(cut, Ordering::SeqCst);
+            self.shared.membership_out[node as usize].store(out, Ordering::SeqCst);
         }
     }
 
@@ -525,7 +533,8 @@ impl Driver {
                 | Fault::ClockJump { .. }
                 | Fault::SnapshotCut { .. }
                 | Fault::SnapshotCrash { .. }
-                | Fault::BitFlip { .. } => {}
+                | Fault::BitFlip { .. }
+                | Fault::Membership { .. } => {}
             }
         }
         for (from, to) in self.blocked.difference(&blocked) {
@@ -743,6 +752,7 @@ pub fn run_seed(seed: u64, knobs: Knobs) -> RunReport {
     }
     stats.effects = driver.effects.clone();
     stats.effects.snapshot_chunks_cut = shared.snapshot_chunks_cut.load(Ordering::Relaxed);
+    stats.effects.membership_changes = shared.membership_changes.load(Ordering::Relaxed);
     for d in &disks {
         let s = d.stats();
         stats.effects.slow_syncs += s.slow_syncs;

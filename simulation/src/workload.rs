@@ -315,7 +315,9 @@ pub async fn control(shared: Arc<Shared>) -> turmoil::Result {
     shared.workload_ready.store(true, Ordering::SeqCst);
     milestone("streams created; workload starts");
 
-    // Fault phase: keep an eye on the leader, for the leader-isolation faults.
+    // Fault phase: keep an eye on the leader, for the leader-isolation faults, and make the
+    // membership changes the driver asks for.
+    let mut out = vec![false; NODES as usize + 1];
     while now_ms() < fault_end {
         for n in 1..=NODES {
             if let Some(RaftView { leader: Some(l), .. }) = raft_view(n).await {
@@ -323,10 +325,21 @@ pub async fn control(shared: Arc<Shared>) -> turmoil::Result {
                 break;
             }
         }
+        change_membership(&shared, &mut out, false).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // Heal phase: the driver has repaired the network and restarted crashed nodes.
+    // Heal phase: the driver has repaired the network and restarted crashed nodes; every node
+    // taken out of the membership is put back first.
+    // (A retired node stays out: it is down for good.)
+    let still_out = |out: &[bool]| shared.serving_nodes().into_iter().any(|n| out[n as usize]);
+    while still_out(&out) && now_ms() < deadline {
+        change_membership(&shared, &mut out, true).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if still_out(&out) {
+        problem(format!("nodes still out of the membership at the end of the heal phase: {out:?}"));
+    }
     let converged = loop {
         let mut views = Vec::new();
         for n in shared.serving_nodes() {
@@ -431,6 +444,37 @@ pub async fn control(shared: Arc<Shared>) -> turmoil::Result {
     }
     milestone("final states read");
     Ok(())
+}
+
+/// One step towards the membership the driver asks for (`Shared::membership_out`; all back in
+/// when `heal`): removes or re-adds at most one node, through any node, and records it. `out`
+/// is which nodes this client has taken out. A call that fails is tried again next time.
+async fn change_membership(shared: &Shared, out: &mut [bool], heal: bool) {
+    let all: Vec<NodeId> = (1..=NODES).collect();
+    let policy = RetryPolicy { give_up_after: Duration::from_secs(2), ..workload_policy() };
+    let client = client_for(&all, policy);
+    for n in shared.serving_nodes() {
+        let want_out = !heal && shared.membership_out[n as usize].load(Ordering::SeqCst);
+        let i = n as usize;
+        let done = if want_out && !out[i] {
+            client.remove_member(n).await.map(|_| "removed from the voters")
+        } else if !want_out && out[i] {
+            let addr = format!("{}:{}", crate::plan::node_host(n), crate::plan::NODE_PORT);
+            client.add_member(n, &addr, true).await.map(|_| "added back as a voter")
+        } else {
+            continue;
+        };
+        let line = match done {
+            Ok(what) => {
+                out[i] = want_out;
+                shared.membership_changes.fetch_add(1, Ordering::Relaxed);
+                format!("{:>7} ms control: n{n} {what}", now_ms())
+            }
+            Err(e) => format!("{:>7} ms control: changing n{n}'s membership failed (will retry): {e}", now_ms()),
+        };
+        shared.record(|h| h.fault_log.push(line));
+        return;
+    }
 }
 
 async fn final_state(node: NodeId, barrier: u64) -> Result<BTreeMap<String, FinalStream>, String> {

@@ -53,6 +53,11 @@ pub struct Shared {
     /// bit) and they refuse to start. They stay down, awaiting a replacement the simulation does
     /// not make (README); the heal phase expects and reads only the others.
     pub retired: Vec<AtomicBool>,
+    /// Whether each node should be out of the membership now (an active
+    /// [`crate::plan::Fault::Membership`]), by node id; the control client makes it so.
+    pub membership_out: Vec<AtomicBool>,
+    /// Membership changes the control client completed (removals and re-additions).
+    pub membership_changes: AtomicU64,
 }
 
 impl Shared {
@@ -87,6 +92,8 @@ impl Shared {
             snapshot_chunks_to: (0..=crate::plan::NODES).map(|_| AtomicU64::new(0)).collect(),
             snapshot_chunks_cut: AtomicU64::new(0),
             retired: (0..=crate::plan::NODES).map(|_| AtomicBool::new(false)).collect(),
+            membership_out: (0..=crate::plan::NODES).map(|_| AtomicBool::new(false)).collect(),
+            membership_changes: AtomicU64::new(0),
         })
     }
 

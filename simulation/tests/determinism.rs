@@ -11,7 +11,7 @@ use simulation::history::{History, Publisher};
 use simulation::{run_seed, Knobs, Plan};
 
 const SEED: u64 = 11;
-const KNOBS: Knobs = Knobs { fault_phase_ms: 8_000, swarm: true };
+const KNOBS: Knobs = Knobs { fault_phase_ms: 8_000, swarm: true, membership: false };
 
 /// Every workload publisher's recorded publishes are a prefix of its planned intents: one
 /// record per batch (a frames publish records each of its batches), on the intent's stream,
