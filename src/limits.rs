@@ -126,6 +126,14 @@ pub const MAX_CLOCK_OFFSET_MS_DEFAULT: u64 = 500;
 pub const MAX_CLOCK_OFFSET_MS_MIN: u64 = CLOCK_PROBE_RTT_MAX_MS;
 /// Interval at which every node measures the other members' wall clocks, in ms.
 pub const CLOCK_PROBE_MS: u64 = 1_000;
+/// Longest a connection may take to open (TCP handshake, and TLS when dialed with it), in ms,
+/// for clients and nodes alike ([`crate::net::DialConnector`]). A host that is down answers
+/// nothing (no reset), and the OS would keep retrying the handshake for minutes; past this the
+/// dial fails as a connection error, which means nothing was sent, so even a publish without
+/// seq moves on to the next node. Two seconds covers one SYN retransmission (Linux's first is
+/// after 1 s) and stays below the client's request timeouts. Found by the simulation (a node
+/// retired for good made every seq-less publish that tried it first end "outcome unknown").
+pub const DIAL_TIMEOUT_MS: u64 = 2_000;
 /// Largest round trip of a clock measurement kept, in ms (its error is at most half of it); also
 /// the deadline of one measurement.
 pub const CLOCK_PROBE_RTT_MAX_MS: u64 = 200;

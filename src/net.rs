@@ -121,7 +121,14 @@ impl tower::Service<Uri> for DialConnector {
                 .authority()
                 .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("no host in {uri}")))?;
             let port = auth.port_u16().unwrap_or(80);
-            let dialed = dialer.dial_negotiated(format!("{}:{port}", auth.host())).await?;
+            let addr = format!("{}:{port}", auth.host());
+            let limit = Duration::from_millis(crate::limits::DIAL_TIMEOUT_MS);
+            let dialed = tokio::time::timeout(limit, dialer.dial_negotiated(addr.clone())).await.map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("connecting to {addr}: no answer within {} ms", crate::limits::DIAL_TIMEOUT_MS),
+                )
+            })??;
             Ok(DialedIo(TokioIo::new(dialed.io), dialed.http2))
         })
     }
@@ -231,4 +238,28 @@ pub async fn get_as(
     tokio::time::timeout(timeout, exchange)
         .await
         .unwrap_or_else(|_| Err(format!("{url}: no answer within {timeout:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Dials a host that is down: the handshake never completes.
+    struct Silent;
+
+    impl Dialer for Silent {
+        fn dial(&self, _addr: String) -> BoxFuture<io::Result<Box<dyn Io>>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dial_to_a_silent_host_fails_as_a_connection_error_in_time() {
+        let client = http_client(Arc::new(Silent));
+        let req = hyper::Request::get("http://down:7000/healthz").body(Full::new(Bytes::new())).unwrap();
+        let t = tokio::time::Instant::now();
+        let err = client.request(req).await.expect_err("nothing answers");
+        assert!(err.is_connect(), "a connection error, so callers know nothing was sent: {err:?}");
+        assert_eq!(t.elapsed(), Duration::from_millis(crate::limits::DIAL_TIMEOUT_MS));
+    }
 }

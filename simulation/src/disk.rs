@@ -94,6 +94,14 @@ pub struct DiskStats {
     pub stale_ops: u64,
     /// Operations failed with an I/O error while the disk was failing.
     pub failed_ops: u64,
+    /// Operations refused with `ENOSPC` while the disk was full.
+    pub full_refusals: u64,
+    /// `sync_data` calls made slow by a slow disk.
+    pub slow_syncs: u64,
+    /// Simulated latency those slow syncs added, in ms.
+    pub slow_ms: u64,
+    /// Bits flipped in stored data.
+    pub bits_flipped: u64,
 }
 
 /// One file's bytes as one incarnation sees them: a durable image plus the dirty pages over it.
@@ -325,7 +333,19 @@ struct DiskState {
     cut_fired: bool,
     /// Write-side operations fail with an I/O error.
     failing: bool,
+    /// Write-side operations fail with `ENOSPC` (the disk is full).
+    full: bool,
+    /// Each `sync_data` takes a latency drawn from this range, in ms (a slow disk).
+    slow: Option<Slow>,
     stats: DiskStats,
+}
+
+/// A slow disk: each fsync takes `min_ms..=max_ms` of simulated time.
+#[derive(Debug)]
+struct Slow {
+    min_ms: u64,
+    max_ms: u64,
+    rng: SimRng,
 }
 
 impl DiskState {
@@ -440,6 +460,70 @@ impl SimDisk {
         self.lock().failing = failing;
     }
 
+    /// Makes every write-side operation (a write, resize or sync of any file, a segment
+    /// creation or removal) fail with `ENOSPC` (`io::ErrorKind::StorageFull`, raw OS error 28)
+    /// while `full`, as a disk that another process filled does; reads keep working.
+    /// Pessimistic: a real file system still takes overwrites of allocated blocks (a
+    /// preallocated segment's), this one takes nothing.
+    pub fn set_full(&self, full: bool) {
+        self.lock().full = full;
+    }
+
+    /// Makes every `sync_data` take `min_ms..=max_ms` of simulated time, drawn from `rng`
+    /// (`Some`), or none (`None`). The latency is owed to the inline storage operation running
+    /// (`runnev::storage::io::owe_simulated_latency`): the node's `storage::blocking` call waits
+    /// it out in tokio time before it returns, while the node's other tasks run on.
+    pub fn set_slow(&self, slow: Option<(u64, u64, SimRng)>) {
+        self.lock().slow = slow.map(|(min_ms, max_ms, rng)| Slow { min_ms, max_ms: max_ms.max(min_ms), rng });
+    }
+
+    /// Flips one bit of a stored record of the Raft log, drawn by `rng`: a byte of any record
+    /// (header or body) but the log's last one, in the durable image (bit rot, or a disk that
+    /// returns a wrong sector). Records are found by walking the documented layout (a 16-byte
+    /// header whose first 4 bytes are the body length, little-endian) from each segment's start
+    /// to its first zero length. The last record is spared: damage there cannot be told from a
+    /// torn write (`runnev::storage::segments`, module doc), and recovery discards it. Returns
+    /// where (file and byte offset), or `None` if the log holds fewer than two records. Call it
+    /// after a power loss (nothing unsynced left), so that the next incarnation reads the
+    /// rotten byte.
+    pub fn flip_segment_bit(&self, rng: &mut SimRng) -> Option<(String, u64)> {
+        let mut s = self.lock();
+        // (file, inode, record start, record end), in log order.
+        let mut records: Vec<(String, u64, u64, u64)> = Vec::new();
+        for (name, ino) in &s.files.names {
+            if segment_first(name).is_none() {
+                continue;
+            }
+            let Some(image) = s.files.inodes.get(ino) else { continue };
+            let mut off = 0u64;
+            let mut header = [0u8; 16];
+            while off + 16 <= image.len && image.read(off, &mut header).is_ok() {
+                let len = u64::from(u32::from_le_bytes([header[0], header[1], header[2], header[3]]));
+                let end = off + 16 + len;
+                if len == 0 || end > image.len {
+                    break;
+                }
+                records.push((name.clone(), *ino, off, end));
+                off = end;
+            }
+        }
+        records.pop()?;
+        if records.is_empty() {
+            return None;
+        }
+        let (name, ino, start, end) = records.get(rng.below(records.len() as u64) as usize)?.clone();
+        let at = rng.between(start, end - 1);
+        let bit = rng.below(8);
+        let image = s.files.inodes.get_mut(&ino)?;
+        let mut byte = [0u8];
+        image.read(at, &mut byte).ok()?;
+        byte[0] ^= 1 << bit;
+        image.write(at, &byte).ok()?;
+        image.sync();
+        s.stats.bits_flipped += 1;
+        Some((name, at))
+    }
+
     /// The disk's counters.
     pub fn stats(&self) -> DiskStats {
         self.lock().stats
@@ -486,6 +570,10 @@ impl Access {
                 s.stats.failed_ops += 1;
                 return Err(io::Error::other("simulated disk: I/O error (the disk is failing)"));
             }
+            if s.full {
+                s.stats.full_refusals += 1;
+                return Err(io::Error::from_raw_os_error(28));
+            }
             s.count_cut();
         }
         if s.epoch == self.epoch {
@@ -510,7 +598,16 @@ impl Access {
             i.sync();
             Ok(())
         })?;
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).stats.syncs += 1;
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.stats.syncs += 1;
+        if s.epoch == self.epoch {
+            if let Some(slow) = s.slow.as_mut() {
+                let ms = slow.rng.between(slow.min_ms, slow.max_ms);
+                s.stats.slow_syncs += 1;
+                s.stats.slow_ms += ms;
+                runnev::storage::io::owe_simulated_latency(ms);
+            }
+        }
         Ok(())
     }
 }
@@ -712,6 +809,82 @@ mod tests {
         disk.set_failing(false);
         h.sync_data().unwrap();
         assert_eq!(disk.stats().failed_ops, 2);
+    }
+
+    #[test]
+    fn a_full_disk_refuses_writes_with_enospc_until_space_is_back() {
+        let disk = SimDisk::new();
+        let h = disk.handle();
+        let seg = disk.segments().create(1, PAGE).unwrap();
+        h.set_len(100).unwrap();
+        disk.set_full(true);
+        for e in [h.write(0, b"no").unwrap_err(), h.sync_data().unwrap_err(), seg.write_at(0, b"no").unwrap_err()] {
+            assert_eq!(e.kind(), io::ErrorKind::StorageFull, "{e}");
+            assert_eq!(e.raw_os_error(), Some(28));
+        }
+        assert!(disk.segments().create(2, PAGE).is_err());
+        assert_eq!(read(&h, 0, 2), vec![0, 0], "reads work");
+        disk.set_full(false);
+        h.write(0, b"ok").unwrap();
+        h.sync_data().unwrap();
+        assert_eq!(disk.stats().full_refusals, 4);
+    }
+
+    #[test]
+    fn a_slow_disk_makes_storage_calls_wait_in_simulated_time() {
+        runnev::storage::io::set_inline_io(true);
+        let disk = SimDisk::new();
+        disk.set_slow(Some((100, 300, SimRng::new(4))));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        let (waited, r) = rt.block_on(async {
+            let h = disk.handle();
+            let t = tokio::time::Instant::now();
+            let r = runnev::storage::blocking(move || {
+                h.write(0, b"").and_then(|_| h.sync_data()).and_then(|_| h.sync_data())
+            })
+            .await;
+            (t.elapsed(), r)
+        });
+        r.unwrap();
+        let s = disk.stats();
+        assert_eq!(s.slow_syncs, 2);
+        assert!((200..=600).contains(&s.slow_ms), "{s:?}");
+        assert_eq!(waited.as_millis() as u64, s.slow_ms, "the caller waited out exactly what the fsyncs took");
+        disk.set_slow(None);
+        let h = disk.handle();
+        h.sync_data().unwrap();
+        assert_eq!(disk.stats().slow_syncs, 2);
+    }
+
+    #[test]
+    fn a_flipped_bit_rots_one_byte_of_a_record_but_the_last() {
+        let disk = SimDisk::new();
+        let mut rng = SimRng::new(12);
+        let seg = disk.segments().create(3, 2 * PAGE).unwrap();
+        // Two records in the documented layout: a 16-byte header (body length first), a body.
+        let record = |body: &[u8]| {
+            let mut r = (body.len() as u32).to_le_bytes().to_vec();
+            r.extend([7u8; 12]);
+            r.extend_from_slice(body);
+            r
+        };
+        let (first, last) = (record(&[1; 100]), record(&[2; 50]));
+        seg.write_at(0, &first).unwrap();
+        assert_eq!(disk.flip_segment_bit(&mut rng), None, "one record: nothing but the last");
+        seg.write_at(first.len() as u64, &last).unwrap();
+        seg.sync_data().unwrap();
+        let before = seg_read(seg.as_ref(), 0, first.len() + last.len());
+        for _ in 0..20 {
+            let (file, at) = disk.flip_segment_bit(&mut rng).unwrap();
+            assert_eq!(file, segment_name(3));
+            assert!(at < first.len() as u64, "never in the last record: {at}");
+            let now = seg_read(seg.as_ref(), 0, before.len());
+            let diff: u32 = now.iter().zip(&before).map(|(a, b)| (a ^ b).count_ones()).sum();
+            assert_eq!(diff, 1, "exactly one bit differs");
+            seg.write_at(0, &before).unwrap();
+            seg.sync_data().unwrap();
+        }
+        assert_eq!(disk.stats().bits_flipped, 20);
     }
 
     #[test]

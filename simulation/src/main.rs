@@ -1,7 +1,9 @@
 //! `cargo run -p simulation --release -- --seeds N [--start S] [--jobs J]` sweeps seeds (each in
 //! its own process, so a livelocked seed is reported and the sweep goes on);
 //! `-- --seed S` runs (replays) one seed in this process, printing its plan and fault log when
-//! it fails. Other flags: `--fault-ms MS` (length of the fault phase), `--twice` (run each seed
+//! it fails. Other flags: `--fault-ms MS` (length of the fault phase), `--classic` (the plans
+//! of the first rounds, before swarm plans: the older regression seeds), `--membership` (swarm plans
+//! may also change the membership), `--twice` (run each seed
 //! again in a new process and compare the histories), `--plan` (print the plans only), `--history` (print the
 //! plan and fault log even when the seed passes). Every failure prints the one command that
 //! replays it. See `README.md`.
@@ -24,7 +26,7 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: simulation [--seeds N [--start S] [--jobs J]] [--seed S] [--fault-ms MS] [--twice] [--plan] [--history]";
+    "usage: simulation [--seeds N [--start S] [--jobs J]] [--seed S] [--fault-ms MS] [--classic] [--membership] [--twice] [--plan] [--history]";
 
 fn parse() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
@@ -41,6 +43,8 @@ fn parse() -> Result<Args, String> {
             "--seed" => one = Some(num(args.next(), "--seed")?),
             "--jobs" => jobs = num(args.next(), "--jobs")?.max(1) as usize,
             "--fault-ms" => knobs.fault_phase_ms = num(args.next(), "--fault-ms")?,
+            "--classic" => knobs.swarm = false,
+            "--membership" => knobs.membership = true,
             "--twice" => twice = true,
             "--plan" => plan_only = true,
             "--history" => history = true,
@@ -77,7 +81,28 @@ fn summary(r: &RunReport, wall_s: f64) -> String {
         s.rpc_duplicated,
         s.rpc_replayed,
         r.history_digest
-    )
+    ) + &effects(&s.effects)
+}
+
+/// The second round's faults, as they bit (only those that did).
+fn effects(e: &simulation::runner::FaultEffects) -> String {
+    let mut out = String::new();
+    for (what, n) in [
+        ("slow fsyncs", e.slow_syncs),
+        ("ENOSPC", e.full_refusals),
+        ("full-disk restarts", e.full_restarts),
+        ("clock jumps", e.clock_jumps),
+        ("snapshot chunks cut", e.snapshot_chunks_cut),
+        ("snapshot crashes", e.snapshot_crashes),
+        ("bits flipped", e.bits_flipped),
+        ("rotten logs refused", e.refused_rotten_logs),
+        ("membership changes", e.membership_changes),
+    ] {
+        if n > 0 {
+            out.push_str(&format!("  {what} {n}"));
+        }
+    }
+    out
 }
 
 /// Runs one seed here; prints its summary, and on failure its violations, plan and fault log.
@@ -134,6 +159,8 @@ fn run_again(seed: u64, knobs: Knobs) -> Result<(u64, u64), String> {
         .arg(seed.to_string())
         .arg("--fault-ms")
         .arg(knobs.fault_phase_ms.to_string())
+        .args(if knobs.swarm { &[][..] } else { &["--classic"][..] })
+        .args(if knobs.membership { &["--membership"][..] } else { &[][..] })
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| e.to_string())?;
@@ -150,6 +177,12 @@ fn run_again(seed: u64, knobs: Knobs) -> Result<(u64, u64), String> {
 fn spawn(seed: u64, args: &Args) -> std::io::Result<Child> {
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.arg("--seed").arg(seed.to_string()).arg("--fault-ms").arg(args.knobs.fault_phase_ms.to_string());
+    if !args.knobs.swarm {
+        cmd.arg("--classic");
+    }
+    if args.knobs.membership {
+        cmd.arg("--membership");
+    }
     if args.twice {
         cmd.arg("--twice");
     }

@@ -22,9 +22,15 @@ use crate::plan::{node_host, NODES, NODE_PORT};
 use crate::rng::SimRng;
 use crate::world::{now_ms, Shared, SimRpcFaults};
 
-/// Simulated time as ms since the Unix epoch: what stamps `ts` on proposals.
-pub fn sim_clock() -> Clock {
-    Arc::new(|| turmoil::since_epoch().map(|d| d.as_millis() as u64).unwrap_or(0))
+/// Node `id`'s wall clock: simulated time as ms since the Unix epoch, plus the node's current
+/// clock jump (`Shared::clock_offset_ms`, set by the driver). What the node's cluster clock
+/// measures and stamps `ts` from.
+pub fn sim_clock(shared: Arc<Shared>, id: NodeId) -> Clock {
+    Arc::new(move || {
+        let now = turmoil::since_epoch().map(|d| d.as_millis() as u64).unwrap_or(0);
+        let offset = shared.clock_offset_ms.get(id as usize).map_or(0, |o| o.load(Ordering::SeqCst));
+        now.saturating_add_signed(offset)
+    })
 }
 
 /// The configuration of node `id` in a run of `shared.plan`.
@@ -65,7 +71,19 @@ pub fn node_software(
         let incarnation = incarnations.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
             let cfg = node_config(&shared, id, data_dir);
-            let store = match Store::open_with_backend(&cfg.data_dir, disk.handle(), disk.segments()) {
+            // A node cannot start on a full disk (opening writes); its supervisor tries again
+            // every second until space is back, as a restart policy does.
+            let opened = loop {
+                match Store::open_with_backend(&cfg.data_dir, disk.handle(), disk.segments()) {
+                    Err(e) if e.is_storage_full() => {
+                        let line = format!("{:>7} ms n{id} cannot start on a full disk ({e}); retrying", now_ms());
+                        shared.record(|h| h.fault_log.push(line));
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    }
+                    other => break other,
+                }
+            };
+            let store = match opened {
                 Ok(s) => s,
                 Err(e) => {
                     let why = format!("n{id} incarnation {incarnation} at {} ms: store did not open: {e}", now_ms());
@@ -77,7 +95,7 @@ pub fn node_software(
             let listener = SimListener::bind(NODE_PORT).await?;
             let env = Environment {
                 dialer: Arc::new(SimDialer),
-                clock: sim_clock(),
+                clock: sim_clock(shared.clone(), id),
                 prometheus: None,
                 rpc_faults: Some(Arc::new(SimRpcFaults::new(shared.clone(), id, incarnation))),
                 disk_guard: false,

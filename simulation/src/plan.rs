@@ -33,12 +33,76 @@ pub struct Knobs {
     /// Length of the fault phase, in simulated ms: faults and the workload run from the start
     /// until then; the heal phase follows.
     pub fault_phase_ms: u64,
+    /// Swarm plans (the default): the seed also draws which fault kinds are on and a larger,
+    /// varied workload ([`Plan::generate`]). Off (`--classic`): the plans of the first rounds,
+    /// draw for draw, which the regression seeds pinned before the swarm were found with.
+    pub swarm: bool,
+    /// Let swarm plans draw [`FaultKind::Membership`] (`--membership`). Off by default: with it,
+    /// some seeds livelock (seed 6 at 4,710 simulated ms), not diagnosed yet (README).
+    pub membership: bool,
 }
 
 impl Default for Knobs {
     fn default() -> Self {
-        Knobs { fault_phase_ms: 30_000 }
+        Knobs { fault_phase_ms: 30_000, swarm: true, membership: false }
     }
+}
+
+/// A kind of fault a swarm plan can turn on or off ([`Plan::kinds`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// [`Fault::IsolateLeader`] and [`Fault::Isolate`].
+    Partition,
+    /// [`Fault::OneWay`].
+    OneWay,
+    /// [`Fault::Crash`].
+    Crash,
+    /// [`Fault::CutMidWrite`].
+    CutMidWrite,
+    /// [`Fault::Loss`].
+    Loss,
+    /// [`Fault::Slow`].
+    Slow,
+    /// [`Fault::ClientCut`].
+    ClientCut,
+    /// Duplicated and replayed Raft RPCs ([`Plan::rpc`]).
+    RpcDuplication,
+    /// [`Fault::SlowDisk`].
+    SlowDisk,
+    /// [`Fault::DiskFull`].
+    DiskFull,
+    /// [`Fault::ClockJumpLeader`].
+    ClockJump,
+    /// [`Fault::SnapshotCut`].
+    SnapshotCut,
+    /// [`Fault::SnapshotCrash`].
+    SnapshotCrash,
+    /// [`Fault::BitFlip`].
+    BitFlip,
+    /// [`Fault::Membership`].
+    Membership,
+}
+
+impl FaultKind {
+    /// Every kind, with its weight in a swarm plan's fault draw (out of the enabled kinds'
+    /// total); [`FaultKind::RpcDuplication`] is a rate, not a scheduled fault (weight 0).
+    pub const ALL: [(FaultKind, u64); 15] = [
+        (FaultKind::Partition, 25),
+        (FaultKind::OneWay, 10),
+        (FaultKind::Crash, 12),
+        (FaultKind::CutMidWrite, 10),
+        (FaultKind::Loss, 15),
+        (FaultKind::Slow, 13),
+        (FaultKind::ClientCut, 15),
+        (FaultKind::RpcDuplication, 0),
+        (FaultKind::SlowDisk, 12),
+        (FaultKind::DiskFull, 8),
+        (FaultKind::ClockJump, 10),
+        (FaultKind::SnapshotCut, 10),
+        (FaultKind::SnapshotCrash, 8),
+        (FaultKind::BitFlip, 5),
+        (FaultKind::Membership, 6),
+    ];
 }
 
 /// What a fault does while it lasts.
@@ -99,6 +163,94 @@ pub enum Fault {
         /// The node.
         node: NodeId,
     },
+    /// `node`'s disk is slow: every fsync (of redb's file or a log segment) takes
+    /// `min_ms..=max_ms` of simulated time while it lasts (`SimDisk::set_slow`).
+    SlowDisk {
+        /// The node.
+        node: NodeId,
+        /// Shortest fsync, in ms.
+        min_ms: u64,
+        /// Longest fsync, in ms.
+        max_ms: u64,
+    },
+    /// `node`'s disk is full: every write, resize and fsync fails with `ENOSPC` while it lasts
+    /// (`SimDisk::set_full`). openraft stops a node's Raft core on a storage error, and the node
+    /// then answers `503` and fails `/healthz`; when space is back, the driver restarts a node
+    /// that was refused a write, as the supervisor restarting an unhealthy node does.
+    DiskFull {
+        /// The node.
+        node: NodeId,
+    },
+    /// Jump the wall clock of whichever node is leader when it starts by `offset_ms`
+    /// (backwards when negative), until it ends.
+    ClockJumpLeader {
+        /// The jump, in ms.
+        offset_ms: i64,
+    },
+    /// [`Fault::ClockJumpLeader`] as applied: `node`'s wall clock reads `offset_ms` off.
+    ClockJump {
+        /// The node.
+        node: NodeId,
+        /// The jump, in ms.
+        offset_ms: i64,
+    },
+    /// Interrupt snapshot transfers to `node`: each install-snapshot chunk sent to it is, with
+    /// probability `per_mille / 1000`, not sent, and the sender sees the connection cut.
+    SnapshotCut {
+        /// The receiver.
+        node: NodeId,
+        /// Chance, in thousandths, that one chunk is cut.
+        per_mille: u64,
+    },
+    /// Crash `node` while it installs a snapshot: once a snapshot chunk is sent to it, a crash
+    /// is armed to strike at its disk's `after_ops`-th operation from then (the install's redb
+    /// commit, or the appends around it). It restarts when the fault ends.
+    SnapshotCrash {
+        /// The node.
+        node: NodeId,
+        /// What its disk keeps.
+        kind: CrashKind,
+        /// Which disk operation the crash strikes, counted from the first chunk.
+        after_ops: u64,
+    },
+    /// Crash `node` (a power loss), flip one bit of a stored record of its Raft log (any but
+    /// the last), restart it when the fault ends. The log's checksums must catch it: the node
+    /// refuses to start, and is retired for the rest of the run (`Shared::retired`).
+    BitFlip {
+        /// The node.
+        node: NodeId,
+    },
+    /// A membership change during the other faults: the control client removes `node` from the
+    /// voters (`DELETE /v1/cluster/members/{id}`, joint consensus) when it starts, and adds it
+    /// back, as a learner promoted to voter once caught up (`POST /v1/cluster/members`), when it
+    /// ends; each call retried until it succeeds (the heal phase first puts every node back).
+    /// The node keeps running, and its data, throughout.
+    Membership {
+        /// The node taken out and put back.
+        node: NodeId,
+    },
+}
+
+impl Fault {
+    /// The swarm kind this fault belongs to.
+    pub fn kind(&self) -> FaultKind {
+        match self {
+            Fault::IsolateLeader | Fault::Isolate { .. } => FaultKind::Partition,
+            Fault::OneWay { .. } => FaultKind::OneWay,
+            Fault::Crash { .. } => FaultKind::Crash,
+            Fault::CutMidWrite { .. } => FaultKind::CutMidWrite,
+            Fault::Loss { .. } => FaultKind::Loss,
+            Fault::Slow { .. } => FaultKind::Slow,
+            Fault::ClientCut { .. } => FaultKind::ClientCut,
+            Fault::SlowDisk { .. } => FaultKind::SlowDisk,
+            Fault::DiskFull { .. } => FaultKind::DiskFull,
+            Fault::ClockJumpLeader { .. } | Fault::ClockJump { .. } => FaultKind::ClockJump,
+            Fault::SnapshotCut { .. } => FaultKind::SnapshotCut,
+            Fault::SnapshotCrash { .. } => FaultKind::SnapshotCrash,
+            Fault::BitFlip { .. } => FaultKind::BitFlip,
+            Fault::Membership { .. } => FaultKind::Membership,
+        }
+    }
 }
 
 /// A fault and when it happens.
@@ -142,7 +294,20 @@ pub struct PublisherSpec {
     pub read_check_per_mille: u64,
     /// The node order its client tries (the client rotates from the first).
     pub nodes: Vec<NodeId>,
+    /// More streams it publishes to, besides `stream` (indexes into [`Plan::streams`]); each
+    /// intent picks one of them all. Empty in classic plans.
+    pub more_streams: Vec<usize>,
+    /// Most batches in one publish: above 1, an intent may send 1 to this many batches as one
+    /// frames publish (SPEC §6, `Client::publish_many`). 1 in classic plans.
+    pub frames_max: u64,
+    /// Chance, in thousandths, that a batch is large: 0.5 MiB up to just under the batch size
+    /// limit. 0 in classic plans.
+    pub big_per_mille: u64,
 }
+
+/// Bytes of a large batch's payload at most: just under the node's limit
+/// (`runnev::limits::BATCH_BYTES_DEFAULT`).
+pub const BIG_PAYLOAD_MAX: u64 = runnev::limits::BATCH_BYTES_DEFAULT as u64 - 64;
 
 /// The `k`-th thing a publisher does: fixed by (seed, publisher, k), whatever the timing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,6 +322,12 @@ pub struct Intent {
     pub resend: bool,
     /// Probe read-your-writes on this node after the acknowledgement.
     pub read_check: Option<NodeId>,
+    /// Which of the publisher's streams: 0 = [`PublisherSpec::stream`], `i` =
+    /// `more_streams[i - 1]`.
+    pub stream_slot: usize,
+    /// Further batches sent with `payload` in one frames publish, in order (empty: a plain
+    /// publish of `payload`).
+    pub more_frames: Vec<Vec<u8>>,
 }
 
 /// The deterministic sequence of a publisher's intents.
@@ -173,14 +344,39 @@ impl Iterator for Intents {
         self.k += 1;
         let r = &mut self.rng;
         let seq_step = if r.chance(self.spec.hole_per_mille) { r.between(2, 6) } else { 1 };
-        let mut payload = format!("p{}:{}:", self.spec.id, self.k).into_bytes();
-        let extra = r.below(48) as usize;
-        payload.extend(r.bytes(extra));
+        let payload = payload_of(r, &self.spec, self.k, 0);
         let pause_ms = r.between(10, self.spec.pause_max_ms);
         let resend = r.chance(self.spec.resend_per_mille);
         let read_check = r.chance(self.spec.read_check_per_mille).then(|| r.between(1, NODES));
-        Some(Intent { seq_step, payload, pause_ms, resend, read_check })
+        // Swarm draws only: a classic spec draws nothing more, so its intents stay as they were.
+        let stream_slot = if self.spec.more_streams.is_empty() {
+            0
+        } else {
+            r.below(self.spec.more_streams.len() as u64 + 1) as usize
+        };
+        let frames = if self.spec.frames_max > 1 && r.chance(300) { r.between(2, self.spec.frames_max) } else { 1 };
+        let mut more_frames: Vec<Vec<u8>> = (1..frames).map(|f| payload_of(r, &self.spec, self.k, f)).collect();
+        // One frames publish stays within the node's request limit (large batches add up).
+        let limit = runnev::limits::APPEND_BYTES_DEFAULT - 64 * 1024;
+        while payload.len() + more_frames.iter().map(Vec::len).sum::<usize>() > limit {
+            more_frames.pop();
+        }
+        Some(Intent { seq_step, payload, pause_ms, resend, read_check, stream_slot, more_frames })
     }
+}
+
+/// Frame `frame` of intent `k`'s payload: unique in the run (`p<id>:<k>[.<frame>]:`), then
+/// random bytes: a few dozen, or, at the spec's rate, a large batch.
+fn payload_of(r: &mut SimRng, spec: &PublisherSpec, k: u64, frame: u64) -> Vec<u8> {
+    let mut payload =
+        if frame == 0 { format!("p{}:{k}:", spec.id) } else { format!("p{}:{k}.{frame}:", spec.id) }.into_bytes();
+    let extra = r.below(48) as usize;
+    payload.extend(r.bytes(extra));
+    if spec.big_per_mille > 0 && r.chance(spec.big_per_mille) {
+        let big = r.between(BIG_PAYLOAD_MAX / 2, BIG_PAYLOAD_MAX) as usize;
+        payload.resize(big.max(payload.len()), b'.');
+    }
+    payload
 }
 
 /// One subscriber of the workload.
@@ -196,6 +392,10 @@ pub struct SubscriberSpec {
     pub restart_every_ms: u64,
     /// The node order its client tries.
     pub nodes: Vec<NodeId>,
+    /// When it subscribes (from cursor 0), in simulated ms (or when the workload starts, if
+    /// later): late subscribers
+    /// read history that retention, snapshots and crashes have been at. 0 in classic plans.
+    pub start_ms: u64,
 }
 
 /// The whole plan of a run.
@@ -223,6 +423,9 @@ pub struct Plan {
     pub subscribers: Vec<SubscriberSpec>,
     /// The faults, by start time.
     pub faults: Vec<ScheduledFault>,
+    /// The fault kinds this plan draws from (swarm testing: a seed turns some off, so that rare
+    /// combinations get explored; Groce et al., "Swarm Testing", ISSTA 2012).
+    pub kinds: Vec<FaultKind>,
 }
 
 /// Name of the stream the control client publishes to in the heal phase.
@@ -234,9 +437,66 @@ fn node_order(r: &mut SimRng) -> Vec<NodeId> {
     v
 }
 
+/// Draws one fault of `kind` on `node` (`other` is another node).
+fn draw_fault(r: &mut SimRng, kind: FaultKind, node: NodeId, other: NodeId, client_hosts: usize) -> Fault {
+    let crash_kind = |r: &mut SimRng| match r.below(10) {
+        0..=3 => CrashKind::Kill,
+        4..=7 => CrashKind::PowerLoss { keep_per_mille: 0 },
+        _ => CrashKind::PowerLoss { keep_per_mille: r.between(100, 900) },
+    };
+    match kind {
+        FaultKind::Partition if r.chance(600) => Fault::IsolateLeader,
+        FaultKind::Partition => Fault::Isolate { node },
+        FaultKind::OneWay => Fault::OneWay { from: node, to: other },
+        FaultKind::Crash => Fault::Crash { node, kind: crash_kind(r) },
+        FaultKind::CutMidWrite => Fault::CutMidWrite { node, kind: crash_kind(r), after_ops: r.between(1, 40) },
+        FaultKind::Loss => Fault::Loss { a: node, b: other, per_mille: r.between(5, 150) },
+        FaultKind::Slow | FaultKind::RpcDuplication => Fault::Slow { max_latency_ms: r.between(100, 1_500) },
+        FaultKind::ClientCut => Fault::ClientCut { client: r.below(client_hosts as u64) as usize, node },
+        FaultKind::SlowDisk => {
+            let min_ms = r.between(10, 100);
+            Fault::SlowDisk { node, min_ms, max_ms: r.between(min_ms, 500) }
+        }
+        FaultKind::DiskFull => Fault::DiskFull { node },
+        FaultKind::ClockJump => {
+            // Seconds to minutes, either way.
+            let jump = *r.pick(&[1_000, 5_000, 30_000, 120_000, 300_000]);
+            let ms = r.between(jump / 2, jump) as i64;
+            Fault::ClockJumpLeader { offset_ms: if r.chance(500) { -ms } else { ms } }
+        }
+        FaultKind::SnapshotCut => Fault::SnapshotCut { node, per_mille: *r.pick(&[200, 500, 1000]) },
+        FaultKind::SnapshotCrash => Fault::SnapshotCrash { node, kind: crash_kind(r), after_ops: r.between(1, 6) },
+        FaultKind::BitFlip => Fault::BitFlip { node },
+        FaultKind::Membership => Fault::Membership { node },
+    }
+}
+
+/// A node other than `node`, drawn.
+fn other_node(r: &mut SimRng, node: NodeId) -> NodeId {
+    let o = r.between(1, NODES - 1);
+    if o >= node {
+        o + 1
+    } else {
+        o
+    }
+}
+
 impl Plan {
-    /// Draws the plan of `seed`.
+    /// Draws the plan of `seed`: a swarm plan ([`Plan::swarm`]) unless `knobs.swarm` is off
+    /// ([`Plan::classic`]).
     pub fn generate(seed: u64, knobs: Knobs) -> Plan {
+        if knobs.swarm {
+            Plan::swarm(seed, knobs)
+        } else {
+            Plan::classic(seed, knobs)
+        }
+    }
+
+    /// The plans of the first rounds, draw for draw: one or two `plain-N` streams, `auto-0`,
+    /// `ret-0`, one publisher per stream (two on `auto-0` at most), two to four subscribers,
+    /// and the network, crash and cut faults. The regression seeds found before the swarm
+    /// replay these (`--classic`).
+    pub fn classic(seed: u64, knobs: Knobs) -> Plan {
         let mut r = SimRng::derive(seed, "plan", 0);
         let fault_ms = knobs.fault_phase_ms;
 
@@ -260,6 +520,9 @@ impl Plan {
                 resend_per_mille: if with_seq { r.between(0, 150) } else { 0 },
                 read_check_per_mille: r.between(0, 300),
                 nodes: node_order(r),
+                more_streams: Vec::new(),
+                frames_max: 1,
+                big_per_mille: 0,
             });
         };
         for i in 0..plain as usize {
@@ -280,7 +543,14 @@ impl Plan {
                 (r.below(streams.len() as u64) as usize, *r.pick(&[0, 0, 50, 400]))
             };
             let restart_every_ms = *r.pick(&[0, 2_000, 5_000, 11_000]);
-            subscribers.push(SubscriberSpec { id, stream, slow_ms, restart_every_ms, nodes: node_order(&mut r) });
+            subscribers.push(SubscriberSpec {
+                id,
+                stream,
+                slow_ms,
+                restart_every_ms,
+                nodes: node_order(&mut r),
+                start_ms: 0,
+            });
         }
 
         let client_hosts = publishers.len() + subscribers.len();
@@ -290,14 +560,7 @@ impl Plan {
         while t + 500 < fault_ms {
             let duration_ms = r.between(300, 8_000);
             let node = r.between(1, NODES);
-            let other = {
-                let o = r.between(1, NODES - 1);
-                if o >= node {
-                    o + 1
-                } else {
-                    o
-                }
-            };
+            let other = other_node(&mut r, node);
             let fault = match r.below(100) {
                 0..=14 => Fault::IsolateLeader,
                 15..=24 => Fault::Isolate { node },
@@ -341,6 +604,153 @@ impl Plan {
             publishers,
             subscribers,
             faults,
+            kinds: FaultKind::ALL.iter().map(|(k, _)| *k).filter(|k| *k <= FaultKind::RpcDuplication).collect(),
+        }
+    }
+
+    /// A swarm plan: the seed first draws which fault kinds are on (each with probability
+    /// one half, at least one), then a workload of its own size — 2 to 24 plain streams, a
+    /// server-assigned stream, one or two retention streams, 3 to 10 publishers (some spread
+    /// over several streams, some sending frames publishes of up to 8 batches, some large
+    /// batches near the size limit), 2 to 6 subscribers (some joining late) — and a fault
+    /// schedule drawn from the kinds that are on.
+    pub fn swarm(seed: u64, knobs: Knobs) -> Plan {
+        let mut r = SimRng::derive(seed, "swarm-plan", 0);
+        let fault_ms = knobs.fault_phase_ms;
+
+        // Membership (the last kind) is drawn from a generator of its own, so that adding it
+        // changed no plan without it (the seeds pinned before it kept their plans).
+        let first = &FaultKind::ALL[..FaultKind::ALL.len() - 1];
+        let mut kinds: Vec<FaultKind> = first.iter().map(|(k, _)| *k).filter(|_| r.chance(500)).collect();
+        if kinds.iter().all(|k| *k == FaultKind::RpcDuplication) {
+            kinds.push(first[r.below(first.len() as u64) as usize].0);
+            kinds.retain(|k| *k != FaultKind::RpcDuplication);
+        }
+        if knobs.membership && SimRng::derive(seed, "swarm-membership", 0).chance(500) {
+            kinds.push(FaultKind::Membership);
+        }
+
+        let mut streams = Vec::new();
+        let plain = *r.pick(&[1, 2, 4, 12, 24]);
+        for i in 0..plain {
+            streams.push(StreamSpec { name: format!("plain-{i}"), max_batches: None });
+        }
+        let auto = streams.len();
+        streams.push(StreamSpec { name: "auto-0".into(), max_batches: None });
+        let ret = streams.len();
+        for i in 0..r.between(1, 2) {
+            streams.push(StreamSpec { name: format!("ret-{i}"), max_batches: Some(r.between(2, 40)) });
+        }
+
+        let mut publishers = Vec::new();
+        let mut add_pub = |r: &mut SimRng, stream: usize, more_streams: Vec<usize>, with_seq: bool| {
+            let id = publishers.len();
+            publishers.push(PublisherSpec {
+                id,
+                stream,
+                with_seq,
+                pause_max_ms: *r.pick(&[30, 100, 300, 600]),
+                hole_per_mille: if with_seq { *r.pick(&[0, 50, 200]) } else { 0 },
+                resend_per_mille: if with_seq { r.between(0, 150) } else { 0 },
+                read_check_per_mille: r.between(0, 300),
+                nodes: node_order(r),
+                more_streams,
+                frames_max: *r.pick(&[1, 1, 4, 8]),
+                big_per_mille: *r.pick(&[0, 0, 0, 5, 20]),
+            });
+        };
+        // Every stream with a seq publisher owns it alone (its seqs are the publisher's); the
+        // plain streams are dealt out to up to six publishers.
+        let seq_pubs = (plain as usize).min(r.between(1, 6) as usize);
+        for p in 0..seq_pubs {
+            let mine: Vec<usize> = (0..plain as usize).filter(|s| s % seq_pubs == p).collect();
+            add_pub(&mut r, mine[0], mine[1..].to_vec(), true);
+        }
+        for _ in 0..r.between(1, 2) {
+            add_pub(&mut r, auto, Vec::new(), false);
+        }
+        for i in ret..streams.len() {
+            add_pub(&mut r, i, Vec::new(), true);
+        }
+        // A frames publish with more batches than a stream keeps evicts its own first batches,
+        // and its resend is then rightly refused `409 seq_evicted`: keep within the retention.
+        for p in &mut publishers {
+            if let Some(max) = streams[p.stream].max_batches {
+                p.frames_max = p.frames_max.min(max);
+            }
+        }
+
+        let mut subscribers = Vec::new();
+        for id in 0..r.between(2, 6) as usize {
+            let (stream, slow_ms) = if id == 0 {
+                (ret, r.between(200, 1500))
+            } else {
+                (r.below(streams.len() as u64) as usize, *r.pick(&[0, 0, 50, 400]))
+            };
+            let restart_every_ms = *r.pick(&[0, 2_000, 5_000, 11_000]);
+            let start_ms = if id > 0 && r.chance(300) { r.between(1_000, fault_ms) } else { 0 };
+            subscribers.push(SubscriberSpec {
+                id,
+                stream,
+                slow_ms,
+                restart_every_ms,
+                nodes: node_order(&mut r),
+                start_ms,
+            });
+        }
+
+        let client_hosts = publishers.len() + subscribers.len();
+        let weights: Vec<(FaultKind, u64)> =
+            FaultKind::ALL.iter().copied().filter(|(k, w)| *w > 0 && kinds.contains(k)).collect();
+        let total: u64 = weights.iter().map(|(_, w)| w).sum();
+        let mut faults = Vec::new();
+        let density = r.between(600, 5_000);
+        let mut t = r.between(2_500, 6_000);
+        while total > 0 && t + 500 < fault_ms {
+            let duration_ms = r.between(300, 8_000);
+            let node = r.between(1, NODES);
+            let other = other_node(&mut r, node);
+            let mut pick = r.below(total);
+            let kind = weights
+                .iter()
+                .find(|(_, w)| {
+                    let hit = pick < *w;
+                    pick = pick.saturating_sub(*w);
+                    hit
+                })
+                .map(|(k, _)| *k)
+                .expect("pick < total");
+            // One rotten disk per run: the node that refuses its log is retired for the rest of
+            // the run, and a second one would leave no majority.
+            let kind = if kind == FaultKind::BitFlip && faults.iter().any(|f: &ScheduledFault| f.fault.kind() == kind) {
+                FaultKind::Crash
+            } else {
+                kind
+            };
+            let fault = draw_fault(&mut r, kind, node, other, client_hosts);
+            faults.push(ScheduledFault { at_ms: t, duration_ms, fault });
+            t += r.between(100, density);
+        }
+
+        let lat_max = r.between(2, 40);
+        let dup = kinds.contains(&FaultKind::RpcDuplication);
+        Plan {
+            seed,
+            knobs,
+            heal_budget_ms: 90_000,
+            snapshot_logs: *r.pick(&[20, 50, 200]),
+            snapshot_keep_logs: *r.pick(&[0, 5, 20]),
+            latency_ms: (1, lat_max),
+            rpc: RpcFaultRates {
+                duplicate_per_mille: if dup { *r.pick(&[10, 50]) } else { 0 },
+                replay_per_mille: if dup { *r.pick(&[0, 10, 50]) } else { 0 },
+                replay_max_ms: r.between(50, 5_000),
+            },
+            streams,
+            publishers,
+            subscribers,
+            faults,
+            kinds,
         }
     }
 
@@ -365,7 +775,14 @@ impl Plan {
 
 impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "seed {} (fault phase {} ms)", self.seed, self.knobs.fault_phase_ms)?;
+        writeln!(
+            f,
+            "seed {} (fault phase {} ms, {} plan)",
+            self.seed,
+            self.knobs.fault_phase_ms,
+            if self.knobs.swarm { "swarm" } else { "classic" }
+        )?;
+        writeln!(f, "  fault kinds on: {:?}", self.kinds)?;
         writeln!(
             f,
             "  snapshot every {} logs, keep {}; latency {}..{} ms; rpc dup {}‰ replay {}‰ (≤ {} ms)",
@@ -383,22 +800,25 @@ impl fmt::Display for Plan {
         for p in &self.publishers {
             writeln!(
                 f,
-                "  pub{} → {} seq {} pause ≤{} ms holes {}‰ resends {}‰ read checks {}‰ nodes {:?}",
+                "  pub{} → {}{} seq {} pause ≤{} ms holes {}‰ resends {}‰ read checks {}‰ frames ≤{} large {}‰ nodes {:?}",
                 p.id,
                 self.streams[p.stream].name,
+                if p.more_streams.is_empty() { String::new() } else { format!(" (+{} streams)", p.more_streams.len()) },
                 p.with_seq,
                 p.pause_max_ms,
                 p.hole_per_mille,
                 p.resend_per_mille,
                 p.read_check_per_mille,
+                p.frames_max,
+                p.big_per_mille,
                 p.nodes
             )?;
         }
         for s in &self.subscribers {
             writeln!(
                 f,
-                "  sub{} ← {} slow {} ms restart every {} ms nodes {:?}",
-                s.id, self.streams[s.stream].name, s.slow_ms, s.restart_every_ms, s.nodes
+                "  sub{} ← {} from {} ms slow {} ms restart every {} ms nodes {:?}",
+                s.id, self.streams[s.stream].name, s.start_ms, s.slow_ms, s.restart_every_ms, s.nodes
             )?;
         }
         for x in &self.faults {

@@ -73,6 +73,8 @@ pub struct RunStats {
     pub rpc_duplicated: u64,
     /// Raft RPCs replayed.
     pub rpc_replayed: u64,
+    /// What the second round's fault kinds did.
+    pub effects: FaultEffects,
 }
 
 /// The result of one seed.
@@ -104,18 +106,30 @@ impl RunReport {
 /// The command that replays seed `seed` with `knobs`.
 pub fn replay_command(seed: u64, knobs: Knobs) -> String {
     let mut cmd = format!("cargo run -p simulation --release -- --seed {seed}");
-    if knobs != Knobs::default() {
+    if knobs.fault_phase_ms != Knobs::default().fault_phase_ms {
         cmd.push_str(&format!(" --fault-ms {}", knobs.fault_phase_ms));
+    }
+    if !knobs.swarm {
+        cmd.push_str(" --classic");
+    }
+    if knobs.membership {
+        cmd.push_str(" --membership");
     }
     cmd
 }
 
-/// A fault as applied, with the leader isolation resolved to a node.
+/// A fault as applied, with the leader isolation and clock jump resolved to a node.
 #[derive(Debug, Clone, Copy)]
 struct Active {
     fault: Fault,
-    /// For a mid-write cut: whether it has struck (and the node is down because of it).
+    /// For a mid-write cut (or a snapshot crash): whether it has struck (and the node is down
+    /// because of it).
     struck: bool,
+    /// A counter's value when the fault started: for a full disk, the writes it had refused;
+    /// for a snapshot crash, the snapshot chunks sent to the node.
+    mark: u64,
+    /// For a snapshot crash: whether its cut is armed.
+    armed: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -138,6 +152,36 @@ struct Driver {
     latency_max_ms: u64,
     healed: bool,
     faults_started: usize,
+    /// Nodes whose stored log had a bit flipped since their last start.
+    rotten: BTreeSet<NodeId>,
+    /// What the new fault kinds did, for the report and the checker tests.
+    pub effects: FaultEffects,
+}
+
+/// What the fault kinds of the second round did in a run (a fault may be scheduled and never
+/// bite: a snapshot crash with no snapshot sent, a full disk on an idle node).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FaultEffects {
+    /// Writes refused with `ENOSPC`.
+    pub full_refusals: u64,
+    /// Nodes restarted after a full disk stopped their Raft core.
+    pub full_restarts: u64,
+    /// Slow fsyncs, and the simulated ms they added.
+    pub slow_syncs: u64,
+    /// Simulated ms the slow fsyncs added.
+    pub slow_ms: u64,
+    /// Clock jumps applied (to a node).
+    pub clock_jumps: u64,
+    /// Snapshot chunks cut.
+    pub snapshot_chunks_cut: u64,
+    /// Crashes armed by a snapshot chunk that struck.
+    pub snapshot_crashes: u64,
+    /// Bits flipped in stored logs.
+    pub bits_flipped: u64,
+    /// Nodes that refused to start on a flipped bit (retired for the rest of the run).
+    pub refused_rotten_logs: u64,
+    /// Membership changes made (removals and re-additions).
+    pub membership_changes: u64,
 }
 
 impl Driver {
@@ -161,7 +205,86 @@ impl Driver {
             loss: BTreeMap::new(),
             healed: false,
             faults_started: 0,
+            rotten: BTreeSet::new(),
+            effects: FaultEffects::default(),
         }
+    }
+
+    fn disk(&self, node: NodeId) -> &SimDisk {
+        &self.disks[(node - 1) as usize]
+    }
+
+    /// Brings the disks (slow, full), the clocks and the snapshot cuts in line with the active
+    /// faults: overlapping faults on one node take the worst value (clock jumps add up).
+    fn apply_nodes(&mut self) {
+        for node in 1..=NODES {
+            let mut slow: Option<(u64, u64)> = None;
+            let mut full = false;
+            let mut offset = 0i64;
+            let mut cut = 0u64;
+            let mut out = false;
+            for a in self.active.values() {
+                match a.fault {
+                    Fault::SlowDisk { node: n, min_ms, max_ms } if n == node => {
+                        slow = Some(slow.map_or((min_ms, max_ms), |(lo, hi)| (lo.max(min_ms), hi.max(max_ms))));
+                    }
+                    Fault::DiskFull { node: n } if n == node => full = true,
+                    Fault::ClockJump { node: n, offset_ms } if n == node => offset = offset.saturating_add(offset_ms),
+                    Fault::SnapshotCut { node: n, per_mille } if n == node => cut = cut.max(per_mille),
+                    Fault::Membership { node: n } if n == node => out = true,
+                    _ => {}
+                }
+            }
+            let rng = slow.map(|_| self.rng.fork());
+            self.disk(node).set_slow(slow.zip(rng).map(|((lo, hi), r)| (lo, hi, r)));
+            self.disk(node).set_full(full);
+            self.shared.clock_offset_ms[node as usize].store(offset, Ordering::SeqCst);
+            self.shared.snapshot_cut_per_mille[node as usize].store(cut, Ordering::SeqCst);
+            self.shared.membership_out[node as usize].store(out, Ordering::SeqCst);
+        }
+    }
+
+    /// A node is down (crash, cut): one more reason; crashes it if it was up.
+    fn hold_down(&mut self, sim: &mut turmoil::Sim<'_>, now: u64, node: NodeId, kind: CrashKind) {
+        let count = self.down.entry(node).or_insert(0);
+        *count += 1;
+        if *count == 1 {
+            self.crash(sim, now, node, kind);
+        }
+    }
+
+    /// One reason less for `node` to be down; restarts it when none is left.
+    fn release(&mut self, sim: &mut turmoil::Sim<'_>, now: u64, node: NodeId) {
+        if let Some(count) = self.down.get_mut(&node) {
+            *count -= 1;
+            if *count == 0 {
+                self.down.remove(&node);
+                self.restart(sim, now, node);
+            }
+        }
+    }
+
+    /// Restarts `node` on its disk. A node whose log had a bit flipped is first checked as its
+    /// start-up would: if the production recovery refuses the log (the checksums caught the
+    /// flip and it is not a torn tail), the node would refuse to start; the operator replaces
+    /// its disk, and it rejoins empty (`formation::guard_wiped_node` keeps its vote safe).
+    fn restart(&mut self, sim: &mut turmoil::Sim<'_>, now: u64, node: NodeId) {
+        if self.shared.retired[node as usize].load(Ordering::SeqCst) {
+            return;
+        }
+        if self.rotten.remove(&node) {
+            if let Err(e) = crate::inspect::log_holes(self.disk(node)) {
+                // Detected, never served: the node stays down for good (a safe replacement
+                // would remove it from the membership first; README, "Not simulated").
+                self.effects.refused_rotten_logs += 1;
+                self.shared.retired[node as usize].store(true, Ordering::SeqCst);
+                self.log(now, format!("n{node} refuses to start on its rotten log ({e}); retired"));
+                return;
+            }
+        }
+        self.inspect_before_restart(now, node);
+        self.log(now, format!("restart n{node}"));
+        sim.bounce(node_host(node));
     }
 
     /// Checks the log node `node` will restart on; a hole is recorded as a node error.
@@ -188,6 +311,7 @@ impl Driver {
         if self.healed {
             return;
         }
+        self.arm_snapshot_crashes(now);
         self.reap_cuts(sim, now);
         if now >= self.shared.plan.knobs.fault_phase_ms {
             self.heal(sim, now);
@@ -205,28 +329,82 @@ impl Driver {
         }
     }
 
+    fn leader_or_any(&mut self) -> NodeId {
+        let seen = self.shared.leader_seen.load(Ordering::SeqCst);
+        if seen == 0 {
+            self.rng.between(1, NODES)
+        } else {
+            seen
+        }
+    }
+
     fn start(&mut self, sim: &mut turmoil::Sim<'_>, now: u64, i: usize) {
         let mut fault = self.shared.plan.faults[i].fault;
         if fault == Fault::IsolateLeader {
-            let seen = self.shared.leader_seen.load(Ordering::SeqCst);
-            let node = if seen == 0 { self.rng.between(1, NODES) } else { seen };
-            fault = Fault::Isolate { node };
+            fault = Fault::Isolate { node: self.leader_or_any() };
+        }
+        if let Fault::ClockJumpLeader { offset_ms } = fault {
+            fault = Fault::ClockJump { node: self.leader_or_any(), offset_ms };
+            self.effects.clock_jumps += 1;
         }
         self.faults_started += 1;
         self.log(now, format!("start #{i}: {fault:?}"));
-        if let Fault::Crash { node, kind } = fault {
-            let count = self.down.entry(node).or_insert(0);
-            *count += 1;
-            if *count == 1 {
-                self.crash(sim, now, node, kind);
+        let mut mark = 0;
+        match fault {
+            Fault::Crash { node, kind } => self.hold_down(sim, now, node, kind),
+            Fault::CutMidWrite { node, kind, after_ops } => {
+                let rng = self.rng.fork();
+                self.disk(node).arm_cut(after_ops, kind, rng);
             }
+            Fault::DiskFull { node } => mark = self.disk(node).stats().full_refusals,
+            Fault::SnapshotCrash { node, .. } => {
+                mark = self.shared.snapshot_chunks_to[node as usize].load(Ordering::SeqCst)
+            }
+            Fault::BitFlip { node } => {
+                // A power loss, so that what the next incarnation reads is the durable image.
+                self.hold_down(sim, now, node, CrashKind::PowerLoss { keep_per_mille: 0 });
+                let mut rng = self.rng.fork();
+                match self.disk(node).flip_segment_bit(&mut rng) {
+                    Some((file, at)) => {
+                        self.effects.bits_flipped += 1;
+                        self.rotten.insert(node);
+                        self.log(now, format!("n{node}: flipped a bit of {file} at byte {at}"));
+                    }
+                    None => self.log(now, format!("n{node}: no stored log byte to flip")),
+                }
+            }
+            _ => {}
         }
-        if let Fault::CutMidWrite { node, kind, after_ops } = fault {
-            let rng = self.rng.fork();
-            self.disks[(node - 1) as usize].arm_cut(after_ops, kind, rng);
-        }
-        self.active.insert(i, Active { fault, struck: false });
+        self.active.insert(i, Active { fault, struck: false, mark, armed: false });
+        self.apply_nodes();
         self.apply_network(sim);
+    }
+
+    /// Arms the crash of an active snapshot-crash fault once a snapshot chunk was sent to its
+    /// node (the install is under way, or about to be).
+    fn arm_snapshot_crashes(&mut self, now: u64) {
+        let due: Vec<usize> = self
+            .active
+            .iter()
+            .filter_map(|(i, a)| match a.fault {
+                Fault::SnapshotCrash { node, .. }
+                    if !a.armed
+                        && !self.down.contains_key(&node)
+                        && self.shared.snapshot_chunks_to[node as usize].load(Ordering::SeqCst) > a.mark =>
+                {
+                    Some(*i)
+                }
+                _ => None,
+            })
+            .collect();
+        for i in due {
+            let rng = self.rng.fork();
+            let Some(a) = self.active.get_mut(&i) else { continue };
+            a.armed = true;
+            let Fault::SnapshotCrash { node, kind, after_ops } = a.fault else { continue };
+            self.disks[(node - 1) as usize].arm_cut(after_ops, kind, rng);
+            self.log(now, format!("n{node} receives a snapshot: crash armed at its disk operation {after_ops}"));
+        }
     }
 
     /// Tears down hosts whose disk was cut mid-write during the last step.
@@ -235,7 +413,9 @@ impl Driver {
             .active
             .iter()
             .filter_map(|(i, a)| match a.fault {
-                Fault::CutMidWrite { node, .. } if !a.struck && self.disks[(node - 1) as usize].take_fired_cut() => {
+                Fault::CutMidWrite { node, .. } | Fault::SnapshotCrash { node, .. }
+                    if !a.struck && self.disks[(node - 1) as usize].take_fired_cut() =>
+                {
                     Some(*i)
                 }
                 _ => None,
@@ -244,7 +424,14 @@ impl Driver {
         for i in struck {
             let Some(a) = self.active.get_mut(&i) else { continue };
             a.struck = true;
-            let Fault::CutMidWrite { node, kind, after_ops } = a.fault else { continue };
+            let (node, kind, after_ops) = match a.fault {
+                Fault::CutMidWrite { node, kind, after_ops } => (node, kind, after_ops),
+                Fault::SnapshotCrash { node, kind, after_ops } => {
+                    self.effects.snapshot_crashes += 1;
+                    (node, kind, after_ops)
+                }
+                _ => continue,
+            };
             // The node died inside its last step; what it sent in that step after the cut (say,
             // a 500 for a failed commit) must not arrive: drop its packets still in flight.
             // (Latency is at least one step, so nothing it sent has been delivered yet.)
@@ -273,26 +460,30 @@ impl Driver {
     fn end(&mut self, sim: &mut turmoil::Sim<'_>, now: u64, i: usize) {
         let Some(a) = self.active.remove(&i) else { return };
         self.log(now, format!("end #{i}"));
-        if let Fault::CutMidWrite { node, .. } = a.fault {
+        if let Fault::CutMidWrite { node, .. } | Fault::SnapshotCrash { node, .. } = a.fault {
             if !a.struck && self.disks[(node - 1) as usize].disarm_cut() {
                 self.log(now, format!("the cut of n{node} never struck"));
             }
         }
-        let crashed = match a.fault {
-            Fault::Crash { node, .. } => Some(node),
-            Fault::CutMidWrite { node, .. } if a.struck => Some(node),
-            _ => None,
-        };
-        if let Some(node) = crashed {
-            if let Some(count) = self.down.get_mut(&node) {
-                *count -= 1;
-                if *count == 0 {
-                    self.down.remove(&node);
-                    self.inspect_before_restart(now, node);
-                    self.log(now, format!("restart n{node}"));
-                    sim.bounce(node_host(node));
+        self.apply_nodes();
+        match a.fault {
+            Fault::Crash { node, .. } | Fault::BitFlip { node } => self.release(sim, now, node),
+            Fault::CutMidWrite { node, .. } | Fault::SnapshotCrash { node, .. } if a.struck => {
+                self.release(sim, now, node)
+            }
+            Fault::DiskFull { node } => {
+                let refused = self.disk(node).stats().full_refusals.saturating_sub(a.mark);
+                self.effects.full_refusals += refused;
+                if refused > 0 && !self.down.contains_key(&node) {
+                    // openraft stopped the node's Raft core at the first refused write; the node
+                    // answers 503 and fails /healthz until restarted: the supervisor restarts it.
+                    self.effects.full_restarts += 1;
+                    self.log(now, format!("n{node} was refused {refused} writes: restarted (unhealthy)"));
+                    self.crash(sim, now, node, CrashKind::Kill);
+                    self.restart(sim, now, node);
                 }
             }
+            _ => {}
         }
         self.apply_network(sim);
     }
@@ -333,7 +524,17 @@ impl Driver {
                     *e = (*e).max(per_mille);
                 }
                 Fault::Slow { max_latency_ms } => latency = latency.max(max_latency_ms),
-                Fault::Crash { .. } | Fault::CutMidWrite { .. } | Fault::IsolateLeader => {}
+                Fault::Crash { .. }
+                | Fault::CutMidWrite { .. }
+                | Fault::IsolateLeader
+                | Fault::SlowDisk { .. }
+                | Fault::DiskFull { .. }
+                | Fault::ClockJumpLeader { .. }
+                | Fault::ClockJump { .. }
+                | Fault::SnapshotCut { .. }
+                | Fault::SnapshotCrash { .. }
+                | Fault::BitFlip { .. }
+                | Fault::Membership { .. } => {}
             }
         }
         for (from, to) in self.blocked.difference(&blocked) {
@@ -361,10 +562,31 @@ impl Driver {
     /// Ends every fault: repairs the network, restarts crashed nodes, stops RPC faults.
     fn heal(&mut self, sim: &mut turmoil::Sim<'_>, now: u64) {
         self.healed = true;
+        // A full disk that refused writes leaves its node unhealthy: restarted below, with the
+        // nodes still down (a rotten log is checked at the restart).
+        let full: Vec<(NodeId, u64)> = self
+            .active
+            .values()
+            .filter_map(|a| match a.fault {
+                Fault::DiskFull { node } => Some((node, a.mark)),
+                _ => None,
+            })
+            .collect();
+        for (node, mark) in full {
+            let refused = self.disk(node).stats().full_refusals.saturating_sub(mark);
+            self.effects.full_refusals += refused;
+            if refused > 0 && !self.down.contains_key(&node) {
+                self.effects.full_restarts += 1;
+                self.log(now, format!("n{node} was refused {refused} writes: restarted (unhealthy)"));
+                self.crash(sim, now, node, CrashKind::Kill);
+                self.down.insert(node, 1);
+            }
+        }
         for d in &self.disks {
             d.disarm_cut();
         }
         self.active.clear();
+        self.apply_nodes();
         self.apply_network(sim);
         self.shared.rpc_faults_on.store(false, Ordering::SeqCst);
         for a in 1..=NODES {
@@ -374,9 +596,7 @@ impl Driver {
             }
         }
         for node in std::mem::take(&mut self.down).into_keys() {
-            self.inspect_before_restart(now, node);
-            self.log(now, format!("restart n{node}"));
-            sim.bounce(node_host(node));
+            self.restart(sim, now, node);
         }
         self.log(now, "heal: every fault ended".into());
     }
@@ -530,8 +750,13 @@ pub fn run_seed(seed: u64, knobs: Knobs) -> RunReport {
             }
         }
     }
+    stats.effects = driver.effects.clone();
+    stats.effects.snapshot_chunks_cut = shared.snapshot_chunks_cut.load(Ordering::Relaxed);
+    stats.effects.membership_changes = shared.membership_changes.load(Ordering::Relaxed);
     for d in &disks {
         let s = d.stats();
+        stats.effects.slow_syncs += s.slow_syncs;
+        stats.effects.slow_ms += s.slow_ms;
         stats.disk.syncs += s.syncs;
         stats.disk.crashes += s.crashes;
         stats.disk.pages_lost += s.pages_lost;

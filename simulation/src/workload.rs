@@ -51,28 +51,59 @@ fn batch(b: &runnev::client::Batch) -> Batch {
     Batch { seq: b.seq, ts: b.ts, data: b.data.to_vec() }
 }
 
-/// Sends one logical publish until it is acknowledged or rejected, or `deadline_ms` passes;
-/// records every attempt under history index `rec`. Returns the acknowledgement (seq, index).
+/// The outcome of one publish attempt for its frame `k`: a frames acknowledgement names the
+/// first seq, and frame `k` is stored at `first_seq + k` under the same ts and index.
+fn frame_outcome(outcome: &Outcome, k: u64) -> Outcome {
+    match outcome {
+        Outcome::Ack { seq, ts, duplicate, index } => {
+            Outcome::Ack { seq: seq.saturating_add(k), ts: *ts, duplicate: *duplicate, index: *index }
+        }
+        other => other.clone(),
+    }
+}
+
+/// Sends `frames` once: one batch with `Client::publish`, several as one frames publish with
+/// `Client::publish_many` (SPEC §6). The outcome names the first batch's seq.
+async fn publish_once(client: &Client, stream: &str, seq: Option<u64>, frames: &[Vec<u8>]) -> Outcome {
+    if let [payload] = frames {
+        let r = client.publish(stream, seq, payload.clone()).await;
+        outcome_of(&r, |a| Outcome::Ack { seq: a.seq, ts: a.ts, duplicate: a.duplicate, index: a.index })
+    } else {
+        let r = client.publish_many(stream, seq, frames).await;
+        outcome_of(&r, |a| Outcome::Ack { seq: a.first_seq, ts: a.ts, duplicate: a.duplicate, index: a.index })
+    }
+}
+
+/// Records one attempt's outcome under every frame's history record (`recs[k]` is frame `k`).
+fn record_attempt(shared: &Shared, recs: &[usize], outcome: &Outcome, deliberate_resend: bool) {
+    let at_ms = now_ms();
+    shared.record(|h| {
+        for (k, rec) in recs.iter().enumerate() {
+            let outcome = frame_outcome(outcome, k as u64);
+            h.publishes[*rec].attempts.push(Attempt { at_ms, deliberate_resend, outcome });
+        }
+    });
+}
+
+/// Sends one logical publish (one batch, or several as one frames publish) until it is
+/// acknowledged or rejected, or `deadline_ms` passes; records every attempt under the history
+/// records `recs` (one per batch). Returns the acknowledgement (first seq, index).
 async fn publish_until_done(
     shared: &Shared,
     client: &Client,
-    rec: usize,
+    recs: &[usize],
     stream: &str,
     seq: Option<u64>,
-    payload: &[u8],
+    frames: &[Vec<u8>],
     deadline_ms: u64,
 ) -> Option<(u64, u64)> {
     loop {
-        let r = client.publish(stream, seq, payload.to_vec()).await;
-        let outcome = outcome_of(&r, |a| Outcome::Ack { seq: a.seq, ts: a.ts, duplicate: a.duplicate, index: a.index });
-        let at_ms = now_ms();
-        shared.record(|h| {
-            h.publishes[rec].attempts.push(Attempt { at_ms, deliberate_resend: false, outcome: outcome.clone() })
-        });
+        let outcome = publish_once(client, stream, seq, frames).await;
+        record_attempt(shared, recs, &outcome, false);
         match outcome {
             Outcome::Ack { seq, index, .. } => return Some((seq, index)),
             Outcome::Rejected { .. } => return None,
-            Outcome::Unknown(_) if at_ms >= deadline_ms => return None,
+            Outcome::Unknown(_) if now_ms() >= deadline_ms => return None,
             Outcome::Unknown(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
@@ -85,35 +116,46 @@ pub async fn publisher(shared: Arc<Shared>, id: usize) -> turmoil::Result {
     let hard_deadline = plan.knobs.fault_phase_ms + plan.heal_budget_ms / 2;
     if shared.wait_for(&shared.workload_ready, hard_deadline).await {
         let spec = plan.publishers[id].clone();
-        let stream = plan.streams[spec.stream].name.clone();
+        let streams: Vec<String> = std::iter::once(spec.stream)
+            .chain(spec.more_streams.iter().copied())
+            .map(|i| plan.streams[i].name.clone())
+            .collect();
+        // The last seq used on each of its streams.
+        let mut seqs = vec![0u64; streams.len()];
         let client = client_for(&spec.nodes, workload_policy());
-        let mut seq = 0u64;
         for intent in plan.intents(id) {
             if now_ms() >= plan.knobs.fault_phase_ms {
                 break;
             }
+            let slot = intent.stream_slot;
+            let stream = streams[slot].clone();
+            let frames: Vec<Vec<u8>> =
+                std::iter::once(intent.payload.clone()).chain(intent.more_frames.iter().cloned()).collect();
             let requested = spec.with_seq.then(|| {
-                seq += intent.seq_step;
-                seq
+                let first = seqs[slot] + intent.seq_step;
+                seqs[slot] = first + frames.len() as u64 - 1;
+                first
             });
-            let rec = shared.record(|h| {
-                h.publishes.push(Publish {
-                    publisher: Publisher::Workload(id),
-                    stream: stream.clone(),
-                    seq: requested,
-                    payload: intent.payload.clone(),
-                    attempts: Vec::new(),
-                });
-                h.publishes.len() - 1
+            let recs: Vec<usize> = shared.record(|h| {
+                frames
+                    .iter()
+                    .enumerate()
+                    .map(|(k, payload)| {
+                        h.publishes.push(Publish {
+                            publisher: Publisher::Workload(id),
+                            stream: stream.clone(),
+                            seq: requested.map(|s| s + k as u64),
+                            payload: payload.clone(),
+                            attempts: Vec::new(),
+                        });
+                        h.publishes.len() - 1
+                    })
+                    .collect()
             });
-            let acked =
-                publish_until_done(&shared, &client, rec, &stream, requested, &intent.payload, hard_deadline).await;
+            let acked = publish_until_done(&shared, &client, &recs, &stream, requested, &frames, hard_deadline).await;
             if acked.is_some() && intent.resend {
-                let r = client.publish(&stream, requested, intent.payload.clone()).await;
-                let outcome =
-                    outcome_of(&r, |a| Outcome::Ack { seq: a.seq, ts: a.ts, duplicate: a.duplicate, index: a.index });
-                let at_ms = now_ms();
-                shared.record(|h| h.publishes[rec].attempts.push(Attempt { at_ms, deliberate_resend: true, outcome }));
+                let outcome = publish_once(&client, &stream, requested, &frames).await;
+                record_attempt(&shared, &recs, &outcome, true);
             }
             if let (Some((acked_seq, index)), Some(node)) = (acked, intent.read_check) {
                 read_check(&shared, node, &stream, acked_seq, &intent.payload, index).await;
@@ -155,6 +197,10 @@ pub async fn subscriber(shared: Arc<Shared>, id: usize) -> turmoil::Result {
     }
     let spec = plan.subscribers[id].clone();
     let stream = plan.streams[spec.stream].name.clone();
+    // A late subscriber joins at its start time, from cursor 0.
+    while now_ms() < spec.start_ms {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     shared.record(|h| {
         h.subscribers.push(crate::history::SubscriberLog {
             id,
@@ -269,7 +315,9 @@ pub async fn control(shared: Arc<Shared>) -> turmoil::Result {
     shared.workload_ready.store(true, Ordering::SeqCst);
     milestone("streams created; workload starts");
 
-    // Fault phase: keep an eye on the leader, for the leader-isolation faults.
+    // Fault phase: keep an eye on the leader, for the leader-isolation faults, and make the
+    // membership changes the driver asks for.
+    let mut out = vec![false; NODES as usize + 1];
     while now_ms() < fault_end {
         for n in 1..=NODES {
             if let Some(RaftView { leader: Some(l), .. }) = raft_view(n).await {
@@ -277,13 +325,24 @@ pub async fn control(shared: Arc<Shared>) -> turmoil::Result {
                 break;
             }
         }
+        change_membership(&shared, &mut out, false).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // Heal phase: the driver has repaired the network and restarted crashed nodes.
+    // Heal phase: the driver has repaired the network and restarted crashed nodes; every node
+    // taken out of the membership is put back first.
+    // (A retired node stays out: it is down for good.)
+    let still_out = |out: &[bool]| shared.serving_nodes().into_iter().any(|n| out[n as usize]);
+    while still_out(&out) && now_ms() < deadline {
+        change_membership(&shared, &mut out, true).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if still_out(&out) {
+        problem(format!("nodes still out of the membership at the end of the heal phase: {out:?}"));
+    }
     let converged = loop {
         let mut views = Vec::new();
-        for n in 1..=NODES {
+        for n in shared.serving_nodes() {
             views.push(raft_view(n).await);
         }
         let agreed = views.iter().all(|v| {
@@ -325,7 +384,7 @@ pub async fn control(shared: Arc<Shared>) -> turmoil::Result {
         let (shared, heal_client) = (shared.clone(), heal_client.clone());
         async move {
             let limit = (now_ms() + 20_000).min(deadline);
-            publish_until_done(&shared, &heal_client, rec, HEAL_STREAM, Some(seq), &payload, limit).await
+            publish_until_done(&shared, &heal_client, &[rec], HEAL_STREAM, Some(seq), &[payload], limit).await
         }
     };
     for _ in 0..3 {
@@ -377,13 +436,45 @@ pub async fn control(shared: Arc<Shared>) -> turmoil::Result {
     shared.stop_subscribers.store(true, Ordering::SeqCst);
     milestone("subscribers caught up (or gave up)");
 
-    // Every node's final state, each read from that node alone once it applied the barrier.
-    for n in 1..=NODES {
+    // Every node's final state, each read from that node alone once it applied the barrier
+    // (but a retired node's: its disk is corrupt, it serves nothing).
+    for n in shared.serving_nodes() {
         let streams = final_state(n, barrier).await;
         shared.record(|h| h.finals.push(NodeFinal { node: n, streams }));
     }
     milestone("final states read");
     Ok(())
+}
+
+/// One step towards the membership the driver asks for (`Shared::membership_out`; all back in
+/// when `heal`): removes or re-adds at most one node, through any node, and records it. `out`
+/// is which nodes this client has taken out. A call that fails is tried again next time.
+async fn change_membership(shared: &Shared, out: &mut [bool], heal: bool) {
+    let all: Vec<NodeId> = (1..=NODES).collect();
+    let policy = RetryPolicy { give_up_after: Duration::from_secs(2), ..workload_policy() };
+    let client = client_for(&all, policy);
+    for n in shared.serving_nodes() {
+        let want_out = !heal && shared.membership_out[n as usize].load(Ordering::SeqCst);
+        let i = n as usize;
+        let done = if want_out && !out[i] {
+            client.remove_member(n).await.map(|_| "removed from the voters")
+        } else if !want_out && out[i] {
+            let addr = format!("{}:{}", crate::plan::node_host(n), crate::plan::NODE_PORT);
+            client.add_member(n, &addr, true).await.map(|_| "added back as a voter")
+        } else {
+            continue;
+        };
+        let line = match done {
+            Ok(what) => {
+                out[i] = want_out;
+                shared.membership_changes.fetch_add(1, Ordering::Relaxed);
+                format!("{:>7} ms control: n{n} {what}", now_ms())
+            }
+            Err(e) => format!("{:>7} ms control: changing n{n}'s membership failed (will retry): {e}", now_ms()),
+        };
+        shared.record(|h| h.fault_log.push(line));
+        return;
+    }
 }
 
 async fn final_state(node: NodeId, barrier: u64) -> Result<BTreeMap<String, FinalStream>, String> {

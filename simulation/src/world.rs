@@ -5,11 +5,11 @@
 //! host's private state through it (nodes see only their [`RpcFaults`] injector; clients see
 //! the history only to append to it).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use runnev::raft::network::{RpcFault, RpcFaults};
+use runnev::raft::network::{RpcFault, RpcFaults, SNAPSHOT_PATH};
 use runnev::raft::NodeId;
 
 use crate::history::History;
@@ -40,6 +40,24 @@ pub struct Shared {
     pub rpc_duplicated: AtomicU64,
     /// Raft RPCs replayed so far.
     pub rpc_replayed: AtomicU64,
+    /// Each node's wall-clock offset from simulated time, in ms (clock jumps), by node id
+    /// (index 0 unused).
+    pub clock_offset_ms: Vec<AtomicI64>,
+    /// Chance, in thousandths, that a snapshot chunk sent to a node is cut, by node id.
+    pub snapshot_cut_per_mille: Vec<AtomicU64>,
+    /// Snapshot chunks sent (or cut) to each node so far, by node id.
+    pub snapshot_chunks_to: Vec<AtomicU64>,
+    /// Snapshot chunks cut so far.
+    pub snapshot_chunks_cut: AtomicU64,
+    /// Nodes taken out of service for good, by node id: their log was found corrupt (a flipped
+    /// bit) and they refuse to start. They stay down, awaiting a replacement the simulation does
+    /// not make (README); the heal phase expects and reads only the others.
+    pub retired: Vec<AtomicBool>,
+    /// Whether each node should be out of the membership now (an active
+    /// [`crate::plan::Fault::Membership`]), by node id; the control client makes it so.
+    pub membership_out: Vec<AtomicBool>,
+    /// Membership changes the control client completed (removals and re-additions).
+    pub membership_changes: AtomicU64,
 }
 
 impl Shared {
@@ -69,12 +87,24 @@ impl Shared {
             rpc_faults_on: Arc::new(AtomicBool::new(true)),
             rpc_duplicated: AtomicU64::new(0),
             rpc_replayed: AtomicU64::new(0),
+            clock_offset_ms: (0..=crate::plan::NODES).map(|_| AtomicI64::new(0)).collect(),
+            snapshot_cut_per_mille: (0..=crate::plan::NODES).map(|_| AtomicU64::new(0)).collect(),
+            snapshot_chunks_to: (0..=crate::plan::NODES).map(|_| AtomicU64::new(0)).collect(),
+            snapshot_chunks_cut: AtomicU64::new(0),
+            retired: (0..=crate::plan::NODES).map(|_| AtomicBool::new(false)).collect(),
+            membership_out: (0..=crate::plan::NODES).map(|_| AtomicBool::new(false)).collect(),
+            membership_changes: AtomicU64::new(0),
         })
     }
 
     /// Appends to (or reads) the history.
     pub fn record<R>(&self, f: impl FnOnce(&mut History) -> R) -> R {
         f(&mut self.history.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The nodes in service (not [`Shared::retired`]), in order.
+    pub fn serving_nodes(&self) -> Vec<NodeId> {
+        (1..=crate::plan::NODES).filter(|n| !self.retired[*n as usize].load(Ordering::SeqCst)).collect()
     }
 
     /// Takes the history out at the end of the run.
@@ -118,11 +148,23 @@ impl SimRpcFaults {
 }
 
 impl RpcFaults for SimRpcFaults {
-    fn on_send(&self, _target: NodeId, _path: &'static str) -> RpcFault {
+    fn on_send(&self, target: NodeId, path: &'static str) -> RpcFault {
         if !self.shared.rpc_faults_on.load(Ordering::SeqCst) {
             return RpcFault::Deliver;
         }
         let mut r = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        if path == SNAPSHOT_PATH {
+            let t = target as usize;
+            if let Some(sent) = self.shared.snapshot_chunks_to.get(t) {
+                sent.fetch_add(1, Ordering::SeqCst);
+            }
+            let cut = self.shared.snapshot_cut_per_mille.get(t).map_or(0, |c| c.load(Ordering::SeqCst));
+            // Drawn only while a cut is on, so that plans without one draw as they always did.
+            if cut > 0 && r.chance(cut) {
+                self.shared.snapshot_chunks_cut.fetch_add(1, Ordering::Relaxed);
+                return RpcFault::Drop;
+            }
+        }
         if r.chance(self.rates.duplicate_per_mille) {
             self.shared.rpc_duplicated.fetch_add(1, Ordering::Relaxed);
             RpcFault::Duplicate

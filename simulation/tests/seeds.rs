@@ -11,10 +11,10 @@ use std::process::Command;
 /// eight release runs in a row. Bugs 1 and 2 can still strike any seed with crashes; if one of
 /// these fails, its output names the invariant and the replay command.
 ///
-/// Runs `seed` once; returns whether it passed, and its output.
-fn run(seed: u64) -> (bool, String) {
+/// Runs the simulation binary with `args`; returns whether it passed, and its output.
+fn run(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_simulation"))
-        .args(["--seed", &seed.to_string()])
+        .args(args)
         .env("SIM_WATCHDOG_SECS", "120")
         .output()
         .expect("the simulation binary runs");
@@ -22,8 +22,9 @@ fn run(seed: u64) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// Runs `seed` (a classic plan, as the seeds below were found with); asserts it passed.
 fn must_pass(seed: u64) {
-    let (ok, out) = run(seed);
+    let (ok, out) = run(&["--seed", &seed.to_string(), "--classic"]);
     let summary: Vec<&str> = out.lines().filter(|l| l.starts_with("seed ")).collect();
     println!("{}", summary.join("\n"));
     assert!(ok, "seed {seed} failed:\n{out}");
@@ -44,6 +45,18 @@ macro_rules! ci_seeds {
             must_pass($seed);
         }
     )*};
+}
+
+/// Swarm seeds 1..=50 (every fault kind on in some, most kinds off in others; larger
+/// workloads), swept two at a time, each in its own process, in release by `scripts/test`
+/// (`cargo test -p simulation --release -- --ignored`). About a minute and a half on two cores.
+#[test]
+#[ignore = "a 50-seed sweep: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+fn swarm_seeds_1_to_50() {
+    let (ok, out) = run(&["--seeds", "50", "--start", "1", "--jobs", "2"]);
+    let tally = out.lines().filter(|l| l.contains(" seeds: ")).collect::<Vec<_>>().join("\n");
+    println!("{tally}");
+    assert!(ok && tally.contains("50 seeds: 0 failed, 0 livelocked"), "the sweep failed:\n{out}");
 }
 
 ci_seeds! {

@@ -116,6 +116,9 @@ pub enum RpcFault {
     Duplicate,
     /// Send it, and send the same bytes again after this delay: a stale replay.
     ReplayAfter(Duration),
+    /// Do not send it: the call fails at once as a connection cut before the request left
+    /// would (the peer sees nothing). On a snapshot chunk, the transfer is interrupted.
+    Drop,
 }
 
 /// Decides the fate of outgoing Raft RPCs. Production nodes have none; the simulation injects
@@ -215,6 +218,7 @@ impl PeerConnection {
             RpcFault::Deliver => {}
             RpcFault::Duplicate => self.send_copy(path, body.clone(), Duration::ZERO),
             RpcFault::ReplayAfter(d) => self.send_copy(path, body.clone(), d),
+            RpcFault::Drop => return Err(proto("the connection was cut before the request left (simulated)".into())),
         }
         let request = post(addr, path, body).map_err(|e| proto(format!("building request: {e}")))?;
         let exchange = async {

@@ -2,13 +2,17 @@
 //! simulation (turmoil drives simulated time from one thread, and a blocking-pool task would
 //! stall it).
 //!
-//! Owns: the choice, made once per process by [`set_inline_io`], and [`SnapshotFile`], the
-//! snapshot handle openraft streams through. Must never: switch modes while a node runs.
+//! Owns: the choice, made once per process by [`set_inline_io`], [`SnapshotFile`], the
+//! snapshot handle openraft streams through, and the simulated disk's latency
+//! ([`owe_simulated_latency`]: inline work that a slow simulated disk says took time makes its
+//! caller wait that long in simulated time). Must never: switch modes while a node runs.
 
+use std::cell::Cell;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 
@@ -24,6 +28,22 @@ fn inline() -> bool {
     INLINE_IO.load(Ordering::Relaxed)
 }
 
+thread_local! {
+    /// Latency owed by the inline storage work running now on this thread, in ms.
+    static OWED_MS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Says that the storage operation running inline now (under [`set_inline_io`]) took `ms`
+/// milliseconds: [`blocking`] makes its caller wait that long (in tokio time, which the
+/// simulation simulates) before it returns. A simulated slow disk calls it from its `fsync`;
+/// without inline I/O it does nothing. Inline work runs on the caller's thread, one operation
+/// at a time, so a thread-local is exact.
+pub fn owe_simulated_latency(ms: u64) {
+    if inline() {
+        OWED_MS.with(|o| o.set(o.get().saturating_add(ms)));
+    }
+}
+
 /// Runs blocking storage work off the async executor (redb and std::fs are synchronous), or
 /// inline under the simulation.
 pub async fn blocking<F, R>(f: F) -> R
@@ -32,7 +52,13 @@ where
     R: Send + 'static,
 {
     if inline() {
-        return f();
+        OWED_MS.with(|o| o.set(0));
+        let r = f();
+        let owed = OWED_MS.with(|o| o.replace(0));
+        if owed > 0 {
+            tokio::time::sleep(Duration::from_millis(owed)).await;
+        }
+        return r;
     }
     match tokio::task::spawn_blocking(f).await {
         Ok(r) => r,

@@ -20,8 +20,10 @@
 //!
 //! Recovery ([`SegmentLog::open`]) keeps the longest valid prefix: a record with a bad checksum,
 //! a length past the segment or an index out of sequence ends the log, and only the newest
-//! segment may end that way (older segments were fsynced whole before a newer one was written);
-//! anything else is corruption and the node refuses to start.
+//! segment may end that way (older segments were fsynced whole before a newer one was written),
+//! and only as a torn write does (a damaged record followed by an intact next one with no zeroed
+//! sector between is a flipped bit, [`intact_record_after`]); anything else is corruption and the
+//! node refuses to start.
 //!
 //! What openraft is told ([`SegmentLog::purged`], [`SegmentLog::last_log_id`]) must be a log it
 //! can continue: the entries held are contiguous, start right after the purge point and follow
@@ -353,6 +355,79 @@ fn scan(file: &dyn SegmentFile, segment: u64, capacity: u64) -> Result<Scan, Sto
     Ok(Scan { locs, end: off, clean: true })
 }
 
+/// Bytes of the unit a disk writes whole: a torn write keeps or loses whole sectors.
+const SECTOR_BYTES: u64 = 512;
+
+/// Bytes read at a time when looking past a damaged record.
+const LOOK_AHEAD_BYTES: u64 = 1024 * 1024;
+
+/// Tells a flipped bit from a torn tail at the damaged record at `off` of the newest segment,
+/// whose index should have been `index`: returns the offset of an intact record of index
+/// `index + 1` further on when no sector between the two reads as zeros — damage *inside*
+/// data that was written whole, so not a torn write but a disk returning wrong bytes. `None`
+/// when the damage may be a torn tail: no such record (a damaged last record cannot be told from
+/// a torn one), or a zeroed sector before it (unordered writeback kept a later page of the last
+/// append and lost an earlier one: the kept records were never acknowledged).
+///
+/// A torn write leaves whole sectors as they were before the write (zeros, past the log's
+/// end); a flipped bit leaves every sector of the record written. The same test as etcd's WAL
+/// (`isTornEntry`), with the next record found by its index rather than by the damaged
+/// record's length, which the flip may have hit. A record whose payload holds a whole aligned
+/// sector of zeros looks torn: it is then discarded as before.
+///
+/// Errors: I/O.
+fn intact_record_after(file: &dyn SegmentFile, off: u64, capacity: u64, index: u64) -> Result<Option<u64>, StoreError> {
+    let Some(next) = index.checked_add(1) else { return Ok(None) };
+    let want = next.to_le_bytes();
+    let mut at = off + HEADER_BYTES as u64;
+    let mut header = [0u8; HEADER_BYTES];
+    while at + HEADER_BYTES as u64 <= capacity {
+        let n = LOOK_AHEAD_BYTES.min(capacity - at);
+        let mut chunk = vec![0u8; n as usize];
+        file.read_at(at, &mut chunk)?;
+        if chunk.iter().all(|b| *b == 0) {
+            // A megabyte of zeros: the end of what was written.
+            return Ok(None);
+        }
+        for p in 0..chunk.len().saturating_sub(HEADER_BYTES - 1) {
+            if chunk[p + 8..p + HEADER_BYTES] != want {
+                continue;
+            }
+            let start = at + p as u64;
+            file.read_at(start, &mut header)?;
+            let Header { len, sum, .. } = Header::parse(&header);
+            let end = start + HEADER_BYTES as u64 + len;
+            if len == 0 || end > capacity {
+                continue;
+            }
+            let mut body = vec![0u8; len as usize];
+            file.read_at(start + HEADER_BYTES as u64, &mut body)?;
+            if crc(next, &body) != sum {
+                continue;
+            }
+            return Ok((!zeroed_sector(file, off, start)?).then_some(start));
+        }
+        // Overlap so that a header across two chunks is seen.
+        at += n.saturating_sub(HEADER_BYTES as u64 - 1).max(1);
+    }
+    Ok(None)
+}
+
+/// Whether some sector overlapping `from..to` reads as zeros over all of its part in that range.
+fn zeroed_sector(file: &dyn SegmentFile, from: u64, to: u64) -> Result<bool, StoreError> {
+    let mut sector = from - from % SECTOR_BYTES;
+    while sector < to {
+        let (a, b) = (sector.max(from), (sector + SECTOR_BYTES).min(to));
+        let mut bytes = vec![0u8; (b - a) as usize];
+        file.read_at(a, &mut bytes)?;
+        if bytes.iter().all(|x| *x == 0) {
+            return Ok(true);
+        }
+        sector += SECTOR_BYTES;
+    }
+    Ok(false)
+}
+
 impl SegmentLog {
     /// Opens the log in `dir`, recovering from a crash: the longest valid prefix of records
     /// survives, damaged bytes after it are zeroed, segments wholly at or below `purged` (the
@@ -386,6 +461,18 @@ impl SegmentLog {
             if newest {
                 if !found.clean {
                     let next = found.locs.last().map_or(name, |l| l.log_id.index + 1);
+                    if let Some(at) = intact_record_after(file.as_ref(), found.end, capacity, next)? {
+                        // Discarding from here would drop entries this node acknowledged
+                        // (simulation seed 40: two nodes each dropped a tail of committed
+                        // entries this way, and acknowledged batches were lost).
+                        return Err(corrupt(format!(
+                            "damaged record at byte {} of segment {name} (index {next}), followed by an intact \
+                             record of index {} at byte {at}: the disk returned wrong bytes, this is not a torn \
+                             write",
+                            found.end,
+                            next + 1
+                        )));
+                    }
                     match read_hint(dir.as_ref())? {
                         // Entries this node knew committed were fsynced before: losing them is
                         // a damaged disk, unless a power loss kept the hint and not the log.
@@ -992,6 +1079,46 @@ mod tests {
         assert_eq!(indexes(&log), vec![1, 2]);
         log.append(vec![entry(1, 3, 8)]).unwrap().sync().unwrap();
         assert_eq!(indexes(&open(&dir, None)), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_flipped_bit_before_the_last_record_is_refused_not_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(&dir, None);
+        log.append((1..=4).map(|i| entry(1, i, 700)).collect()).unwrap().sync().unwrap();
+        let second = log.locs[1];
+        drop(log);
+        let fs = FsSegments::new(dir.path().join("log")).unwrap();
+        let f = fs.open(1).unwrap();
+        // One bit of the second record's body, then (separately) of its length.
+        for at in [second.offset + 300, second.offset] {
+            let mut b = [0u8; 1];
+            f.read_at(at, &mut b).unwrap();
+            f.write_at(at, &[b[0] ^ 0x04]).unwrap();
+            let err = SegmentLog::open(Arc::new(FsSegments::new(dir.path().join("log")).unwrap()), None)
+                .err()
+                .expect("a flipped bit is refused");
+            assert!(err.to_string().contains("not a torn write"), "{err}");
+            f.write_at(at, &b).unwrap();
+        }
+        assert_eq!(indexes(&open(&dir, None)), vec![1, 2, 3, 4], "the log is whole again");
+    }
+
+    #[test]
+    fn a_torn_append_that_kept_a_later_sector_is_still_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(&dir, None);
+        log.append((1..=2).map(|i| entry(1, i, 100)).collect()).unwrap().sync().unwrap();
+        log.append((3..=5).map(|i| entry(1, i, 2000)).collect()).unwrap().sync().unwrap();
+        let (third, fourth) = (log.locs[2], log.locs[3]);
+        drop(log);
+        // Unordered writeback lost a sector inside record 3 and kept records 4 and 5.
+        let fs = FsSegments::new(dir.path().join("log")).unwrap();
+        let f = fs.open(1).unwrap();
+        let lost = (third.offset + 600).next_multiple_of(SECTOR_BYTES);
+        assert!(lost + SECTOR_BYTES <= fourth.offset);
+        f.write_at(lost, &[0u8; SECTOR_BYTES as usize]).unwrap();
+        assert_eq!(indexes(&open(&dir, None)), vec![1, 2], "cut as a torn tail, and the node starts");
     }
 
     #[test]

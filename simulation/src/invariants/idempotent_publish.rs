@@ -37,8 +37,11 @@ pub(super) fn check(h: &History, obs: &Observations, out: &mut Vec<Violation>) {
         for (k, a) in p.attempts.iter().enumerate() {
             match &a.outcome {
                 Outcome::Rejected { status, code } => v(format!(
-                    "publish #{i} to {} (seq {:?}, attempt {k}) was rejected with {status} {code}",
-                    p.stream, p.seq
+                    "publish #{i} to {} (seq {:?}, attempt {k}{}) was rejected with {status} {code} (attempts before: {:?})",
+                    p.stream,
+                    p.seq,
+                    if a.deliberate_resend { ", a deliberate resend" } else { "" },
+                    p.attempts[..k].iter().map(|a| &a.outcome).collect::<Vec<_>>()
                 )),
                 Outcome::Ack { seq, duplicate, .. } => {
                     if p.seq.is_some_and(|s| s != *seq) {

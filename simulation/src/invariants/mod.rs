@@ -13,6 +13,7 @@ mod one_history;
 mod read_your_writes;
 mod replicas_agree;
 mod subscriber_view;
+mod ts_order;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -113,6 +114,7 @@ pub fn check(h: &History) -> Vec<Violation> {
     idempotent_publish::check(h, &obs, &mut v);
     subscriber_view::check(h, &obs, &mut v);
     read_your_writes::check(h, &mut v);
+    ts_order::check(h, &mut v);
     liveness::check(h, &mut v);
     v
 }
