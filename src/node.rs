@@ -232,6 +232,7 @@ where
         security: cfg.security,
         subscribers: Arc::new(tokio::sync::Semaphore::new(cfg.max_subscribers)),
         body_read_timeout: cfg.body_read_timeout,
+        catching_up: Arc::new(std::sync::atomic::AtomicBool::new(store.catching_up()?)),
     };
     let formation = tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http.clone()));
     let clocks = tokio::spawn(crate::clock::run(cluster_clock.clone(), raft.clone(), http, cfg.id));

@@ -96,6 +96,9 @@ pub struct AppState {
     pub subscribers: Arc<tokio::sync::Semaphore>,
     /// Deadline for a request's body, from the end of its head (`--body-read-timeout`).
     pub body_read_timeout: std::time::Duration,
+    /// This node lost its disk and grants no vote until a leader has caught it up
+    /// ([`Store::catching_up`], kept in memory for the append path).
+    pub catching_up: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Why this node's Raft core has stopped for good, if it has. openraft reports the fatal error

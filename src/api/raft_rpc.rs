@@ -111,9 +111,27 @@ pub async fn append(State(s): State<AppState>, req: Request) -> Result<Response,
         req.entries.clear();
     }
     let prev = req.prev_log_id;
+    let matched = req.entries.last().map(|e| e.log_id).or(prev);
+    let (leader_term, leader_commit) = (req.vote.leader_id().term, req.leader_commit);
     let mut answer = s.raft.append_entries(req).await;
     if matches!(&answer, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
         s.contact.heard();
+    }
+    // A node catching up after losing its disk votes again once it holds an entry its leader
+    // committed in the leader's own term: every entry committed before (the ones it may have
+    // acknowledged) precedes that one in the leader's log (Raft §5.4.2), so it now holds them.
+    if s.catching_up.load(std::sync::atomic::Ordering::Acquire)
+        && matches!(&answer, Ok(AppendEntriesResponse::Success))
+        && leader_commit.is_some_and(|c| c.leader_id.term == leader_term && matched.is_some_and(|m| m.index >= c.index))
+    {
+        let store = s.store.clone();
+        match crate::storage::blocking(move || store.caught_up()).await {
+            Ok(()) => {
+                s.catching_up.store(false, std::sync::atomic::Ordering::Release);
+                tracing::info!(term = leader_term, "caught up by a leader after losing the disk: voting again");
+            }
+            Err(e) => tracing::warn!(error = %e, "recording that this node caught up"),
+        }
     }
     if refused {
         if let Ok(r @ AppendEntriesResponse::Success) = &mut answer {
@@ -127,9 +145,16 @@ pub async fn append(State(s): State<AppState>, req: Request) -> Result<Response,
     Ok(resp)
 }
 
-/// `POST /raft/vote`: request-vote (Raft paper §5.2).
+/// `POST /raft/vote`: request-vote (Raft paper §5.2). A node catching up after losing its disk
+/// (`raft::formation::guard_wiped_node`) answers `503 not_ready` instead, as if it were down: its
+/// vote could elect a node lacking entries it had acknowledged.
 pub async fn vote(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
     let req = admit(&s, req, |r: &openraft::raft::VoteRequest<crate::raft::NodeId>| &r.vote).await?;
+    if s.catching_up.load(std::sync::atomic::Ordering::Acquire) {
+        return Err(ApiError::NotReady(
+            "this node lost its disk and grants no vote until a leader has caught it up".into(),
+        ));
+    }
     Ok(encode_answer(&s.raft.vote(req).await))
 }
 

@@ -96,10 +96,15 @@ pub async fn form(raft: Raft, self_id: NodeId, peers: BTreeMap<NodeId, String>, 
 }
 
 /// Protects the vote of a node whose data dir was wiped (Raft paper §5.2: a server votes at most
-/// once per term, which needs the vote to survive). A pristine node listed in `peers` whose
-/// peers already formed a cluster may have voted before it lost its disk, in a term up to the
-/// highest term they report; it records a vote for itself at that term before Raft starts, so
-/// it cannot grant a second vote in any term it might have voted in. Returns the term recorded.
+/// once per term, which needs the vote to survive), and the entries it had acknowledged. A
+/// pristine node listed in `peers` whose peers already formed a cluster may have voted before
+/// it lost its disk, in a term up to the highest term they report; it records a vote for itself
+/// at that term before Raft starts, so it cannot grant a second vote in any term it might have
+/// voted in. It may also have been one of the majority that committed entries its empty log no
+/// longer holds (Raft §5.4.1 counts on every voter keeping them): with its vote it could elect a
+/// node that lacks them, and they would be lost. So it also records that it is catching up,
+/// and grants no vote until a leader has caught it up past an entry that leader committed in its
+/// own term ([`crate::api::raft_rpc`]), as if it were down meanwhile. Returns the term recorded.
 ///
 /// Errors: the vote could not be stored.
 pub async fn guard_wiped_node(
@@ -118,10 +123,11 @@ pub async fn guard_wiped_node(
         }
     }
     let Some(term) = max_term else { return Ok(None) };
-    store.seed_vote(&openraft::Vote::new(term, self_id))?;
+    store.seed_wiped_vote(&openraft::Vote::new(term, self_id))?;
     tracing::warn!(
         term,
-        "empty data dir but the peers form a cluster: rejoining as a wiped node, vote held at term {term}"
+        "empty data dir but the peers form a cluster: rejoining as a wiped node, vote held at term {term}; \
+         granting no vote until a leader has caught this node up"
     );
     Ok(Some(term))
 }

@@ -39,6 +39,9 @@ use crate::stream::StreamMeta;
 const LEGACY_LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 /// Raft metadata: `"vote"` → `Vote`, `"last_purged"` → `LogId`, postcard-encoded.
 pub(crate) const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
+/// Key in [`RAFT_META`] present while a node that lost its disk has not been caught up by a
+/// leader (`raft::formation::guard_wiped_node`): it grants no vote meanwhile.
+const CATCHING_UP: &str = "catching_up";
 /// State-machine metadata: `"last_applied"` → `Option<LogId>`, `"membership"` → `StoredMembership`,
 /// `"clock_ms"` → u64, the cluster clock (see [`state_machine`]).
 pub(crate) const SM_META: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_meta");
@@ -353,6 +356,42 @@ impl Store {
     pub fn seed_vote(&self, vote: &openraft::Vote<crate::raft::NodeId>) -> Result<(), StoreError> {
         let txn = self.begin_durable_write()?;
         txn.open_table(RAFT_META)?.insert("vote", encode(vote)?.as_slice())?;
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Durably records `vote` for a node that lost its disk, and that it must not vote until a
+    /// leader has caught it up ([`Store::catching_up`]), in one transaction (see
+    /// `raft::formation::guard_wiped_node`).
+    ///
+    /// Errors: redb failures.
+    pub fn seed_wiped_vote(&self, vote: &openraft::Vote<crate::raft::NodeId>) -> Result<(), StoreError> {
+        let txn = self.begin_durable_write()?;
+        {
+            let mut meta = txn.open_table(RAFT_META)?;
+            meta.insert("vote", encode(vote)?.as_slice())?;
+            meta.insert(CATCHING_UP, [1u8].as_slice())?;
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Whether this node lost its disk and has not yet been caught up by a leader: it must not
+    /// grant votes meanwhile (it may have acknowledged entries its empty log no longer holds).
+    /// Survives restarts until [`Store::caught_up`].
+    ///
+    /// Errors: redb failures.
+    pub fn catching_up(&self) -> Result<bool, StoreError> {
+        let txn = self.db.begin_read()?;
+        Ok(txn.open_table(RAFT_META)?.get(CATCHING_UP)?.is_some())
+    }
+
+    /// Durably ends [`Store::catching_up`].
+    ///
+    /// Errors: redb failures.
+    pub fn caught_up(&self) -> Result<(), StoreError> {
+        let txn = self.begin_durable_write()?;
+        txn.open_table(RAFT_META)?.remove(CATCHING_UP)?;
         txn.commit()?;
         Ok(())
     }
