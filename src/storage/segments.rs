@@ -1062,6 +1062,14 @@ mod tests {
         assert_eq!(log.last_log_id().unwrap().leader_id.term, 2);
     }
 
+    /// XORs the byte at `offset` of segment 1 under `dir` with `mask` (twice restores it).
+    fn flip_byte(dir: &tempfile::TempDir, offset: u64, mask: u8) {
+        let f = FsSegments::new(dir.path().join("log")).unwrap().open(1).unwrap();
+        let mut b = [0u8; 1];
+        f.read_at(offset, &mut b).unwrap();
+        f.write_at(offset, &[b[0] ^ mask]).unwrap();
+    }
+
     #[test]
     fn a_torn_tail_is_cut_and_zeroed() {
         let dir = tempfile::tempdir().unwrap();
@@ -1070,11 +1078,7 @@ mod tests {
         let third = log.locs[2];
         drop(log);
         // Flip a body byte of the last record, as a torn write would leave it.
-        let fs = FsSegments::new(dir.path().join("log")).unwrap();
-        let f = fs.open(1).unwrap();
-        let mut b = [0u8; 1];
-        f.read_at(third.offset + 20, &mut b).unwrap();
-        f.write_at(third.offset + 20, &[b[0] ^ 0xff]).unwrap();
+        flip_byte(&dir, third.offset + 20, 0xff);
         let mut log = open(&dir, None);
         assert_eq!(indexes(&log), vec![1, 2]);
         log.append(vec![entry(1, 3, 8)]).unwrap().sync().unwrap();
@@ -1088,18 +1092,14 @@ mod tests {
         log.append((1..=4).map(|i| entry(1, i, 700)).collect()).unwrap().sync().unwrap();
         let second = log.locs[1];
         drop(log);
-        let fs = FsSegments::new(dir.path().join("log")).unwrap();
-        let f = fs.open(1).unwrap();
         // One bit of the second record's body, then (separately) of its length.
         for at in [second.offset + 300, second.offset] {
-            let mut b = [0u8; 1];
-            f.read_at(at, &mut b).unwrap();
-            f.write_at(at, &[b[0] ^ 0x04]).unwrap();
+            flip_byte(&dir, at, 0x04);
             let err = SegmentLog::open(Arc::new(FsSegments::new(dir.path().join("log")).unwrap()), None)
                 .err()
                 .expect("a flipped bit is refused");
             assert!(err.to_string().contains("not a torn write"), "{err}");
-            f.write_at(at, &b).unwrap();
+            flip_byte(&dir, at, 0x04);
         }
         assert_eq!(indexes(&open(&dir, None)), vec![1, 2, 3, 4], "the log is whole again");
     }
