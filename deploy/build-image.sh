@@ -128,10 +128,14 @@ for _ in $(seq 1 50); do
   sleep 0.2
 done
 [[ -n "$ok" ]] || { echo "build-image.sh: the launcher's node never became ready" >&2; docker logs "$NET-a" >&2 || true; exit 1; }
-docker logs "$NET-a" 2>&1 | grep -q 'host runnev-2 -> node id 3' \
-  || { echo "build-image.sh: runnev-statefulset did not map runnev-2 to node id 3" >&2; docker logs "$NET-a" >&2; exit 1; }
-docker logs "$NET-a" 2>&1 | grep -q 'data_dir=/var/lib/runnev/node-3' \
-  || { echo "build-image.sh: runnev-statefulset did not put the node id in place of {id}" >&2; docker logs "$NET-a" >&2; exit 1; }
+# The logs are read whole before they are searched: `docker logs | grep -q` fails under pipefail
+# when grep exits at its first match and docker logs, still writing, gets SIGPIPE (a CI run
+# failed so with the line in the logs).
+launcher_logs="$(docker logs "$NET-a" 2>&1)"
+grep -q 'host runnev-2 -> node id 3' <<<"$launcher_logs" \
+  || { echo "build-image.sh: runnev-statefulset did not map runnev-2 to node id 3" >&2; echo "$launcher_logs" >&2; exit 1; }
+grep -q 'data_dir=/var/lib/runnev/node-3' <<<"$launcher_logs" \
+  || { echo "build-image.sh: runnev-statefulset did not put the node id in place of {id}" >&2; echo "$launcher_logs" >&2; exit 1; }
 echo "runnev-statefulset: host runnev-2 runs node id 3 (with {id} replaced), ready"
 docker image ls "$IMAGE"
 echo "build-image.sh: $IMAGE is ready"

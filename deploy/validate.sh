@@ -16,7 +16,7 @@ K8S_VERSIONS=${RUNNEV_K8S_VERSIONS:-"1.29.0 1.37.0"}
 
 log() { printf '\n== %s\n' "$*"; }
 
-if [[ ! -x "$VENV/bin/kubernetes-validate" ]] || ! "$VENV/bin/kubernetes-validate" --version 2>/dev/null | grep -q "$KV_VERSION"; then
+if [[ ! -x "$VENV/bin/kubernetes-validate" ]] || ! "$VENV/bin/kubernetes-validate" --version 2>/dev/null | grep "$KV_VERSION" >/dev/null; then
   log "installing kubernetes-validate==$KV_VERSION into $VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "kubernetes-validate==$KV_VERSION"
@@ -123,11 +123,12 @@ else
 fi
 log "secure by default: Compose, the systemd unit and the image run with TLS and --auth"
 for f in deploy/docker-compose.yml deploy/runnev.service deploy/Dockerfile; do
-  if grep -v '^ *#' "$f" | grep -q -- '--insecure'; then
+  # No `grep -q` at the end of a pipe: under pipefail its early exit can fail the writer (SIGPIPE).
+  if grep -v '^ *#' "$f" | grep -- '--insecure' >/dev/null; then
     echo "validate.sh: $f runs a node with --insecure" >&2; exit 1
   fi
   for flag in --tls-ca --tls-cert --tls-key --auth --admin-token-file; do
-    grep -v '^ *#' "$f" | grep -q -- "$flag" || { echo "validate.sh: $f lacks $flag" >&2; exit 1; }
+    grep -v '^ *#' "$f" | grep -- "$flag" >/dev/null || { echo "validate.sh: $f lacks $flag" >&2; exit 1; }
   done
 done
 grep -q '^LoadCredential=node.key:' deploy/runnev.service ||
