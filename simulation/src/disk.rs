@@ -430,6 +430,20 @@ impl SimDisk {
         s.crash(kind, rng);
     }
 
+    /// The disk is replaced by an empty one (an operator swapped a failed disk, or wiped the
+    /// data dir): every file is gone, redb's file is back empty, the current incarnation's
+    /// handles are dead (as after a crash; call it with the node down), and an armed cut is
+    /// disarmed. The counters stay.
+    pub fn wipe(&self) {
+        let mut s = self.lock();
+        s.cut = None;
+        s.ghost = None;
+        s.cut_fired = false;
+        s.epoch += 1;
+        s.files = Files::default();
+        s.files.create(REDB_FILE, 0);
+    }
+
     /// Arms a crash of `kind` that strikes at the `after_ops`-th write-side operation from now
     /// (a write, resize or sync of any file, a segment creation or removal), in the middle of
     /// whatever the node is doing (a redb commit cut between its page writes and its fsync, a
@@ -794,6 +808,24 @@ mod tests {
         assert_eq!(read(&h2, 0, 5), vec![0; 5], "the unsynced first write was lost");
         assert_eq!(read(&h2, PAGE_BYTES as u64, 6), vec![0; 6], "the ghost's synced write never happened");
         assert!(!disk.disarm_cut());
+    }
+
+    #[test]
+    fn a_wiped_disk_is_empty_and_the_old_handles_are_dead() {
+        let disk = SimDisk::new();
+        disk.segments().create(0, 4096).unwrap();
+        let h = disk.handle();
+        for step in [h.set_len(10_000), h.write(0, b"state"), h.sync_data()] {
+            step.unwrap();
+        }
+        disk.arm_cut(5, CrashKind::Kill, SimRng::new(3));
+        assert_eq!(disk.file_names().len(), 2);
+        disk.wipe();
+        assert!(h.len().is_err(), "the wiped incarnation's handle is dead");
+        assert_eq!(disk.file_names(), vec![REDB_FILE.to_string()], "only an empty redb file is left");
+        assert_eq!(disk.handle().len().unwrap(), 0);
+        assert_eq!(disk.segments().list().unwrap(), Vec::<u64>::new());
+        assert!(!disk.disarm_cut(), "the armed cut went with the old disk");
     }
 
     #[test]

@@ -59,6 +59,8 @@ pub enum Outcome {
 /// One send of a publish (the client's own retries inside one call count as one attempt).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attempt {
+    /// Simulated time the call was made, ms since the run started.
+    pub sent_ms: u64,
     /// Simulated time the answer came, ms since the run started.
     pub at_ms: u64,
     /// A resend after an acknowledgement, made on purpose to test dedup.
@@ -191,6 +193,57 @@ pub struct NodeFinal {
     pub streams: Result<BTreeMap<String, FinalStream>, String>,
 }
 
+/// A stream's content as the control client read it just before deleting it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BeforeDelete {
+    /// When the read started, ms since the run started; it asked for `min_index` = the highest
+    /// log index acknowledged to any publish recorded by then, so every batch acknowledged
+    /// before this time is in it (unless evicted by retention).
+    pub read_ms: u64,
+    /// The `min_index` it read with.
+    pub min_index: u64,
+    /// The retained batches, in seq order: (seq, ts, [`fnv`] of the payload).
+    pub batches: Vec<(u64, u64, u64)>,
+    /// The stream's `last_seq` as read.
+    pub last_seq: u64,
+    /// The highest seq the read was told is evicted (its gap's end), 0 if none.
+    pub evicted_through: u64,
+}
+
+/// A stream as its creation (again) answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recreated {
+    /// When the answer came, ms since the run started.
+    pub at_ms: u64,
+    /// `201` (created) rather than `200` (it existed: an attempt whose answer was lost made it).
+    pub created: bool,
+    /// Its `first_seq`.
+    pub first_seq: u64,
+    /// Its `last_seq`.
+    pub last_seq: u64,
+    /// Its `evicted_through`.
+    pub evicted_through: u64,
+}
+
+/// One deletion of a workload stream by the control client, and its creation again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deletion {
+    /// The stream.
+    pub stream: String,
+    /// What it held just before.
+    pub before: BeforeDelete,
+    /// When the first delete call was made, ms since the run started (from then the stream
+    /// may be gone).
+    pub delete_sent_ms: u64,
+    /// When a delete call succeeded.
+    pub deleted_at_ms: u64,
+    /// The call found the stream already gone (`404` after an attempt whose answer was lost,
+    /// or after an earlier call that gave up): an earlier attempt deleted it.
+    pub already: bool,
+    /// The creation again, once it succeeded (`None`: the run ended first).
+    pub recreated: Option<Recreated>,
+}
+
 /// Liveness milestones of the heal phase.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Liveness {
@@ -221,6 +274,8 @@ pub struct History {
     pub read_checks: Vec<ReadCheck>,
     /// Each node's final state.
     pub finals: Vec<NodeFinal>,
+    /// Workload streams deleted and created again, in order.
+    pub deletions: Vec<Deletion>,
     /// Heal-phase liveness.
     pub liveness: Liveness,
     /// Panics caught during the run (any thread of the simulation).
@@ -239,9 +294,11 @@ impl History {
         self.streams.iter().find(|s| s.name == name)
     }
 
-    /// Whether `stream` may evict (has a retention limit).
+    /// Whether `stream` may have seqs below its `evicted_through` that it no longer holds: it has
+    /// a retention limit, or it was deleted and created again (the new stream continues after
+    /// the deleted one's `last_seq`, whose seqs count as evicted: contract §5).
     pub fn may_evict(&self, name: &str) -> bool {
-        self.stream(name).is_some_and(|s| s.max_batches.is_some())
+        self.stream(name).is_some_and(|s| s.max_batches.is_some()) || self.deletions.iter().any(|d| d.stream == name)
     }
 
     /// The highest `evicted_through` any node reports for `stream` (0 if none).

@@ -58,17 +58,54 @@ fn log_id_of(bytes: &[u8]) -> Result<LogId, String> {
     Ok(id)
 }
 
-/// The purge point recorded in the forked disk's redb, if any.
-fn last_purged(copy: &SimDisk) -> Result<Option<LogId>, String> {
+/// Opens the forked disk's redb and runs `f` on its `raft_meta` table (`None`: there is none).
+fn with_raft_meta<R>(
+    copy: &SimDisk,
+    f: impl FnOnce(Option<&redb::ReadOnlyTable<&str, &[u8]>>) -> Result<R, String>,
+) -> Result<R, String> {
     let db = redb::Database::builder().create_with_backend(copy.handle()).map_err(|e| e.to_string())?;
     let txn = db.begin_read().map_err(|e| e.to_string())?;
-    let table = match txn.open_table(RAFT_META) {
-        Ok(t) => t,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-        Err(e) => return Err(e.to_string()),
-    };
-    let purged = table.get("last_purged").map_err(|e| e.to_string())?;
-    purged.map(|v| log_id_of(v.value())).transpose()
+    match txn.open_table(RAFT_META) {
+        Ok(t) => f(Some(&t)),
+        Err(redb::TableError::TableDoesNotExist(_)) => f(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The purge point recorded in the forked disk's redb, if any.
+fn last_purged(copy: &SimDisk) -> Result<Option<LogId>, String> {
+    with_raft_meta(copy, |table| {
+        let Some(table) = table else { return Ok(None) };
+        let purged = table.get("last_purged").map_err(|e| e.to_string())?;
+        purged.map(|v| log_id_of(v.value())).transpose()
+    })
+}
+
+/// Whether node's disk says it may still lack entries it once acknowledged: its redb holds the
+/// marker `runnev::raft::formation::guard_wiped_node` records for a node that lost its disk
+/// (`"catching_up"` in `raft_meta`, removed once a leader caught it up), or no vote at all (an
+/// empty data dir, whose vote gate stays closed until it learns the cluster is new or is
+/// caught up: `runnev::raft::vote_gate`), or the marker `"unsure"`
+/// (`runnev::raft::formation::gate_at_start`: a node that restarted empty while its peers were
+/// unreachable, still closed after a leader's first append stored a vote; without this check
+/// the driver took it for caught up and wiped a second disk, seed 390). The driver also waits
+/// for its log to reach what the others held when it lost its disk ([`last_index`], seed 98).
+/// Errors: redb could not open the copy.
+pub fn lost_disk_pending(disk: &SimDisk) -> Result<bool, String> {
+    with_raft_meta(&disk.fork(), |table| {
+        let Some(table) = table else { return Ok(true) };
+        let has = |key: &str| table.get(key).map(|v| v.is_some()).map_err(|e| e.to_string());
+        Ok(has("catching_up")? || has("unsure")? || !has("vote")?)
+    })
+}
+
+/// The last log index the disk holds: its log's last entry, or its purge point when the log
+/// behind it is empty (0 for an empty disk). Errors: redb or the log's recovery refused the copy.
+pub fn last_index(disk: &SimDisk) -> Result<u64, String> {
+    let copy = disk.fork();
+    let purged = last_purged(&copy)?;
+    let log = SegmentLog::open(copy.segments(), purged).map_err(|e| format!("raft log: {e}"))?;
+    Ok(log.last_log_id().map(|l| l.index).max(purged.map(|p| p.index)).unwrap_or(0))
 }
 
 /// The stored log's shape (`None` when it is empty), or why the disk could not be read (redb or
@@ -116,5 +153,39 @@ mod tests {
     #[test]
     fn an_empty_disk_has_an_empty_log() {
         assert_eq!(log_holes(&SimDisk::new()), Ok(None));
+    }
+
+    /// A wiped disk reads as a lost disk until it holds a vote without the catching-up
+    /// marker; the marker alone keeps it lost.
+    #[test]
+    fn a_lost_disk_is_pending_until_it_votes_without_the_marker() {
+        let disk = SimDisk::new();
+        assert_eq!(lost_disk_pending(&disk), Ok(true));
+        let db = redb::Database::builder().create_with_backend(disk.handle()).unwrap();
+        let put = |pairs: &[(&str, Option<&[u8]>)]| {
+            let txn = db.begin_write().unwrap();
+            {
+                let mut t = txn.open_table(RAFT_META).unwrap();
+                for (k, v) in pairs {
+                    match v {
+                        Some(v) => drop(t.insert(*k, *v).unwrap()),
+                        None => drop(t.remove(*k).unwrap()),
+                    }
+                }
+            }
+            txn.commit().unwrap();
+        };
+        put(&[("vote", Some(&[1u8][..])), ("catching_up", Some(&[1u8][..]))]);
+        assert_eq!(lost_disk_pending(&disk), Ok(true));
+        put(&[("catching_up", None)]);
+        assert_eq!(lost_disk_pending(&disk), Ok(false));
+        put(&[("unsure", Some(&[1u8][..]))]);
+        assert_eq!(lost_disk_pending(&disk), Ok(true), "a vote stored while the node is still unsure");
+        put(&[("counted_fresh_by/1", Some(&[1u8][..]))]);
+        assert_eq!(lost_disk_pending(&disk), Ok(true), "a probe's record is no proof the cluster is new");
+        put(&[("unsure", None)]);
+        assert_eq!(lost_disk_pending(&disk), Ok(false));
+        disk.wipe();
+        assert_eq!(lost_disk_pending(&disk), Ok(true));
     }
 }

@@ -2,8 +2,13 @@
 //! its own process, so a livelocked seed is reported and the sweep goes on);
 //! `-- --seed S` runs (replays) one seed in this process, printing its plan and fault log when
 //! it fails. Other flags: `--fault-ms MS` (length of the fault phase), `--classic` (the plans
-//! of the first rounds, before swarm plans: the older regression seeds), `--membership` (swarm plans
-//! may also change the membership), `--twice` (run each seed
+//! of the first rounds, before swarm plans: the older regression seeds), `--no-membership` (swarm
+//! plans never change the membership, delete no stream and lose no disk: the plans of the sweeps
+//! before any was on), `--no-deletes` (swarm plans never delete streams: the plans before that was
+//! on), `--no-wipe` (no
+//! disk is ever wiped and a node that refuses its rotten log is retired: the plans and runs of
+//! the sweeps before wipes), `--replace-after-ms MS` (how long a rotten node waits for its new
+//! disk), `--twice` (run each seed
 //! again in a new process and compare the histories), `--plan` (print the plans only), `--history` (print the
 //! plan and fault log even when the seed passes). Every failure prints the one command that
 //! replays it. See `README.md`.
@@ -26,7 +31,7 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: simulation [--seeds N [--start S] [--jobs J]] [--seed S] [--fault-ms MS] [--classic] [--membership] [--twice] [--plan] [--history]";
+    "usage: simulation [--seeds N [--start S] [--jobs J]] [--seed S] [--fault-ms MS] [--classic] [--no-membership] [--no-deletes] [--no-wipe] [--replace-after-ms MS] [--twice] [--plan] [--history]";
 
 fn parse() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
@@ -44,7 +49,13 @@ fn parse() -> Result<Args, String> {
             "--jobs" => jobs = num(args.next(), "--jobs")?.max(1) as usize,
             "--fault-ms" => knobs.fault_phase_ms = num(args.next(), "--fault-ms")?,
             "--classic" => knobs.swarm = false,
+            // On by default since round two's membership fixes; kept so older commands still work.
             "--membership" => knobs.membership = true,
+            // The plans of the sweeps before membership changes had no lost disks either.
+            "--no-membership" => (knobs.membership, knobs.wipes) = (false, false),
+            "--no-deletes" => knobs.deletes = false,
+            "--no-wipe" => knobs.wipes = false,
+            "--replace-after-ms" => knobs.replace_after_ms = num(args.next(), "--replace-after-ms")?,
             "--twice" => twice = true,
             "--plan" => plan_only = true,
             "--history" => history = true,
@@ -97,6 +108,12 @@ fn effects(e: &simulation::runner::FaultEffects) -> String {
         ("bits flipped", e.bits_flipped),
         ("rotten logs refused", e.refused_rotten_logs),
         ("membership changes", e.membership_changes),
+        ("stream deletes", e.stream_deletes),
+        ("re-creates", e.stream_recreates),
+        ("seq_evicted", e.seq_evicted),
+        ("disks wiped", e.wipes),
+        ("rotten disks replaced", e.rotten_replaced),
+        ("lost disks caught up", e.lost_caught_up),
     ] {
         if n > 0 {
             out.push_str(&format!("  {what} {n}"));
@@ -160,7 +177,11 @@ fn run_again(seed: u64, knobs: Knobs) -> Result<(u64, u64), String> {
         .arg("--fault-ms")
         .arg(knobs.fault_phase_ms.to_string())
         .args(if knobs.swarm { &[][..] } else { &["--classic"][..] })
-        .args(if knobs.membership { &["--membership"][..] } else { &[][..] })
+        .args(if knobs.membership { &[][..] } else { &["--no-membership"][..] })
+        .args(if knobs.deletes { &[][..] } else { &["--no-deletes"][..] })
+        .args(if knobs.wipes { &[][..] } else { &["--no-wipe"][..] })
+        .arg("--replace-after-ms")
+        .arg(knobs.replace_after_ms.to_string())
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| e.to_string())?;
@@ -180,9 +201,16 @@ fn spawn(seed: u64, args: &Args) -> std::io::Result<Child> {
     if !args.knobs.swarm {
         cmd.arg("--classic");
     }
-    if args.knobs.membership {
-        cmd.arg("--membership");
+    if !args.knobs.membership {
+        cmd.arg("--no-membership");
     }
+    if !args.knobs.deletes {
+        cmd.arg("--no-deletes");
+    }
+    if !args.knobs.wipes {
+        cmd.arg("--no-wipe");
+    }
+    cmd.arg("--replace-after-ms").arg(args.knobs.replace_after_ms.to_string());
     if args.twice {
         cmd.arg("--twice");
     }

@@ -70,44 +70,56 @@ pub fn node_software(
         let (shared, disk, data_dir) = (shared.clone(), disk.clone(), data_dir.clone());
         let incarnation = incarnations.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
-            let cfg = node_config(&shared, id, data_dir);
-            // A node cannot start on a full disk (opening writes); its supervisor tries again
-            // every second until space is back, as a restart policy does.
-            let opened = loop {
-                match Store::open_with_backend(&cfg.data_dir, disk.handle(), disk.segments()) {
-                    Err(e) if e.is_storage_full() => {
+            // A node cannot start on a full disk (opening writes, and a wiped node's first
+            // writes: `guard_wiped_node` records its vote); its supervisor tries again every
+            // second until space is back, as a restart policy does.
+            loop {
+                let cfg = node_config(&shared, id, data_dir.clone());
+                let opened = loop {
+                    match Store::open_with_backend(&cfg.data_dir, disk.handle(), disk.segments()) {
+                        Err(e) if e.is_storage_full() => {
+                            let line = format!("{:>7} ms n{id} cannot start on a full disk ({e}); retrying", now_ms());
+                            shared.record(|h| h.fault_log.push(line));
+                            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        }
+                        other => break other,
+                    }
+                };
+                let store = match opened {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let why =
+                            format!("n{id} incarnation {incarnation} at {} ms: store did not open: {e}", now_ms());
+                        shared.record(|h| h.node_errors.push(why));
+                        std::future::pending::<()>().await;
+                        return Ok(());
+                    }
+                };
+                let listener = SimListener::bind(NODE_PORT).await?;
+                let env = Environment {
+                    dialer: Arc::new(SimDialer),
+                    clock: sim_clock(shared.clone(), id),
+                    prometheus: None,
+                    rpc_faults: Some(Arc::new(SimRpcFaults::new(shared.clone(), id, incarnation))),
+                    disk_guard: false,
+                };
+                // openraft's election timeouts: drawn from the seed, per node and incarnation.
+                let election_seed = SimRng::derive(shared.plan.seed, "election", id << 32 | incarnation).next_u64();
+                let node = runnev::node::run(cfg, store, listener, env, std::future::pending());
+                match runnev::raft::runtime::with_seed(election_seed, node).await {
+                    Err(runnev::node::NodeError::Storage(e)) if e.is_storage_full() => {
                         let line = format!("{:>7} ms n{id} cannot start on a full disk ({e}); retrying", now_ms());
                         shared.record(|h| h.fault_log.push(line));
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                     }
-                    other => break other,
+                    Err(e) => {
+                        let why = format!("n{id} incarnation {incarnation} at {} ms: node stopped: {e}", now_ms());
+                        shared.record(|h| h.node_errors.push(why));
+                        return Ok(());
+                    }
+                    Ok(()) => return Ok(()),
                 }
-            };
-            let store = match opened {
-                Ok(s) => s,
-                Err(e) => {
-                    let why = format!("n{id} incarnation {incarnation} at {} ms: store did not open: {e}", now_ms());
-                    shared.record(|h| h.node_errors.push(why));
-                    std::future::pending::<()>().await;
-                    return Ok(());
-                }
-            };
-            let listener = SimListener::bind(NODE_PORT).await?;
-            let env = Environment {
-                dialer: Arc::new(SimDialer),
-                clock: sim_clock(shared.clone(), id),
-                prometheus: None,
-                rpc_faults: Some(Arc::new(SimRpcFaults::new(shared.clone(), id, incarnation))),
-                disk_guard: false,
-            };
-            // openraft's election timeouts: drawn from the seed, per node and incarnation.
-            let election_seed = SimRng::derive(shared.plan.seed, "election", id << 32 | incarnation).next_u64();
-            let node = runnev::node::run(cfg, store, listener, env, std::future::pending());
-            if let Err(e) = runnev::raft::runtime::with_seed(election_seed, node).await {
-                let why = format!("n{id} incarnation {incarnation} at {} ms: node stopped: {e}", now_ms());
-                shared.record(|h| h.node_errors.push(why));
             }
-            Ok(())
         })
     }
 }

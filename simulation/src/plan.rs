@@ -37,14 +37,36 @@ pub struct Knobs {
     /// varied workload ([`Plan::generate`]). Off (`--classic`): the plans of the first rounds,
     /// draw for draw, which the regression seeds pinned before the swarm were found with.
     pub swarm: bool,
-    /// Let swarm plans draw [`FaultKind::Membership`] (`--membership`). Off by default: with it,
-    /// some seeds livelock (seed 6 at 4,710 simulated ms), not diagnosed yet (README).
+    /// Let swarm plans draw [`FaultKind::Membership`] (on by default; `--no-membership` turns
+    /// it off, to replay a swarm seed as the sweeps before it ran). Drawn from a generator of
+    /// its own, so a plan that does not draw it is the same either way.
     pub membership: bool,
+    /// Let swarm plans draw [`FaultKind::StreamDelete`] (on by default; `--no-deletes` turns it
+    /// off, and so does `--no-membership`: the swarm plans of the sweeps before either was on).
+    /// Drawn, with its whole schedule, from a generator of its own, so a plan that does not draw
+    /// it is the same either way.
+    pub deletes: bool,
+    /// Lost disks (on by default; `--no-wipe` turns them off, to replay a swarm seed as the
+    /// sweeps before them ran; `--no-membership` too, as the sweeps before membership ran): swarm plans may draw [`FaultKind::Wipe`] (from a generator of
+    /// its own, like `membership`), and a node that refuses its rotten log is replaced
+    /// ([`Knobs::replace_after_ms`]) instead of retired for the rest of the run.
+    pub wipes: bool,
+    /// How long after a node refused its rotten log its disk is replaced (wiped) and it
+    /// rejoins empty under its old id, in simulated ms (`--replace-after-ms`; the heal phase
+    /// replaces it at once if it comes first). Unused without `wipes`.
+    pub replace_after_ms: u64,
 }
 
 impl Default for Knobs {
     fn default() -> Self {
-        Knobs { fault_phase_ms: 30_000, swarm: true, membership: false }
+        Knobs {
+            fault_phase_ms: 30_000,
+            swarm: true,
+            membership: true,
+            deletes: true,
+            wipes: true,
+            replace_after_ms: 3_000,
+        }
     }
 }
 
@@ -81,12 +103,18 @@ pub enum FaultKind {
     BitFlip,
     /// [`Fault::Membership`].
     Membership,
+    /// [`Fault::DeleteStream`]: workload streams deleted and created again (scheduled from a
+    /// generator of its own, not by weight).
+    StreamDelete,
+    /// [`Fault::Wipe`].
+    Wipe,
 }
 
 impl FaultKind {
     /// Every kind, with its weight in a swarm plan's fault draw (out of the enabled kinds'
-    /// total); [`FaultKind::RpcDuplication`] is a rate, not a scheduled fault (weight 0).
-    pub const ALL: [(FaultKind, u64); 15] = [
+    /// total); [`FaultKind::RpcDuplication`] is a rate, not a scheduled fault (weight 0), and
+    /// [`FaultKind::StreamDelete`] has a schedule of its own (weight 0).
+    pub const ALL: [(FaultKind, u64); 17] = [
         (FaultKind::Partition, 25),
         (FaultKind::OneWay, 10),
         (FaultKind::Crash, 12),
@@ -102,7 +130,14 @@ impl FaultKind {
         (FaultKind::SnapshotCrash, 8),
         (FaultKind::BitFlip, 5),
         (FaultKind::Membership, 6),
+        (FaultKind::StreamDelete, 0),
+        (FaultKind::Wipe, 5),
     ];
+
+    /// How many kinds of [`FaultKind::ALL`], from the first, a swarm plan draws from its main
+    /// generator: the kinds of the first swarm sweeps. Those after it each have a generator of
+    /// their own, so adding one changed no plan that does not draw it.
+    pub const FIRST_DRAWN: usize = 14;
 }
 
 /// What a fault does while it lasts.
@@ -229,6 +264,25 @@ pub enum Fault {
         /// The node taken out and put back.
         node: NodeId,
     },
+    /// The control client deletes workload stream `stream` (`DELETE /v1/streams/{name}`, after
+    /// reading what it holds) when it starts, and creates it again, with its retention
+    /// (`PUT /v1/streams/{name}`), when it ends; each call retried until it succeeds (the heal
+    /// phase first creates every deleted stream again). Publishers and subscribers carry on
+    /// through it: a publish meanwhile is refused `404` and sent again, a subscription waits.
+    DeleteStream {
+        /// Index into [`Plan::streams`].
+        stream: usize,
+    },
+    /// `node` loses its disk: it crashes, everything in its data dir is deleted (the simulated
+    /// disk's files and the snapshot files), and when the fault ends it restarts empty under
+    /// its old id, still listed in `--peers`, as an operator who replaced the disk does
+    /// (docs/cli.md, "How a node starts"; `formation::guard_wiped_node`). Passes without
+    /// effect while another node's disk is lost and not caught up, or another node is outside
+    /// the voters or retired (the driver says why).
+    Wipe {
+        /// The node.
+        node: NodeId,
+    },
 }
 
 impl Fault {
@@ -249,6 +303,8 @@ impl Fault {
             Fault::SnapshotCrash { .. } => FaultKind::SnapshotCrash,
             Fault::BitFlip { .. } => FaultKind::BitFlip,
             Fault::Membership { .. } => FaultKind::Membership,
+            Fault::DeleteStream { .. } => FaultKind::StreamDelete,
+            Fault::Wipe { .. } => FaultKind::Wipe,
         }
     }
 }
@@ -468,7 +524,29 @@ fn draw_fault(r: &mut SimRng, kind: FaultKind, node: NodeId, other: NodeId, clie
         FaultKind::SnapshotCrash => Fault::SnapshotCrash { node, kind: crash_kind(r), after_ops: r.between(1, 6) },
         FaultKind::BitFlip => Fault::BitFlip { node },
         FaultKind::Membership => Fault::Membership { node },
+        // Weight 0: drawn by `draw_deletes` from a generator of its own, never here.
+        FaultKind::StreamDelete => Fault::DeleteStream { stream: 0 },
+        FaultKind::Wipe => Fault::Wipe { node },
     }
+}
+
+/// The stream deletions of a swarm plan that has [`FaultKind::StreamDelete`] on, from its own
+/// generator `r`: one to four, each of one of the `streams` workload streams, starting 2 s into
+/// the fault phase or later and lasting 0.2–5 s (the stream is gone that long), ending before
+/// the fault phase does (the heal phase creates again any stream still deleted anyway).
+fn draw_deletes(r: &mut SimRng, streams: usize, fault_ms: u64) -> Vec<ScheduledFault> {
+    let mut out = Vec::new();
+    if fault_ms < 4_000 {
+        return out;
+    }
+    for _ in 0..r.between(1, 4) {
+        let at_ms = r.between(2_000, fault_ms - 1_500);
+        let duration_ms = r.between(200, 5_000).min(fault_ms - 500 - at_ms);
+        let stream = r.below(streams as u64) as usize;
+        out.push(ScheduledFault { at_ms, duration_ms, fault: Fault::DeleteStream { stream } });
+    }
+    out.sort_by_key(|f| f.at_ms);
+    out
 }
 
 /// A node other than `node`, drawn.
@@ -618,9 +696,9 @@ impl Plan {
         let mut r = SimRng::derive(seed, "swarm-plan", 0);
         let fault_ms = knobs.fault_phase_ms;
 
-        // Membership (the last kind) is drawn from a generator of its own, so that adding it
-        // changed no plan without it (the seeds pinned before it kept their plans).
-        let first = &FaultKind::ALL[..FaultKind::ALL.len() - 1];
+        // Membership and the kinds after it are drawn from generators of their own, so that
+        // adding them changed no plan without them (the seeds pinned before kept their plans).
+        let first = &FaultKind::ALL[..FaultKind::FIRST_DRAWN];
         let mut kinds: Vec<FaultKind> = first.iter().map(|(k, _)| *k).filter(|_| r.chance(500)).collect();
         if kinds.iter().all(|k| *k == FaultKind::RpcDuplication) {
             kinds.push(first[r.below(first.len() as u64) as usize].0);
@@ -628,6 +706,9 @@ impl Plan {
         }
         if knobs.membership && SimRng::derive(seed, "swarm-membership", 0).chance(500) {
             kinds.push(FaultKind::Membership);
+        }
+        if knobs.wipes && SimRng::derive(seed, "swarm-wipe", 0).chance(500) {
+            kinds.push(FaultKind::Wipe);
         }
 
         let mut streams = Vec::new();
@@ -734,18 +815,32 @@ impl Plan {
 
         let lat_max = r.between(2, 40);
         let dup = kinds.contains(&FaultKind::RpcDuplication);
+        let snapshot_logs = *r.pick(&[20, 50, 200]);
+        let snapshot_keep_logs = *r.pick(&[0, 5, 20]);
+        let rpc = RpcFaultRates {
+            duplicate_per_mille: if dup { *r.pick(&[10, 50]) } else { 0 },
+            replay_per_mille: if dup { *r.pick(&[0, 10, 50]) } else { 0 },
+            replay_max_ms: r.between(50, 5_000),
+        };
+        if knobs.deletes && knobs.membership {
+            let mut d = SimRng::derive(seed, "swarm-deletes", 0);
+            if d.chance(500) {
+                kinds.push(FaultKind::StreamDelete);
+                for f in draw_deletes(&mut d, streams.len(), fault_ms) {
+                    // After every fault that starts at the same time: the others' order stays.
+                    let at = faults.partition_point(|x: &ScheduledFault| x.at_ms <= f.at_ms);
+                    faults.insert(at, f);
+                }
+            }
+        }
         Plan {
             seed,
             knobs,
             heal_budget_ms: 90_000,
-            snapshot_logs: *r.pick(&[20, 50, 200]),
-            snapshot_keep_logs: *r.pick(&[0, 5, 20]),
+            snapshot_logs,
+            snapshot_keep_logs,
             latency_ms: (1, lat_max),
-            rpc: RpcFaultRates {
-                duplicate_per_mille: if dup { *r.pick(&[10, 50]) } else { 0 },
-                replay_per_mille: if dup { *r.pick(&[0, 10, 50]) } else { 0 },
-                replay_max_ms: r.between(50, 5_000),
-            },
+            rpc,
             streams,
             publishers,
             subscribers,
@@ -843,6 +938,58 @@ mod tests {
         assert_eq!(ia, ib);
         assert!(!a.faults.is_empty());
         assert!(a.faults.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+    }
+
+    /// Stream deletions are drawn from a generator of their own: a swarm plan without them is the
+    /// plan the seed drew before they existed (`--no-deletes`), a plan with them only adds its
+    /// `DeleteStream` faults (and the kind), `--no-membership` plans never have them, and about
+    /// half the swarm plans do.
+    #[test]
+    fn stream_deletes_leave_every_other_draw_of_a_plan_as_it_was() {
+        let off = Knobs { deletes: false, ..Knobs::default() };
+        let mut with = 0;
+        for seed in 1..=300 {
+            let mut plan = Plan::generate(seed, Knobs::default());
+            let before = Plan::generate(seed, off);
+            assert!(!before.kinds.contains(&FaultKind::StreamDelete));
+            let no_membership = Plan::generate(seed, Knobs { membership: false, ..Knobs::default() });
+            assert!(!no_membership.kinds.contains(&FaultKind::StreamDelete), "seed {seed}");
+            assert!(no_membership.faults.iter().all(|f| f.fault.kind() != FaultKind::StreamDelete));
+            let deletes = plan.faults.iter().filter(|f| f.fault.kind() == FaultKind::StreamDelete).count();
+            assert_eq!(deletes > 0, plan.kinds.contains(&FaultKind::StreamDelete), "seed {seed}");
+            with += usize::from(deletes > 0);
+            for f in plan.faults.iter().filter(|f| f.fault.kind() == FaultKind::StreamDelete) {
+                let Fault::DeleteStream { stream } = f.fault else { unreachable!() };
+                assert!(stream < plan.streams.len() && f.at_ms + f.duration_ms < plan.knobs.fault_phase_ms);
+            }
+            assert!(plan.faults.windows(2).all(|w| w[0].at_ms <= w[1].at_ms), "seed {seed}: faults by start time");
+            plan.faults.retain(|f| f.fault.kind() != FaultKind::StreamDelete);
+            plan.kinds.retain(|k| *k != FaultKind::StreamDelete);
+            plan.knobs = off;
+            assert_eq!(plan, before, "seed {seed}");
+        }
+        assert!((100..=200).contains(&with), "{with} of 300 swarm plans delete streams");
+    }
+
+    /// Wipes are drawn from a generator of their own: a plan that does not draw them is the same
+    /// with them off (`--no-wipe`), and one that does schedules some.
+    #[test]
+    fn wipes_change_no_plan_that_does_not_draw_them() {
+        let off = Knobs { wipes: false, ..Knobs::default() };
+        let (mut without, mut with) = (0, 0);
+        for seed in 1..=60 {
+            let a = Plan::generate(seed, Knobs::default());
+            let b = Plan::generate(seed, off);
+            assert!(!b.kinds.contains(&FaultKind::Wipe));
+            if a.kinds.contains(&FaultKind::Wipe) {
+                with += usize::from(a.faults.iter().any(|f| matches!(f.fault, Fault::Wipe { .. })));
+            } else {
+                without += 1;
+                assert_eq!((&a.faults, &a.kinds, &a.streams), (&b.faults, &b.kinds, &b.streams), "seed {seed}");
+                assert_eq!((&a.publishers, &a.subscribers, a.rpc), (&b.publishers, &b.subscribers, b.rpc));
+            }
+        }
+        assert!(without > 10 && with > 10, "{without} plans without wipes, {with} with");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Once};
 use std::time::{Duration, UNIX_EPOCH};
@@ -112,8 +113,17 @@ pub fn replay_command(seed: u64, knobs: Knobs) -> String {
     if !knobs.swarm {
         cmd.push_str(" --classic");
     }
-    if knobs.membership {
-        cmd.push_str(" --membership");
+    if knobs.swarm && !knobs.membership {
+        cmd.push_str(" --no-membership");
+    }
+    if knobs.swarm && knobs.membership && !knobs.deletes {
+        cmd.push_str(" --no-deletes");
+    }
+    if knobs.swarm && knobs.membership && !knobs.wipes {
+        cmd.push_str(" --no-wipe");
+    }
+    if knobs.wipes && knobs.replace_after_ms != Knobs::default().replace_after_ms {
+        cmd.push_str(&format!(" --replace-after-ms {}", knobs.replace_after_ms));
     }
     cmd
 }
@@ -130,6 +140,8 @@ struct Active {
     mark: u64,
     /// For a snapshot crash: whether its cut is armed.
     armed: bool,
+    /// For a bit flip or a wipe: passed without effect (see [`Driver::may_lose_a_disk`]).
+    skipped: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -142,6 +154,8 @@ enum Event {
 struct Driver {
     shared: Arc<Shared>,
     disks: Vec<SimDisk>,
+    /// Each node's data directory on the real file system (the snapshot files live there).
+    dirs: Vec<PathBuf>,
     rng: SimRng,
     clients: Vec<String>,
     events: BTreeMap<(u64, Event), ()>,
@@ -154,6 +168,12 @@ struct Driver {
     faults_started: usize,
     /// Nodes whose stored log had a bit flipped since their last start.
     rotten: BTreeSet<NodeId>,
+    /// Nodes that refused their rotten log, and when their disk is replaced (simulated ms).
+    replace_at: BTreeMap<NodeId, u64>,
+    /// Nodes whose disk was lost, and the highest log index any other node held then: every
+    /// entry committed before the loss is at or below it (it is on a majority, so on another
+    /// node), and a lost node counts as caught up once its log reaches it.
+    lost_target: BTreeMap<NodeId, u64>,
     /// What the new fault kinds did, for the report and the checker tests.
     pub effects: FaultEffects,
 }
@@ -182,10 +202,24 @@ pub struct FaultEffects {
     pub refused_rotten_logs: u64,
     /// Membership changes made (removals and re-additions).
     pub membership_changes: u64,
+    /// Workload streams deleted (a delete call that succeeded, or found the stream gone after
+    /// an attempt whose answer was lost).
+    pub stream_deletes: u64,
+    /// Deleted workload streams created again.
+    pub stream_recreates: u64,
+    /// Publishes refused `409 seq_evicted` (the resends of a deleted stream's seqs after its
+    /// creation again, among them).
+    pub seq_evicted: u64,
+    /// Disks wiped by [`Fault::Wipe`] (the node then restarted empty under its old id).
+    pub wipes: u64,
+    /// Nodes that refused their rotten log and rejoined on a replaced (empty) disk.
+    pub rotten_replaced: u64,
+    /// Lost disks (wiped or replaced) seen caught up by a leader during the fault phase.
+    pub lost_caught_up: u64,
 }
 
 impl Driver {
-    fn new(shared: Arc<Shared>, disks: Vec<SimDisk>) -> Self {
+    fn new(shared: Arc<Shared>, disks: Vec<SimDisk>, dirs: Vec<PathBuf>) -> Self {
         let plan = &shared.plan;
         let mut events = BTreeMap::new();
         for (i, f) in plan.faults.iter().enumerate() {
@@ -198,6 +232,7 @@ impl Driver {
             latency_max_ms: plan.latency_ms.1,
             shared,
             disks,
+            dirs,
             events,
             active: BTreeMap::new(),
             down: BTreeMap::new(),
@@ -206,6 +241,8 @@ impl Driver {
             healed: false,
             faults_started: 0,
             rotten: BTreeSet::new(),
+            replace_at: BTreeMap::new(),
+            lost_target: BTreeMap::new(),
             effects: FaultEffects::default(),
         }
     }
@@ -242,6 +279,10 @@ impl Driver {
             self.shared.snapshot_cut_per_mille[node as usize].store(cut, Ordering::SeqCst);
             self.shared.membership_out[node as usize].store(out, Ordering::SeqCst);
         }
+        for (i, wanted) in self.shared.delete_wanted.iter().enumerate() {
+            let gone = self.active.values().any(|a| a.fault == Fault::DeleteStream { stream: i });
+            wanted.store(gone, Ordering::SeqCst);
+        }
     }
 
     /// A node is down (crash, cut): one more reason; crashes it if it was up.
@@ -274,17 +315,121 @@ impl Driver {
         }
         if self.rotten.remove(&node) {
             if let Err(e) = crate::inspect::log_holes(self.disk(node)) {
-                // Detected, never served: the node stays down for good (a safe replacement
-                // would remove it from the membership first; README, "Not simulated").
+                // Detected, never served: the node is out of service until its disk is
+                // replaced (`Knobs::replace_after_ms`; docs/cli.md, "How a node starts": it
+                // rejoins empty under its old id, no membership change first), or for good
+                // without wipes (the plans before them).
                 self.effects.refused_rotten_logs += 1;
                 self.shared.retired[node as usize].store(true, Ordering::SeqCst);
-                self.log(now, format!("n{node} refuses to start on its rotten log ({e}); retired"));
+                let knobs = self.shared.plan.knobs;
+                if knobs.wipes {
+                    let at = now + knobs.replace_after_ms;
+                    self.replace_at.insert(node, at);
+                    self.log(
+                        now,
+                        format!("n{node} refuses to start on its rotten log ({e}); disk replaced at {at} ms"),
+                    );
+                } else {
+                    self.log(now, format!("n{node} refuses to start on its rotten log ({e}); retired"));
+                }
                 return;
             }
         }
         self.inspect_before_restart(now, node);
         self.log(now, format!("restart n{node}"));
         sim.bounce(node_host(node));
+    }
+
+    /// Deletes everything in `node`'s data dir: the simulated disk's files and the snapshot
+    /// files on the real one. The node must be down. From now on its disk is lost until it
+    /// shows it was caught up ([`Shared::lost_disk`]).
+    fn wipe(&mut self, now: u64, node: NodeId) {
+        self.disk(node).wipe();
+        self.rotten.remove(&node);
+        let dir = &self.dirs[(node - 1) as usize];
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                let why = format!("n{node} at {now} ms: its data dir {} could not be wiped: {e}", dir.display());
+                self.shared.record(|h| h.node_errors.push(why));
+            }
+        }
+        let target = (1..=NODES)
+            .filter(|o| *o != node)
+            .filter_map(|o| crate::inspect::last_index(self.disk(o)).ok())
+            .max()
+            .unwrap_or(0);
+        self.lost_target.insert(node, target);
+        self.shared.lost_disk[node as usize].store(true, Ordering::SeqCst);
+        self.log(now, format!("n{node}: disk wiped (data dir deleted); the others held up to index {target}"));
+    }
+
+    /// Whether `node` may lose its disk now (a wipe, or a flipped bit that makes it refuse its
+    /// log): not while another node is outside the voters, retired, rotten, or has a lost disk
+    /// not yet caught up. Raft keeps every committed entry only while a majority of the voters
+    /// keeps its disk: with two of three disks lost, entries committed on exactly those two are
+    /// gone, and a node that lost its disk grants no vote until a leader has caught it up
+    /// (`runnev::raft::vote_gate`), so two such nodes, or one and a voter short, leave a
+    /// cluster that can never elect a leader again. Neither is a fault the cluster can be
+    /// asked to survive; the fault passes without effect. `Err` says why not.
+    fn may_lose_a_disk(&self, node: NodeId) -> Result<(), String> {
+        may_lose_a_disk(node, |o| {
+            let i = o as usize;
+            if self.shared.not_voter[i].load(Ordering::SeqCst) {
+                Some("outside the voters")
+            } else if self.shared.retired[i].load(Ordering::SeqCst) || self.rotten.contains(&o) {
+                Some("refusing its rotten log")
+            } else if self.shared.lost_disk[i].load(Ordering::SeqCst) {
+                Some("catching up on a lost disk")
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Every 500 ms: a node with a lost disk that is up, whose disk shows it caught up (no
+    /// catching-up marker, a vote) and whose log reached what the others held when it lost its
+    /// disk ([`Driver::lost_target`]) counts as sound again.
+    fn watch_lost_disks(&mut self, now: u64) {
+        if !now.is_multiple_of(500) {
+            return;
+        }
+        for node in 1..=NODES {
+            if !self.shared.lost_disk[node as usize].load(Ordering::SeqCst)
+                || self.down.contains_key(&node)
+                || self.shared.retired[node as usize].load(Ordering::SeqCst)
+            {
+                continue;
+            }
+            let target = self.lost_target.get(&node).copied().unwrap_or(0);
+            let pending = crate::inspect::lost_disk_pending(self.disk(node))
+                .and_then(|p| Ok(p || crate::inspect::last_index(self.disk(node))? < target));
+            match pending {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.shared.lost_disk[node as usize].store(false, Ordering::SeqCst);
+                    self.effects.lost_caught_up += 1;
+                    self.log(now, format!("n{node} caught up after losing its disk: it votes again"));
+                }
+                Err(e) => self.log(now, format!("n{node}: its disk could not be inspected: {e}")),
+            }
+        }
+    }
+
+    /// Replaces the disks of the rotten nodes due by `now` (all of them at the heal), and
+    /// restarts those nodes empty.
+    fn replace_rotten(&mut self, sim: &mut turmoil::Sim<'_>, now: u64, all: bool) {
+        let due: Vec<NodeId> = self.replace_at.iter().filter(|(_, at)| all || **at <= now).map(|(n, _)| *n).collect();
+        for node in due {
+            self.replace_at.remove(&node);
+            self.shared.retired[node as usize].store(false, Ordering::SeqCst);
+            self.wipe(now, node);
+            self.effects.rotten_replaced += 1;
+            if !self.down.contains_key(&node) {
+                self.restart(sim, now, node);
+            }
+        }
     }
 
     /// Checks the log node `node` will restart on; a hole is recorded as a node error.
@@ -313,10 +458,12 @@ impl Driver {
         }
         self.arm_snapshot_crashes(now);
         self.reap_cuts(sim, now);
+        self.watch_lost_disks(now);
         if now >= self.shared.plan.knobs.fault_phase_ms {
             self.heal(sim, now);
             return;
         }
+        self.replace_rotten(sim, now, false);
         while let Some((&(at, ev), _)) = self.events.first_key_value() {
             if at > now {
                 break;
@@ -350,6 +497,7 @@ impl Driver {
         self.faults_started += 1;
         self.log(now, format!("start #{i}: {fault:?}"));
         let mut mark = 0;
+        let mut skipped = false;
         match fault {
             Fault::Crash { node, kind } => self.hold_down(sim, now, node, kind),
             Fault::CutMidWrite { node, kind, after_ops } => {
@@ -359,6 +507,29 @@ impl Driver {
             Fault::DiskFull { node } => mark = self.disk(node).stats().full_refusals,
             Fault::SnapshotCrash { node, .. } => {
                 mark = self.shared.snapshot_chunks_to[node as usize].load(Ordering::SeqCst)
+            }
+            Fault::BitFlip { node }
+                if (1..=NODES).any(|o| o != node && self.shared.not_voter[o as usize].load(Ordering::SeqCst)) =>
+            {
+                // Two voters, one of which would refuse its log for good, is a cluster without a
+                // quorum for good (no membership change can be made without one): not a fault
+                // the cluster can be asked to survive. The fault passes without effect.
+                self.log(now, format!("n{node}: no bit flipped while another node is outside the voters"));
+                skipped = true;
+            }
+            Fault::BitFlip { node } | Fault::Wipe { node } if self.may_lose_a_disk(node).is_err() => {
+                let why = self.may_lose_a_disk(node).err().unwrap_or_default();
+                self.log(now, format!("n{node} keeps its disk: {why}"));
+                skipped = true;
+            }
+            Fault::Wipe { node } if self.shared.retired[node as usize].load(Ordering::SeqCst) => {
+                self.log(now, format!("n{node} keeps its disk: it awaits its replacement already"));
+                skipped = true;
+            }
+            Fault::Wipe { node } => {
+                self.hold_down(sim, now, node, CrashKind::PowerLoss { keep_per_mille: 0 });
+                self.wipe(now, node);
+                self.effects.wipes += 1;
             }
             Fault::BitFlip { node } => {
                 // A power loss, so that what the next incarnation reads is the durable image.
@@ -375,7 +546,7 @@ impl Driver {
             }
             _ => {}
         }
-        self.active.insert(i, Active { fault, struck: false, mark, armed: false });
+        self.active.insert(i, Active { fault, struck: false, mark, armed: false, skipped });
         self.apply_nodes();
         self.apply_network(sim);
     }
@@ -467,7 +638,8 @@ impl Driver {
         }
         self.apply_nodes();
         match a.fault {
-            Fault::Crash { node, .. } | Fault::BitFlip { node } => self.release(sim, now, node),
+            Fault::BitFlip { .. } | Fault::Wipe { .. } if a.skipped => {}
+            Fault::Crash { node, .. } | Fault::BitFlip { node } | Fault::Wipe { node } => self.release(sim, now, node),
             Fault::CutMidWrite { node, .. } | Fault::SnapshotCrash { node, .. } if a.struck => {
                 self.release(sim, now, node)
             }
@@ -533,8 +705,10 @@ impl Driver {
                 | Fault::ClockJump { .. }
                 | Fault::SnapshotCut { .. }
                 | Fault::SnapshotCrash { .. }
+                | Fault::DeleteStream { .. }
                 | Fault::BitFlip { .. }
-                | Fault::Membership { .. } => {}
+                | Fault::Membership { .. }
+                | Fault::Wipe { .. } => {}
             }
         }
         for (from, to) in self.blocked.difference(&blocked) {
@@ -598,7 +772,20 @@ impl Driver {
         for node in std::mem::take(&mut self.down).into_keys() {
             self.restart(sim, now, node);
         }
+        // The rotten nodes still waiting get their new disk now.
+        self.replace_rotten(sim, now, true);
         self.log(now, "heal: every fault ended".into());
+    }
+}
+
+/// Whether `node` may lose its disk, given why each other node cannot afford it
+/// (`trouble(o)`: `Some(why)` when node `o` is outside the voters, refusing its log, or
+/// catching up on a lost disk): `Err` names the first such node. See
+/// `Driver::may_lose_a_disk`.
+fn may_lose_a_disk(node: NodeId, trouble: impl Fn(NodeId) -> Option<&'static str>) -> Result<(), String> {
+    match (1..=NODES).filter(|o| *o != node).find_map(|o| trouble(o).map(|why| (o, why))) {
+        Some((o, why)) => Err(format!("n{o} is {why}")),
+        None => Ok(()),
     }
 }
 
@@ -686,9 +873,10 @@ pub fn run_seed(seed: u64, knobs: Knobs) -> RunReport {
         .build();
 
     let disks: Vec<SimDisk> = (1..=NODES).map(|_| SimDisk::new()).collect();
+    let dirs: Vec<PathBuf> = (1..=NODES).map(|id| data.path().join(format!("n{id}"))).collect();
     for id in 1..=NODES {
-        let dir = data.path().join(format!("n{id}"));
-        sim.host(node_host(id), nodes::node_software(shared.clone(), id, disks[(id - 1) as usize].clone(), dir));
+        let (disk, dir) = (disks[(id - 1) as usize].clone(), dirs[(id - 1) as usize].clone());
+        sim.host(node_host(id), nodes::node_software(shared.clone(), id, disk, dir));
     }
     for p in &plan.publishers {
         sim.client(format!("pub{}", p.id), workload::publisher(shared.clone(), p.id));
@@ -698,7 +886,7 @@ pub fn run_seed(seed: u64, knobs: Knobs) -> RunReport {
     }
     sim.client("control", workload::control(shared.clone()));
 
-    let mut driver = Driver::new(shared.clone(), disks.clone());
+    let mut driver = Driver::new(shared.clone(), disks.clone(), dirs);
     let watchdog = Watchdog::start(seed, knobs);
     let sim_error = loop {
         let now = sim.elapsed().as_millis() as u64;
@@ -753,6 +941,16 @@ pub fn run_seed(seed: u64, knobs: Knobs) -> RunReport {
     stats.effects = driver.effects.clone();
     stats.effects.snapshot_chunks_cut = shared.snapshot_chunks_cut.load(Ordering::Relaxed);
     stats.effects.membership_changes = shared.membership_changes.load(Ordering::Relaxed);
+    stats.effects.stream_deletes = history.deletions.len() as u64;
+    stats.effects.stream_recreates = history.deletions.iter().filter(|d| d.recreated.is_some()).count() as u64;
+    stats.effects.seq_evicted = history
+        .publishes
+        .iter()
+        .flat_map(|p| &p.attempts)
+        .filter(
+            |a| matches!(&a.outcome, crate::history::Outcome::Rejected { status: 409, code } if code == "seq_evicted"),
+        )
+        .count() as u64;
     for d in &disks {
         let s = d.stats();
         stats.effects.slow_syncs += s.slow_syncs;
@@ -764,4 +962,28 @@ pub fn run_seed(seed: u64, knobs: Knobs) -> RunReport {
         stats.disk.stale_ops += s.stale_ops;
     }
     RunReport { seed, knobs, plan_digest, history_digest: history.digest(), violations, stats, history }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A disk is lost only while every other node is a sound voter: never a second lost disk
+    /// (two of three lose entries committed on exactly those two), never with a voter short.
+    #[test]
+    fn a_disk_is_lost_only_while_every_other_node_is_a_sound_voter() {
+        assert_eq!(may_lose_a_disk(2, |_| None), Ok(()));
+        // Trouble on the node itself does not count: wiping a node that is catching up, or
+        // outside the voters, loses no second disk.
+        assert_eq!(may_lose_a_disk(2, |o| (o == 2).then_some("catching up on a lost disk")), Ok(()));
+        assert_eq!(
+            may_lose_a_disk(2, |o| (o == 3).then_some("catching up on a lost disk")),
+            Err("n3 is catching up on a lost disk".to_string())
+        );
+        assert_eq!(
+            may_lose_a_disk(3, |o| (o == 1).then_some("outside the voters")),
+            Err("n1 is outside the voters".to_string())
+        );
+        assert!(may_lose_a_disk(1, |o| (o == 2).then_some("refusing its rotten log")).is_err());
+    }
 }

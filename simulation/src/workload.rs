@@ -6,7 +6,7 @@
 //! `runnev::client::Client` over turmoil's TCP. Must never: decide anything from the wall clock
 //! or from anything but the plan; record an answer other than as it came.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +15,10 @@ use futures::StreamExt;
 use runnev::client::{Client, ClientError, Delivery, RetryPolicy};
 use runnev::stream::Retention;
 
-use crate::history::{Attempt, Batch, FinalStream, NodeFinal, NodeId, Outcome, Publish, Publisher, ReadCheck, Seen};
+use crate::history::{
+    Attempt, Batch, BeforeDelete, Deletion, FinalStream, NodeFinal, NodeId, Outcome, Publish, Publisher, ReadCheck,
+    Recreated, Seen,
+};
 use crate::net::SimDialer;
 use crate::plan::{node_url, HEAL_STREAM, NODES};
 use crate::world::{now_ms, Shared};
@@ -74,15 +77,21 @@ async fn publish_once(client: &Client, stream: &str, seq: Option<u64>, frames: &
     }
 }
 
-/// Records one attempt's outcome under every frame's history record (`recs[k]` is frame `k`).
-fn record_attempt(shared: &Shared, recs: &[usize], outcome: &Outcome, deliberate_resend: bool) {
+/// Records one attempt's outcome under every frame's history record (`recs[k]` is frame `k`);
+/// the attempt was sent at `sent_ms`.
+fn record_attempt(shared: &Shared, recs: &[usize], sent_ms: u64, outcome: &Outcome, deliberate_resend: bool) {
     let at_ms = now_ms();
     shared.record(|h| {
         for (k, rec) in recs.iter().enumerate() {
             let outcome = frame_outcome(outcome, k as u64);
-            h.publishes[*rec].attempts.push(Attempt { at_ms, deliberate_resend, outcome });
+            h.publishes[*rec].attempts.push(Attempt { sent_ms, at_ms, deliberate_resend, outcome });
         }
     });
+}
+
+/// Whether the plan deletes streams ([`crate::plan::FaultKind::StreamDelete`]).
+fn deletes_streams(shared: &Shared) -> bool {
+    shared.plan.kinds.contains(&crate::plan::FaultKind::StreamDelete)
 }
 
 /// Sends one logical publish (one batch, or several as one frames publish) until it is
@@ -98,10 +107,16 @@ async fn publish_until_done(
     deadline_ms: u64,
 ) -> Option<(u64, u64)> {
     loop {
+        let sent_ms = now_ms();
         let outcome = publish_once(client, stream, seq, frames).await;
-        record_attempt(shared, recs, &outcome, false);
+        record_attempt(shared, recs, sent_ms, &outcome, false);
         match outcome {
             Outcome::Ack { seq, index, .. } => return Some((seq, index)),
+            // The stream is deleted for a while: it comes back (the control client creates it
+            // again), so the publish is sent again, as a publisher that waits for its stream does.
+            Outcome::Rejected { status: 404, .. } if deletes_streams(shared) && now_ms() < deadline_ms => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
             Outcome::Rejected { .. } => return None,
             Outcome::Unknown(_) if now_ms() >= deadline_ms => return None,
             Outcome::Unknown(_) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -154,8 +169,9 @@ pub async fn publisher(shared: Arc<Shared>, id: usize) -> turmoil::Result {
             });
             let acked = publish_until_done(&shared, &client, &recs, &stream, requested, &frames, hard_deadline).await;
             if acked.is_some() && intent.resend {
+                let sent_ms = now_ms();
                 let outcome = publish_once(&client, &stream, requested, &frames).await;
-                record_attempt(&shared, &recs, &outcome, true);
+                record_attempt(&shared, &recs, sent_ms, &outcome, true);
             }
             if let (Some((acked_seq, index)), Some(node)) = (acked, intent.read_check) {
                 read_check(&shared, node, &stream, acked_seq, &intent.payload, index).await;
@@ -316,8 +332,8 @@ pub async fn control(shared: Arc<Shared>) -> turmoil::Result {
     milestone("streams created; workload starts");
 
     // Fault phase: keep an eye on the leader, for the leader-isolation faults, and make the
-    // membership changes the driver asks for.
-    let mut out = vec![false; NODES as usize + 1];
+    // membership changes and stream deletions the driver asks for.
+    let mut deleting: Vec<Deleting> = plan.streams.iter().map(|_| Deleting::No).collect();
     while now_ms() < fault_end {
         for n in 1..=NODES {
             if let Some(RaftView { leader: Some(l), .. }) = raft_view(n).await {
@@ -325,20 +341,55 @@ pub async fn control(shared: Arc<Shared>) -> turmoil::Result {
                 break;
             }
         }
-        change_membership(&shared, &mut out, false).await;
+        if shared.plan.kinds.contains(&crate::plan::FaultKind::Membership) {
+            change_membership(&shared, false).await;
+        }
+        if deletes_streams(&shared) {
+            change_streams(&shared, &mut deleting, false).await;
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
     // Heal phase: the driver has repaired the network and restarted crashed nodes; every node
-    // taken out of the membership is put back first.
-    // (A retired node stays out: it is down for good.)
-    let still_out = |out: &[bool]| shared.serving_nodes().into_iter().any(|n| out[n as usize]);
-    while still_out(&out) && now_ms() < deadline {
-        change_membership(&shared, &mut out, true).await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    // outside the voters is put back first (a retired node stays out: it is down for good).
+    if shared.plan.kinds.contains(&crate::plan::FaultKind::Membership) {
+        // Every node in must hold for a while: a removal cut short leaves a joint configuration,
+        // whose voters `/v1/cluster` lists as one set (the removed node among them), until the
+        // next leader finishes it (`finish_joint_changes`, every second) and the node is out
+        // after all (seed 1055: n2, the leader, crashed while removing itself).
+        let mut all_in = false;
+        let mut in_since: Option<u64> = None;
+        while now_ms() < deadline {
+            if change_membership(&shared, true).await {
+                let since = *in_since.get_or_insert(now_ms());
+                if now_ms() >= since + MEMBERSHIP_SETTLE_MS {
+                    all_in = true;
+                    break;
+                }
+            } else {
+                in_since = None;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if !all_in {
+            let out: Vec<NodeId> =
+                (1..=NODES).filter(|n| shared.not_voter[*n as usize].load(Ordering::SeqCst)).collect();
+            problem(format!("nodes still outside the voters at the end of the heal phase: {out:?}"));
+        }
     }
-    if still_out(&out) {
-        problem(format!("nodes still out of the membership at the end of the heal phase: {out:?}"));
+    // Every deleted stream is created again (a delete under way is finished first).
+    if deletes_streams(&shared) {
+        let mut all_back = false;
+        while now_ms() < deadline {
+            if change_streams(&shared, &mut deleting, true).await {
+                all_back = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if !all_back {
+            problem("a deleted stream was not created again by the end of the heal phase".into());
+        }
     }
     let converged = loop {
         let mut views = Vec::new();
@@ -446,35 +497,249 @@ pub async fn control(shared: Arc<Shared>) -> turmoil::Result {
     Ok(())
 }
 
-/// One step towards the membership the driver asks for (`Shared::membership_out`; all back in
-/// when `heal`): removes or re-adds at most one node, through any node, and records it. `out`
-/// is which nodes this client has taken out. A call that fails is tried again next time.
-async fn change_membership(shared: &Shared, out: &mut [bool], heal: bool) {
+/// Where the control client is with one workload stream's deletion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Deleting {
+    /// The stream exists (as far as this client knows).
+    No,
+    /// It was read, and delete calls are being made (one may have deleted it already): what it
+    /// held, when the first call was made, and until when a request of these calls may still
+    /// reach the leader.
+    Calls(BeforeDelete, u64, u64),
+    /// Deleted: `history.deletions[i]`; to be created again, not before the simulated ms given.
+    Gone(usize, u64),
+}
+
+/// How long after a delete call that may have left a request on its way (one of its attempts
+/// timed out, or it failed) the stream is not created again, in simulated ms: such a request
+/// can still reach a node (up to 1.5 s of latency in a `Slow` fault), wait there for a leader
+/// (`503 no_leader` after 5 s), be forwarded (up to twice) and be proposed; created again before
+/// that, the stream would be deleted by it once more, a deletion the history does not hold.
+const STALE_DELETE_MS: u64 = 15_000;
+
+/// One step towards the stream deletions the driver asks for (`Shared::delete_wanted`; none
+/// when `heal`): a stream the driver wants gone is read (every batch, on a node that applied
+/// every acknowledged publish so far), then deleted (retried through the faults; a retry that
+/// finds it gone after a lost answer is a success, as `runnev streams delete` counts it); a
+/// deleted stream the driver no longer wants gone is created again with its retention, and
+/// one batch acknowledged before the delete is then sent again (same seq and payload), which
+/// the new stream must refuse `409 seq_evicted` (contract §5). Every call goes through the
+/// production client. Returns whether every workload stream exists. A call that fails is made
+/// again next time.
+async fn change_streams(shared: &Shared, deleting: &mut [Deleting], heal: bool) -> bool {
     let all: Vec<NodeId> = (1..=NODES).collect();
     let policy = RetryPolicy { give_up_after: Duration::from_secs(2), ..workload_policy() };
     let client = client_for(&all, policy);
-    for n in shared.serving_nodes() {
-        let want_out = !heal && shared.membership_out[n as usize].load(Ordering::SeqCst);
-        let i = n as usize;
-        let done = if want_out && !out[i] {
-            client.remove_member(n).await.map(|_| "removed from the voters")
-        } else if !want_out && out[i] {
-            let addr = format!("{}:{}", crate::plan::node_host(n), crate::plan::NODE_PORT);
-            client.add_member(n, &addr, true).await.map(|_| "added back as a voter")
-        } else {
-            continue;
-        };
-        let line = match done {
-            Ok(what) => {
-                out[i] = want_out;
-                shared.membership_changes.fetch_add(1, Ordering::Relaxed);
-                format!("{:>7} ms control: n{n} {what}", now_ms())
+    let log = |line: String| shared.record(|h| h.fault_log.push(format!("{:>7} ms control: {line}", now_ms())));
+    for (i, state) in deleting.iter_mut().enumerate() {
+        let spec = &shared.plan.streams[i];
+        let wanted = !heal && shared.delete_wanted[i].load(Ordering::SeqCst);
+        if *state == Deleting::No && wanted {
+            match read_before_delete(shared, &client, &spec.name).await {
+                Ok(before) => *state = Deleting::Calls(before, now_ms(), 0),
+                Err(e) => {
+                    log(format!("reading {} before deleting it failed (will retry): {e}", spec.name));
+                    continue;
+                }
             }
-            Err(e) => format!("{:>7} ms control: changing n{n}'s membership failed (will retry): {e}", now_ms()),
-        };
-        shared.record(|h| h.fault_log.push(line));
-        return;
+        }
+        if let Deleting::Calls(before, delete_sent_ms, stale_until) = state {
+            let call_ms = now_ms();
+            let answer = client.delete_stream(&spec.name).await;
+            // A call that took a whole request timeout had an attempt time out: its request may
+            // still be on its way.
+            if answer.is_err() || now_ms() - call_ms >= policy.request_timeout.as_millis() as u64 {
+                *stale_until = now_ms() + STALE_DELETE_MS;
+            }
+            let already = match answer {
+                Ok(runnev::client::Deleted::Now) => false,
+                Ok(runnev::client::Deleted::Already) => true,
+                // A call that gave up earlier may have deleted it.
+                Err(ClientError::Api { status: 404, .. }) => true,
+                Err(e) => {
+                    log(format!("deleting {} failed (will retry): {e}", spec.name));
+                    continue;
+                }
+            };
+            log(format!("deleted {}{}", spec.name, if already { " (already gone)" } else { "" }));
+            let d = Deletion {
+                stream: spec.name.clone(),
+                before: before.clone(),
+                delete_sent_ms: *delete_sent_ms,
+                deleted_at_ms: now_ms(),
+                already,
+                recreated: None,
+            };
+            let stale_until = *stale_until;
+            *state = Deleting::Gone(
+                shared.record(|h| {
+                    h.deletions.push(d);
+                    h.deletions.len() - 1
+                }),
+                stale_until,
+            );
+        }
+        if let Deleting::Gone(k, stale_until) = *state {
+            if wanted || now_ms() < stale_until {
+                continue;
+            }
+            let retention = spec.max_batches.map(|n| Retention { max_batches: Some(n), ..Default::default() });
+            match client.put_stream(&spec.name, retention).await {
+                Ok((info, created)) => {
+                    let again = Recreated {
+                        at_ms: now_ms(),
+                        created,
+                        first_seq: info.first_seq,
+                        last_seq: info.last_seq,
+                        evicted_through: info.evicted_through,
+                    };
+                    log(format!("created {} again: {again:?}", spec.name));
+                    let d = shared.record(|h| {
+                        h.deletions[k].recreated = Some(again);
+                        h.deletions[k].clone()
+                    });
+                    *state = Deleting::No;
+                    resend_across_delete(shared, &client, &d).await;
+                }
+                Err(e) => log(format!("creating {} again failed (will retry): {e}", spec.name)),
+            }
+        }
     }
+    deleting.iter().all(|d| *d == Deleting::No)
+}
+
+/// Reads all of `stream` (pages of batches after 0) on nodes that have applied the highest
+/// index acknowledged to any publish recorded so far (`min_index`), so that every batch
+/// acknowledged before now is in it unless retention evicted it.
+async fn read_before_delete(shared: &Shared, client: &Client, stream: &str) -> Result<BeforeDelete, ClientError> {
+    let read_ms = now_ms();
+    let min_index = shared.record(|h| h.publishes.iter().flat_map(|p| p.acks().map(|a| a.3)).max().unwrap_or(0));
+    let mut before = BeforeDelete { read_ms, min_index, batches: Vec::new(), last_seq: 0, evicted_through: 0 };
+    let mut after = 0;
+    loop {
+        let a = client.read_at(stream, after, 10_000, 0, Some(min_index)).await?;
+        if let Some(g) = &a.gap {
+            before.evicted_through = before.evicted_through.max(g.to);
+        }
+        before.last_seq = before.last_seq.max(a.last_seq);
+        if a.batches.is_empty() {
+            return Ok(before);
+        }
+        before.batches.extend(a.batches.iter().map(|b| (b.seq, b.ts, crate::history::fnv(&b.data))));
+        after = a.next_after;
+    }
+}
+
+/// After `d`'s stream was created again: sends once more the workload publish with seq
+/// acknowledged last before the stream was read for its deletion (its seq and payload, as a
+/// publisher resending after a lost answer would), recorded as a deliberate resend of it. The
+/// deleted stream's seqs count as evicted in the new one, so the answer must be `409
+/// seq_evicted`: never `duplicate: true` (the dedup of a deleted stream survived) nor a new
+/// batch (a seq given twice).
+async fn resend_across_delete(shared: &Shared, client: &Client, d: &Deletion) {
+    let picked = shared.record(|h| {
+        h.publishes
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.stream == d.stream && p.seq.is_some() && matches!(p.publisher, Publisher::Workload(_)))
+            .filter_map(|(i, p)| {
+                p.attempts
+                    .iter()
+                    .find_map(|a| match a.outcome {
+                        Outcome::Ack { seq, .. } if a.at_ms < d.before.read_ms => Some(seq),
+                        _ => None,
+                    })
+                    .map(|seq| (seq, i, p.payload.clone()))
+            })
+            .max()
+    });
+    let Some((seq, rec, payload)) = picked else { return };
+    let sent_ms = now_ms();
+    let r = client.publish(&d.stream, Some(seq), payload).await;
+    let outcome = outcome_of(&r, |a| Outcome::Ack { seq: a.seq, ts: a.ts, duplicate: a.duplicate, index: a.index });
+    record_attempt(shared, &[rec], sent_ms, &outcome, true);
+}
+
+/// How long, in simulated ms, every serving node must be seen a voter before the heal phase
+/// goes on: three times `runnev::limits::JOINT_REPAIR_MS`, the period at which a leader finishes
+/// a joint configuration left by a change cut short.
+const MEMBERSHIP_SETTLE_MS: u64 = 3 * runnev::limits::JOINT_REPAIR_MS;
+
+/// The leader's view of the voters: (leader, voters), from the first node that names itself
+/// leader; `None` when none does (no leader, or none reachable).
+async fn leader_voters() -> Option<(NodeId, BTreeSet<NodeId>)> {
+    let policy = RetryPolicy { request_timeout: Duration::from_millis(500), ..workload_policy() };
+    for n in 1..=NODES {
+        let Ok(v) = client_for(&[n], policy).cluster_view(&node_url(n)).await else { continue };
+        if v.leader_id == Some(n) {
+            return Some((n, v.members.iter().filter(|m| m.voter).map(|m| m.id).collect()));
+        }
+    }
+    None
+}
+
+/// One step towards the membership the driver asks for (`Shared::membership_out`; every
+/// serving node a voter when `heal`), judged from the leader's view of the voters rather than
+/// from what this client did (a change whose answer was lost may have been made, or not):
+/// first puts back one node that is outside the voters and should not be, else (not in the
+/// heal phase) takes out one node the driver wants out — never a second one (a voter left
+/// alone is the whole cluster: lose its disk and nothing can be recovered), and never while a
+/// node is retired. Sends the change to the leader first. Returns whether every serving node
+/// is a voter. A change that fails is tried again next time.
+async fn change_membership(shared: &Shared, heal: bool) -> bool {
+    let Some((leader, voters)) = leader_voters().await else { return false };
+    let serving = shared.serving_nodes();
+    for n in 1..=NODES {
+        shared.not_voter[n as usize].store(!voters.contains(&n), Ordering::SeqCst);
+    }
+    // No node goes out while a lost disk may not be caught up: the two voters left would
+    // include one that grants no vote until a leader catches it up, and if the other was not
+    // the leader, none could be elected (`runnev::raft::vote_gate`).
+    let lost = (1..=NODES).any(|n| shared.lost_disk[n as usize].load(Ordering::SeqCst));
+    let wants_out = |n: NodeId| !heal && !lost && shared.membership_out[n as usize].load(Ordering::SeqCst);
+    let Some((n, remove)) = next_change(&voters, &serving, wants_out) else {
+        return serving.iter().all(|n| voters.contains(n));
+    };
+    let order: Vec<NodeId> = std::iter::once(leader).chain((1..=NODES).filter(|o| *o != leader)).collect();
+    let policy = RetryPolicy { give_up_after: Duration::from_secs(2), ..workload_policy() };
+    let client = client_for(&order, policy);
+    let done = if remove {
+        shared.not_voter[n as usize].store(true, Ordering::SeqCst);
+        client.remove_member(n).await.map(|_| "removed from the voters")
+    } else {
+        let addr = format!("{}:{}", crate::plan::node_host(n), crate::plan::NODE_PORT);
+        client.add_member(n, &addr, true).await.map(|_| "added back as a voter")
+    };
+    let line = match done {
+        Ok(what) => {
+            shared.membership_changes.fetch_add(1, Ordering::Relaxed);
+            format!("{:>7} ms control: n{n} {what}", now_ms())
+        }
+        Err(e) => format!("{:>7} ms control: changing n{n}'s membership failed (will retry): {e}", now_ms()),
+    };
+    shared.record(|h| h.fault_log.push(line));
+    false
+}
+
+/// The next membership change towards what the driver wants, from the leader's `voters`:
+/// `Some((node, remove))`. First a serving node outside the voters that `wants_out` does not
+/// name is put back (`false`); otherwise, only while every node serves (none retired) and every
+/// one is a voter, one node `wants_out` names is taken out (`true`). So at most one node is
+/// ever outside the voters: a voter left alone is the whole cluster, and losing its disk would
+/// lose everything (the product allows it; an operator may do it, the driver does not).
+fn next_change(
+    voters: &BTreeSet<NodeId>,
+    serving: &[NodeId],
+    wants_out: impl Fn(NodeId) -> bool,
+) -> Option<(NodeId, bool)> {
+    let out: Vec<NodeId> = serving.iter().copied().filter(|n| !voters.contains(n)).collect();
+    if let Some(&n) = out.iter().find(|n| !wants_out(**n)) {
+        return Some((n, false));
+    }
+    if !out.is_empty() || serving.len() < NODES as usize {
+        return None;
+    }
+    serving.iter().copied().find(|n| wants_out(*n)).map(|n| (n, true))
 }
 
 async fn final_state(node: NodeId, barrier: u64) -> Result<BTreeMap<String, FinalStream>, String> {
@@ -510,4 +775,38 @@ async fn final_state(node: NodeId, barrier: u64) -> Result<BTreeMap<String, Fina
         );
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(ids: &[NodeId]) -> BTreeSet<NodeId> {
+        ids.iter().copied().collect()
+    }
+
+    /// The control client's membership steps: one node out at a time, put back first, back
+    /// whatever this client believes it did (a removal whose answer was lost), and all back in
+    /// the heal phase; never a removal while a node is retired.
+    #[test]
+    fn membership_changes_take_out_one_node_at_a_time_and_put_back_first() {
+        let all = [1, 2, 3];
+        // The driver wants n2 out: taken out.
+        assert_eq!(next_change(&set(&all), &all, |n| n == 2), Some((2, true)));
+        // n2 is out and the driver now wants n1 out too: nothing until n2 is back (seed 13, where
+        // n1 and n2 went out together and n3, left alone, then lost its log).
+        assert_eq!(next_change(&set(&[1, 3]), &all, |n| n == 1 || n == 2), None);
+        // n2's fault ended: n2 is put back before n1 is taken out (seed 6 took n1 out first).
+        assert_eq!(next_change(&set(&[1, 3]), &all, |n| n == 1), Some((2, false)));
+        // A removal whose answer was lost, and which the leader made: n1 is outside the voters
+        // and nobody wants it out: put back (seed 9, where the driver believed it was in).
+        assert_eq!(next_change(&set(&[2, 3]), &all, |_| false), Some((1, false)));
+        // The heal phase wants nobody out: every serving node outside the voters comes back.
+        assert_eq!(next_change(&set(&[3]), &all, |_| false), Some((1, false)));
+        assert_eq!(next_change(&set(&all), &all, |_| false), None);
+        // n3 retired (down for good): no removal, since the two left must stay a quorum.
+        assert_eq!(next_change(&set(&all), &[1, 2], |n| n == 1), None);
+        // A retired node outside the voters is not put back: it is not serving.
+        assert_eq!(next_change(&set(&[1, 2]), &[1, 2], |_| false), None);
+    }
 }

@@ -58,6 +58,19 @@ pub struct Shared {
     pub membership_out: Vec<AtomicBool>,
     /// Membership changes the control client completed (removals and re-additions).
     pub membership_changes: AtomicU64,
+    /// Nodes outside the voters as the control client last saw them in the leader's view, or
+    /// being taken out, by node id: the driver flips no bit on another node meanwhile (two
+    /// voters of which one refuses its log for good is a cluster without a quorum for good).
+    pub not_voter: Vec<AtomicBool>,
+    /// Whether each workload stream should be deleted now (an active
+    /// [`crate::plan::Fault::DeleteStream`]), by index into the plan's streams; the control
+    /// client makes it so.
+    pub delete_wanted: Vec<AtomicBool>,
+    /// Nodes whose disk was lost (wiped, or replaced after a rotten log) and that may not have
+    /// been caught up yet, by node id (set by the driver, cleared when the node's disk shows it
+    /// caught up: `inspect::lost_disk_pending`). The control client takes no node out of the
+    /// voters meanwhile.
+    pub lost_disk: Vec<AtomicBool>,
 }
 
 impl Shared {
@@ -77,6 +90,7 @@ impl Shared {
             liveness: crate::history::Liveness { heal_started_at_ms: plan.knobs.fault_phase_ms, ..Default::default() },
             ..Default::default()
         };
+        let plan_streams = plan.streams.clone();
         Arc::new(Shared {
             publishers_active: AtomicUsize::new(plan.publishers.len()),
             plan,
@@ -94,6 +108,9 @@ impl Shared {
             retired: (0..=crate::plan::NODES).map(|_| AtomicBool::new(false)).collect(),
             membership_out: (0..=crate::plan::NODES).map(|_| AtomicBool::new(false)).collect(),
             membership_changes: AtomicU64::new(0),
+            not_voter: (0..=crate::plan::NODES).map(|_| AtomicBool::new(false)).collect(),
+            delete_wanted: plan_streams.iter().map(|_| AtomicBool::new(false)).collect(),
+            lost_disk: (0..=crate::plan::NODES).map(|_| AtomicBool::new(false)).collect(),
         })
     }
 

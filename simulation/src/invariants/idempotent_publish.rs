@@ -10,7 +10,11 @@
 //!   the client retries inside one call, and an earlier HTTP send may have stored the batch.)
 //! - the cluster never rejects one of the workload's publishes: publishers only resend the
 //!   same (seq, payload) and only move forward, so `409 seq_conflict`, `seq_not_increasing`,
-//!   `seq_evicted` or a `404` (the stream was created before publishing began) are wrong.
+//!   `seq_evicted` or a `404` (the stream was created before publishing began) are wrong —
+//!   but where the control client deleted the stream (contract §5): a `404` while it may have
+//!   been gone (the attempt overlaps the time from the first delete call to the answer of the
+//!   creation again), and `409 seq_evicted` for a seq at or below the `evicted_through` a
+//!   creation again answered (the deleted stream's seqs, which a resend may carry).
 //!
 //! Publishes without seq are at-least-once by design (a resend after an unknown outcome may
 //! store the payload twice, README "Retries"); for them only the last rule applies, and
@@ -18,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::history::{History, Outcome};
+use crate::history::{Attempt, History, Outcome, Publish};
 
 use super::{Observations, Source, Violation};
 
@@ -36,6 +40,7 @@ pub(super) fn check(h: &History, obs: &Observations, out: &mut Vec<Violation>) {
         let mut v = |detail: String| out.push(Violation { invariant: NAME, detail });
         for (k, a) in p.attempts.iter().enumerate() {
             match &a.outcome {
+                Outcome::Rejected { status, code } if refused_across_a_delete(h, p, a, *status, code) => {}
                 Outcome::Rejected { status, code } => v(format!(
                     "publish #{i} to {} (seq {:?}, attempt {k}{}) was rejected with {status} {code} (attempts before: {:?})",
                     p.stream,
@@ -77,6 +82,21 @@ pub(super) fn check(h: &History, obs: &Observations, out: &mut Vec<Violation>) {
                 }
             }
         }
+    }
+}
+
+/// Whether rejection `status code` of attempt `a` of publish `p` is the contract's answer
+/// because its stream was deleted: `404 stream_not_found` while it may have been gone, `409
+/// seq_evicted` for a seq of a deleted incarnation (at or below what a creation again answered
+/// as `evicted_through`, for a deletion that began before the answer came).
+fn refused_across_a_delete(h: &History, p: &Publish, a: &Attempt, status: u16, code: &str) -> bool {
+    let deletions = h.deletions.iter().filter(|d| d.stream == p.stream && d.delete_sent_ms <= a.at_ms);
+    match (status, code) {
+        (404, "stream_not_found") => deletions.clone().any(|d| d.recreated.is_none_or(|r| a.sent_ms <= r.at_ms)),
+        (409, "seq_evicted") => {
+            p.seq.is_some_and(|seq| deletions.clone().any(|d| d.recreated.is_some_and(|r| seq <= r.evicted_through)))
+        }
+        _ => false,
     }
 }
 
@@ -143,10 +163,38 @@ mod tests {
         assert_eq!(broken(&h), vec!["idempotent_publish"], "{details:?}");
     }
 
+    /// A deleted stream (contract §5): `404` only while it may have been gone, `409 seq_evicted`
+    /// only for a seq of the deleted stream.
+    #[test]
+    fn refusals_across_a_delete_are_allowed_only_where_the_stream_was_gone() {
+        let refused = |sent_ms, at_ms, status, code: &str| Attempt {
+            sent_ms,
+            at_ms,
+            deliberate_resend: false,
+            outcome: Outcome::Rejected { status, code: code.into() },
+        };
+        // The resend of s/1 after the re-creation is refused 409 seq_evicted: right.
+        assert_eq!(broken(&good_with_delete()), Vec::<&str>::new());
+        // s/5 (publish #7) refused 404 while s was deleted (100..200 ms), then acknowledged.
+        let mut h = good_with_delete();
+        h.publishes[7].attempts.insert(0, refused(150, 160, 404, "stream_not_found"));
+        assert_eq!(broken(&h), Vec::<&str>::new());
+        // ... but a 404 before the delete began, or sent after the stream was back, is wrong.
+        h.publishes[7].attempts[0] = refused(60, 70, 404, "stream_not_found");
+        assert_eq!(broken(&h), vec!["idempotent_publish"]);
+        h.publishes[7].attempts[0] = refused(201, 203, 404, "stream_not_found");
+        assert_eq!(broken(&h), vec!["idempotent_publish"]);
+        // 409 seq_evicted for s/5, above the deleted stream's seqs, is wrong.
+        let mut h = good_with_delete();
+        h.publishes[7].attempts.insert(0, refused(210, 212, 409, "seq_evicted"));
+        assert_eq!(broken(&h), vec!["idempotent_publish"]);
+    }
+
     #[test]
     fn a_conflict_answer_to_a_resend_is_flagged() {
         let mut h = good();
         h.publishes[2].attempts.push(Attempt {
+            sent_ms: 98,
             at_ms: 99,
             deliberate_resend: true,
             outcome: Outcome::Rejected { status: 409, code: "seq_not_increasing".into() },

@@ -7,6 +7,7 @@
 
 mod acked_durable;
 mod idempotent_publish;
+mod incarnations;
 mod liveness;
 mod node_health;
 mod one_history;
@@ -115,6 +116,7 @@ pub fn check(h: &History) -> Vec<Violation> {
     subscriber_view::check(h, &obs, &mut v);
     read_your_writes::check(h, &mut v);
     ts_order::check(h, &mut v);
+    incarnations::check(h, &mut v);
     liveness::check(h, &mut v);
     v
 }
@@ -132,6 +134,7 @@ pub(crate) mod fixtures {
 
     pub fn ack(seq: u64, duplicate: bool) -> Attempt {
         Attempt {
+            sent_ms: seq * 10 - 5,
             at_ms: seq * 10,
             deliberate_resend: false,
             outcome: Outcome::Ack { seq, ts: 1_000 + seq, duplicate, index: 10 + seq },
@@ -139,7 +142,7 @@ pub(crate) mod fixtures {
     }
 
     pub fn unknown() -> Attempt {
-        Attempt { at_ms: 1, deliberate_resend: false, outcome: Outcome::Unknown("timed out".into()) }
+        Attempt { sent_ms: 0, at_ms: 1, deliberate_resend: false, outcome: Outcome::Unknown("timed out".into()) }
     }
 
     fn final_stream(batches: Vec<Batch>, evicted_through: u64, last_seq: u64) -> FinalStream {
@@ -257,6 +260,63 @@ pub(crate) mod fixtures {
             },
             ..Default::default()
         }
+    }
+
+    /// [`good`], then stream `s` deleted (read at 100 ms holding 1, 2 and 4; deleted at 110 ms)
+    /// and created again at 200 ms after its old seqs (`first_seq` 5, `evicted_through` 4);
+    /// publish #0's seq 1 is resent at 201 ms and refused `409 seq_evicted`, and two new
+    /// batches, 5 and 6, are acknowledged (publishes #7 and #8). The subscriber on `s` had
+    /// received every batch of the deleted stream and goes on with 5 and 6 (no gap due).
+    pub fn good_with_delete() -> History {
+        let mut h = good();
+        let digest = |d: &str| fnv(d.as_bytes());
+        h.deletions.push(Deletion {
+            stream: "s".into(),
+            before: BeforeDelete {
+                read_ms: 100,
+                min_index: 17,
+                batches: vec![(1, 1_001, digest("a")), (2, 1_002, digest("b")), (4, 1_004, digest("d"))],
+                last_seq: 4,
+                evicted_through: 0,
+            },
+            delete_sent_ms: 100,
+            deleted_at_ms: 110,
+            already: false,
+            recreated: Some(Recreated { at_ms: 200, created: true, first_seq: 5, last_seq: 4, evicted_through: 4 }),
+        });
+        h.publishes[0].attempts.push(Attempt {
+            sent_ms: 201,
+            at_ms: 205,
+            deliberate_resend: true,
+            outcome: Outcome::Rejected { status: 409, code: "seq_evicted".into() },
+        });
+        for (seq, data) in [(5, "e"), (6, "f")] {
+            h.publishes.push(Publish {
+                publisher: Publisher::Workload(0),
+                stream: "s".into(),
+                seq: Some(seq),
+                payload: data.as_bytes().to_vec(),
+                attempts: vec![Attempt {
+                    sent_ms: 200 + 10 * seq,
+                    at_ms: 205 + 10 * seq,
+                    deliberate_resend: false,
+                    outcome: Outcome::Ack { seq, ts: 1_000 + seq, duplicate: false, index: 30 + seq },
+                }],
+            });
+            h.subscribers[0].events.push((205 + 10 * seq, Seen::Batch(batch(seq, data))));
+        }
+        let fresh = FinalStream {
+            first_seq: 5,
+            last_seq: 6,
+            evicted_through: 4,
+            batches_counted: 2,
+            batches: vec![batch(5, "e"), batch(6, "f")],
+        };
+        for f in &mut h.finals {
+            f.streams.as_mut().unwrap().insert("s".into(), fresh.clone());
+        }
+        h.liveness.subscriber_positions[0] = (0, 6, 6);
+        h
     }
 
     /// The invariants `h` breaks, by name, each once.

@@ -9,6 +9,12 @@
 //! acknowledgement) skipped without a gap is a silent gap. A gap must start right after the
 //! cursor, lie on a stream with retention, not go past what the nodes report evicted, and not
 //! cover a batch that any node still retains. A restart resumes from the cursor.
+//!
+//! Across a deletion (contract §5: a subscription follows the stream's name): the batches the
+//! deleted stream held just before its deletion count as known seqs, so a subscriber that goes
+//! on with the new stream without having received them must have been told a gap; on a stream
+//! without retention a gap is due only to a deletion, and ends at the deleted stream's
+//! `last_seq` (the `evicted_through` its creation again answered).
 
 use crate::history::{History, Seen};
 
@@ -18,7 +24,20 @@ const NAME: &str = "subscriber_view";
 
 pub(super) fn check(h: &History, obs: &Observations, out: &mut Vec<Violation>) {
     for sub in &h.subscribers {
-        let known = known_seqs(obs, &sub.stream);
+        // The batches a deleted incarnation held just before its deletion existed too.
+        let mut known = known_seqs(obs, &sub.stream);
+        for d in h.deletions.iter().filter(|d| d.stream == sub.stream) {
+            known.extend(d.before.batches.iter().map(|(seq, _, _)| *seq));
+        }
+        // On a stream without retention only a deletion evicts: a gap ends where a deleted
+        // incarnation did (the `evicted_through` its creation again answered).
+        let boundaries: Option<Vec<u64>> = h.stream(&sub.stream).is_none_or(|s| s.max_batches.is_none()).then(|| {
+            h.deletions
+                .iter()
+                .filter(|d| d.stream == sub.stream)
+                .filter_map(|d| d.recreated.map(|r| r.evicted_through))
+                .collect()
+        });
         let retained: Vec<u64> = h
             .finals
             .iter()
@@ -60,6 +79,10 @@ pub(super) fn check(h: &History, obs: &Observations, out: &mut Vec<Violation>) {
                 }
                 if !h.may_evict(&sub.stream) {
                     v(format!("at {at} ms announced gap {from}..={to} on a stream without retention"));
+                } else if boundaries.as_ref().is_some_and(|b| !b.contains(to)) {
+                    v(format!(
+                        "at {at} ms announced gap {from}..={to} on a stream without retention, not ending where a deleted incarnation did ({boundaries:?})"
+                    ));
                 }
                 if *to > evicted_through {
                     v(format!("at {at} ms announced gap {from}..={to} past evicted_through {evicted_through}"));
