@@ -144,7 +144,7 @@ async fn three_nodes_elect_a_leader_and_replicate_a_stream() {
 }
 
 /// Most disk a fresh three-node cluster with a handful of publishes may take, all nodes together,
-/// in allocated bytes (issue 15, "small by default": a test cluster must not take hundreds of
+/// in allocated bytes (the target "small by default": a test cluster must not take hundreds of
 /// MiB).
 const FRESH_CLUSTER_DISK_MAX: u64 = 30 * 1024 * 1024;
 

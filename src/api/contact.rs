@@ -40,13 +40,13 @@ impl LeaderContact {
         let leading = {
             let m = raft.metrics();
             let m = m.borrow();
-            (m.current_leader == Some(id)).then_some(m.millis_since_quorum_ack).flatten()
+            (super::known_leader(&m, id) == Some(id)).then_some(m.millis_since_quorum_ack).flatten()
         };
-        let silence = match leading {
-            Some(ms) => Some(Duration::from_millis(ms)),
-            None => self.last.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.elapsed()),
-        };
-        match silence {
+        if let Some(ms) = leading {
+            let s = Duration::from_millis(ms);
+            return (s > bound).then_some(Silence::NoQuorum(s));
+        }
+        match self.last.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.elapsed()) {
             Some(s) if s <= bound => None,
             Some(s) => Some(Silence::For(s)),
             None => Some(Silence::Never),
@@ -61,6 +61,8 @@ pub enum Silence {
     Never,
     /// It last heard from one this long ago.
     For(Duration),
+    /// It leads, and a majority of the voters last acknowledged it this long ago.
+    NoQuorum(Duration),
 }
 
 impl std::fmt::Display for Silence {
@@ -68,6 +70,9 @@ impl std::fmt::Display for Silence {
         match self {
             Silence::Never => f.write_str("has not heard from a leader since it started"),
             Silence::For(d) => write!(f, "has not heard from a leader for {} ms", d.as_millis()),
+            Silence::NoQuorum(d) => {
+                write!(f, "is leader but no majority of the voters has acknowledged it for {} ms", d.as_millis())
+            }
         }
     }
 }

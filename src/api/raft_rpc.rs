@@ -89,8 +89,17 @@ async fn admit<T: DeserializeOwned>(
     Ok(rpc)
 }
 
+/// Refuses the append or snapshot of a leader that this node, its vote gate closed (it may have
+/// lost its disk), cannot tell from a deposed one yet ([`crate::raft::vote_gate`]): `503
+/// not_ready`, as if it were down, so its acknowledgement makes up no majority for that leader.
+fn follows(s: &AppState, vote: &openraft::Vote<crate::raft::NodeId>) -> Result<(), ApiError> {
+    let Some(leader) = sender(vote) else { return Ok(()) };
+    s.vote_gate.admits_leader(leader, vote.leader_id().term).map_err(ApiError::NotReady)
+}
+
 /// `POST /raft/append`: append-entries (Raft paper §5.3). One this node accepts (any answer but
-/// "higher vote") counts as hearing from a leader ([`super::contact`]).
+/// "higher vote") counts as hearing from a leader ([`super::contact`]). A node whose vote gate
+/// is closed answers a leader it cannot tell from a deposed one `503 not_ready` ([`follows`]).
 ///
 /// While this node's disk is low ([`crate::disk`]) it takes no new entries, and never lets
 /// them reach openraft (whose core would stop for good on the `ENOSPC` they would meet): it
@@ -104,6 +113,7 @@ async fn admit<T: DeserializeOwned>(
 pub async fn append(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
     use openraft::raft::AppendEntriesResponse;
     let mut req = admit(&s, req, |r: &openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig>| &r.vote).await?;
+    follows(&s, &req.vote)?;
     let low = s.disk.refusal().is_some();
     let refused = low && !req.entries.is_empty();
     if refused {
@@ -117,18 +127,19 @@ pub async fn append(State(s): State<AppState>, req: Request) -> Result<Response,
     if matches!(&answer, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
         s.contact.heard();
     }
-    // A node catching up after losing its disk votes again once it holds an entry its leader
-    // committed in the leader's own term: every entry committed before (the ones it may have
-    // acknowledged) precedes that one in the leader's log (Raft §5.4.2), so it now holds them.
-    if s.catching_up.load(std::sync::atomic::Ordering::Acquire)
+    // A node catching up after losing its disk (or unsure whether it did) votes again once it
+    // holds an entry its leader committed in the leader's own term: every entry committed before
+    // (the ones it may have acknowledged) precedes that one in the leader's log (Raft §5.4.2), so
+    // it now holds them.
+    if s.vote_gate.closed().is_some()
         && matches!(&answer, Ok(AppendEntriesResponse::Success))
         && leader_commit.is_some_and(|c| c.leader_id.term == leader_term && matched.is_some_and(|m| m.index >= c.index))
     {
         let store = s.store.clone();
         match crate::storage::blocking(move || store.caught_up()).await {
             Ok(()) => {
-                s.catching_up.store(false, std::sync::atomic::Ordering::Release);
-                tracing::info!(term = leader_term, "caught up by a leader after losing the disk: voting again");
+                s.vote_gate.caught_up();
+                tracing::info!(term = leader_term, "caught up by a leader: voting again");
             }
             Err(e) => tracing::warn!(error = %e, "recording that this node caught up"),
         }
@@ -145,21 +156,21 @@ pub async fn append(State(s): State<AppState>, req: Request) -> Result<Response,
     Ok(resp)
 }
 
-/// `POST /raft/vote`: request-vote (Raft paper §5.2). A node catching up after losing its disk
-/// (`raft::formation::guard_wiped_node`) answers `503 not_ready` instead, as if it were down: its
-/// vote could elect a node lacking entries it had acknowledged.
+/// `POST /raft/vote`: request-vote (Raft paper §5.2). A node whose vote gate is closed
+/// ([`crate::raft::vote_gate`]: it lost its disk, or its data dir is empty and it does not know
+/// yet whether the cluster is new) answers `503 not_ready` instead, as if it were down: its vote
+/// could elect a node lacking entries it had acknowledged.
 pub async fn vote(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
     let req = admit(&s, req, |r: &openraft::raft::VoteRequest<crate::raft::NodeId>| &r.vote).await?;
-    if s.catching_up.load(std::sync::atomic::Ordering::Acquire) {
-        return Err(ApiError::NotReady(
-            "this node lost its disk and grants no vote until a leader has caught it up".into(),
-        ));
+    if let Some(closed) = s.vote_gate.closed() {
+        return Err(ApiError::NotReady(closed.describe().into()));
     }
     Ok(encode_answer(&s.raft.vote(req).await))
 }
 
 /// `POST /raft/snapshot`: one chunk of install-snapshot (Raft paper §7). One this node accepts
-/// (its vote is not above the sender's) counts as hearing from a leader.
+/// (its vote is not above the sender's) counts as hearing from a leader. As an append, refused
+/// `503 not_ready` from a leader a node with a closed vote gate cannot trust yet ([`follows`]).
 ///
 /// While this node's disk is low it refuses every chunk with `507 storage_full` and
 /// [`DISK_LOW_HEADER`], before openraft sees it: installing writes the whole snapshot.
@@ -167,6 +178,7 @@ pub async fn vote(State(s): State<AppState>, req: Request) -> Result<Response, A
 /// [`DISK_LOW_HEADER`]: crate::raft::network::DISK_LOW_HEADER
 pub async fn snapshot(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
     let req = admit(&s, req, |r: &openraft::raft::InstallSnapshotRequest<crate::raft::TypeConfig>| &r.vote).await?;
+    follows(&s, &req.vote)?;
     if let Some(low) = s.disk.refusal() {
         let mut resp =
             ApiError::StorageFull(format!("this node takes no snapshot now: {}", low.describe())).into_response();
@@ -188,4 +200,37 @@ pub async fn clock(State(s): State<AppState>, req: Request) -> Response {
         return e.into_response();
     }
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], s.clock.wall_ms().to_string()).into_response()
+}
+
+/// `GET /raft/formation?from=ID`: what this node is to a fresh peer forming the cluster
+/// ([`crate::raft::formation`], SPEC §5), as JSON [`crate::wire::FormationAnswer`]. Nodes only
+/// (with peer TLS, a node certificate, which must name node `from` when `from` is given). A
+/// pristine node records that node `from` saw it fresh, which later lets it vote in the cluster
+/// `from` says it formed; a probe without `from` (an operator's look) records nothing.
+///
+/// Errors: `400 invalid_parameter` for a `from` that is not a node id; `403` without a node
+/// certificate, or with one that names another node than `from`; `500` when the store fails.
+pub async fn formation(
+    State(s): State<AppState>,
+    q: Result<
+        axum::extract::Query<std::collections::HashMap<String, String>>,
+        axum::extract::rejection::QueryRejection,
+    >,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let q = q.map_err(|e| ApiError::InvalidParameter(format!("bad query string: {e}")))?;
+    let from = match q.get("from") {
+        None => None,
+        Some(v) => Some(
+            v.parse::<crate::raft::NodeId>()
+                .map_err(|_| ApiError::InvalidParameter(format!("from {v:?} is not a node id")))?,
+        ),
+    };
+    match from {
+        Some(id) => check_peer(&s, req.extensions(), Some(id))?,
+        None => check_any_node(&s, req.extensions())?,
+    }
+    let (store, raft) = (s.store.clone(), s.raft.clone());
+    let answer = crate::storage::blocking(move || crate::raft::formation::answer_probe(&store, &raft, from)).await?;
+    Ok(axum::Json(answer).into_response())
 }

@@ -7,6 +7,7 @@
 pub mod formation;
 pub mod network;
 pub mod runtime;
+pub mod vote_gate;
 
 use serde::{Deserialize, Serialize};
 
