@@ -30,7 +30,7 @@ use std::path::Path;
 use openraft::{BasicNode, Membership, StoredMembership, Vote};
 use redb::ReadableDatabase;
 
-use super::format::FORMAT_VERSION;
+use super::format::{FORMAT_VERSION, READABLE};
 use super::snapshot::{self, SnapshotMeta};
 use super::{Store, StoreError};
 use crate::raft::NodeId;
@@ -130,6 +130,7 @@ fn read(
         StoreError::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => damaged("it ends early".into()),
         StoreError::Snapshot(why) => damaged(why),
         StoreError::Codec(e) => damaged(format!("a record does not decode ({e})")),
+        StoreError::Corrupt(why) => damaged(why),
         other => other,
     };
     let mut r = Summing::new(r);
@@ -141,7 +142,7 @@ fn read(
     let mut version = [0u8; 4];
     version.copy_from_slice(&head[8..]);
     let version = u32::from_le_bytes(version);
-    if version != FORMAT_VERSION {
+    if !READABLE.contains(&version) {
         return Err(StoreError::UnsupportedFormat { found: version, supported: FORMAT_VERSION });
     }
     let (meta, streams, batches) = snapshot::copy_with_meta(&mut r, out, edit).map_err(eof)?;

@@ -3,35 +3,47 @@
 //!
 //! It versions everything under the directory together: the segment files of the Raft log, the
 //! redb tables of the state machine and the Raft metadata, and the snapshot files (which also
-//! carry their own magic). A build reads exactly the format it writes ([`FORMAT_VERSION`]); a
-//! directory written by another format is refused at open with both numbers, before anything in
-//! it is opened or changed, rather than misread. A directory without the file was written before
-//! the file existed, in format 1, and gets the file. The idea follows etcd's and CockroachDB's
-//! version files beside their data.
+//! carry their own magic). A build writes [`FORMAT_VERSION`] and reads the formats in
+//! [`READABLE`]; a directory written by any other format is refused at open with both numbers,
+//! before anything in it is opened or changed, rather than misread. A directory of an older
+//! readable format is marked with the current one at open, before anything is written to it:
+//! from then on it may hold records the older build would misread, so that build refuses it.
+//! A directory without the file was written before the file existed, in format 1. The idea
+//! follows etcd's and CockroachDB's version files beside their data.
 //!
-//! Owns: reading, checking and writing `FORMAT`. Must never: migrate data (a new format comes
-//! with its own upgrade path) or touch any other file.
+//! Formats: 1, batch values without a checksum; 2, batch values written from then on carry a
+//! CRC-32 of their key and content, checked on every read (`storage::BatchValue`), and values
+//! of format 1 are still read as they are.
+//!
+//! Owns: reading, checking and writing `FORMAT`. Must never: rewrite data (a format that needs
+//! its records rewritten comes with its own upgrade path) or touch any other file.
 
 use std::io::Write;
 use std::path::Path;
 
 use super::StoreError;
 
-/// The data format this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The data format this build writes.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The data formats this build reads: its own and format 1, whose batch values it reads as
+/// they are (without a checksum).
+pub const READABLE: [u32; 2] = [1, 2];
 
 /// The file's name, in the data directory.
 pub const FORMAT_FILE: &str = "FORMAT";
 
 const PREFIX: &str = "runnev data format ";
 
-/// Checks `dir`'s format, writing the file (durably: temporary file, fsync, rename, fsync of the
-/// directory) when the directory has none.
+/// Checks `dir`'s format: `true` when the directory has no file or holds an older readable
+/// format, and [`write`] must mark it once the store opened. The mark waits for the open: a
+/// start that fails (the database locked by a node of an older build still running on it, say)
+/// must leave that node's directory in the format it reads.
 ///
-/// Errors: [`StoreError::UnsupportedFormat`] for another format's directory;
+/// Errors: [`StoreError::UnsupportedFormat`] for a format outside [`READABLE`];
 /// [`StoreError::Corrupt`] when the file is not one line `runnev data format N`;
-/// [`StoreError::Io`] when it cannot be read or written.
-pub(crate) fn check_or_write(dir: &Path) -> Result<(), StoreError> {
+/// [`StoreError::Io`] when it cannot be read.
+pub(crate) fn check(dir: &Path) -> Result<bool, StoreError> {
     let path = dir.join(FORMAT_FILE);
     match std::fs::read(&path) {
         Ok(bytes) => {
@@ -43,14 +55,26 @@ pub(crate) fn check_or_write(dir: &Path) -> Result<(), StoreError> {
                 ))
             })?;
             if found == FORMAT_VERSION {
-                Ok(())
+                Ok(false)
+            } else if READABLE.contains(&found) {
+                tracing::info!(dir = %dir.display(), from = found, to = FORMAT_VERSION, "data format to be upgraded");
+                Ok(true)
             } else {
                 Err(StoreError::UnsupportedFormat { found, supported: FORMAT_VERSION })
             }
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => write(dir),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
         Err(e) => Err(e.into()),
     }
+}
+
+/// [`check`], then [`write`] when it says so (for the tests, which open no store).
+#[cfg(test)]
+fn check_or_write(dir: &Path) -> Result<(), StoreError> {
+    if check(dir)? {
+        write(dir)?;
+    }
+    Ok(())
 }
 
 /// The version in a `FORMAT` file's bytes: one line, `runnev data format N`, with or without
@@ -61,7 +85,11 @@ fn parse(bytes: &[u8]) -> Option<u32> {
     line.strip_prefix(PREFIX)?.parse().ok()
 }
 
-fn write(dir: &Path) -> Result<(), StoreError> {
+/// Marks `dir` as [`FORMAT_VERSION`], durably: temporary file, fsync, rename, fsync of the
+/// directory.
+///
+/// Errors: [`StoreError::Io`] when the file cannot be written.
+pub(crate) fn write(dir: &Path) -> Result<(), StoreError> {
     let tmp = dir.join(format!("{FORMAT_FILE}.tmp"));
     {
         let mut f = std::fs::File::create(&tmp)?;
@@ -89,13 +117,25 @@ mod tests {
 
     #[test]
     fn another_format_is_refused_with_both_numbers_and_left_as_it_is() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(FORMAT_FILE), "runnev data format 2\n").unwrap();
-        match check_or_write(dir.path()) {
-            Err(StoreError::UnsupportedFormat { found: 2, supported: FORMAT_VERSION }) => {}
-            other => panic!("expected UnsupportedFormat, got {other:?}"),
+        for other in [0, 3, 99] {
+            let dir = tempfile::tempdir().unwrap();
+            let text = format!("runnev data format {other}\n");
+            std::fs::write(dir.path().join(FORMAT_FILE), &text).unwrap();
+            match check_or_write(dir.path()) {
+                Err(StoreError::UnsupportedFormat { found, supported: FORMAT_VERSION }) if found == other => {}
+                got => panic!("format {other}: expected UnsupportedFormat, got {got:?}"),
+            }
+            assert_eq!(std::fs::read_to_string(dir.path().join(FORMAT_FILE)).unwrap(), text);
         }
-        assert_eq!(std::fs::read_to_string(dir.path().join(FORMAT_FILE)).unwrap(), "runnev data format 2\n");
+    }
+
+    #[test]
+    fn format_1_is_read_and_marked_with_the_current_format() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(FORMAT_FILE), "runnev data format 1\n").unwrap();
+        check_or_write(dir.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(FORMAT_FILE)).unwrap();
+        assert_eq!(text, format!("runnev data format {FORMAT_VERSION}\n"));
     }
 
     #[test]

@@ -19,12 +19,17 @@ use redb::{ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
 use super::state_machine::CLOCK_KEY;
-use super::{decode, encode, Store, StoreError, BATCHES, RAFT_META, SM_META, STREAMS, TOKENS, TOMBSTONES};
+use super::{decode, encode, BatchValue, Store, StoreError, BATCHES, RAFT_META, SM_META, STREAMS, TOKENS, TOMBSTONES};
 use crate::limits::SNAPSHOT_RECORD_BYTES_MAX;
 use crate::raft::{LogId, NodeId};
 use crate::stream::StreamMeta;
 
-const MAGIC: &[u8; 8] = b"RUNNEVS1";
+/// The magic a snapshot starts with: `RUNNEVS2` since data format 2, whose batch values carry a
+/// checksum (a build of format 1 reads `RUNNEVS1` only, so it refuses these instead of
+/// misreading their values); `RUNNEVS1` snapshots are still read.
+const MAGIC: &[u8; 8] = b"RUNNEVS2";
+/// The magic of a snapshot written in data format 1 (batch values without a checksum).
+const MAGIC_FORMAT_1: &[u8; 8] = b"RUNNEVS1";
 
 /// openraft's snapshot metadata in Runnev's configuration.
 pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, openraft::BasicNode>;
@@ -165,6 +170,8 @@ pub(crate) fn write_state(
     for row in txn.open_table(BATCHES)?.iter()? {
         let (k, v) = row?;
         let (stream, seq) = k.value();
+        // A value that fails its checksum is not sent on to another node.
+        BatchValue::decode(stream, seq, v.value())?;
         write_record(w, &Record::Batch { stream, seq, value: v.value() })?;
         batches += 1;
     }
@@ -208,7 +215,7 @@ pub(crate) fn open_current(store: &Store) -> Result<Option<(SnapshotMeta, File)>
 fn read_header(r: &mut impl Read) -> Result<SnapshotMeta, StoreError> {
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic)?;
-    if &magic != MAGIC {
+    if &magic != MAGIC && &magic != MAGIC_FORMAT_1 {
         return Err(StoreError::Snapshot("not a Runnev snapshot (no magic)".into()));
     }
     let mut buf = Vec::new();
@@ -255,6 +262,8 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
                     n_streams += 1;
                 }
                 Record::Batch { stream, seq, value } => {
+                    // A value damaged on its way (or on the sender's disk) is refused here.
+                    BatchValue::decode(stream, seq, value)?;
                     batches.insert((stream, seq), value)?;
                     n_batches += 1;
                 }
@@ -327,7 +336,10 @@ pub(crate) fn copy_with_meta(
         match &record {
             Record::Header { .. } => return Err(StoreError::Snapshot("a second header".into())),
             Record::Stream { .. } => n_streams = n_streams.saturating_add(1),
-            Record::Batch { .. } => n_batches = n_batches.saturating_add(1),
+            Record::Batch { stream, seq, value } => {
+                BatchValue::decode(stream, *seq, value)?;
+                n_batches = n_batches.saturating_add(1)
+            }
             Record::Tombstone { .. } | Record::Clock { .. } | Record::Token { .. } => {}
             Record::End { streams, batches } => {
                 if (*streams, *batches) != (n_streams, n_batches) {

@@ -102,7 +102,7 @@ impl Tables<'_> {
         match range.next() {
             Some(row) => {
                 let (k, v) = row?;
-                let (ts_ms, _, data) = BatchValue::decode(v.value())?;
+                let (ts_ms, _, data) = BatchValue::decode(name, k.value().1, v.value())?;
                 Ok(Some(Oldest { seq: k.value().1, ts_ms, len: data.len() as u64 }))
             }
             None => Ok(None),
@@ -164,7 +164,7 @@ impl Tables<'_> {
         let batches = &self.batches;
         let decision = stream::decide_frames(&meta, seq, count, |frame, s| {
             let Some(v) = batches.get((name, s))? else { return Ok::<_, StoreError>(Existing::Absent) };
-            let stored = BatchValue::decode(v.value())?.2;
+            let stored = BatchValue::decode(name, s, v.value())?.2;
             Ok(match usize::try_from(frame).ok().and_then(|k| frames.get(k)) {
                 Some(f) if f.as_slice() == stored => Existing::SamePayload,
                 _ => Existing::OtherPayload,
@@ -182,7 +182,7 @@ impl Tables<'_> {
                     self.tombstones.remove(name)?;
                 }
                 for (s, f) in (first_seq..=last_seq).zip(frames) {
-                    self.batches.insert((name, s), BatchValue::encode(ts, index, f).as_slice())?;
+                    self.batches.insert((name, s), BatchValue::encode(name, s, ts, index, f).as_slice())?;
                 }
                 self.enforce_retention(name, &mut meta, ts)?;
                 self.put_meta(name, &meta)?;
@@ -193,7 +193,7 @@ impl Tables<'_> {
                     .batches
                     .get((name, last_seq))?
                     .ok_or_else(|| StoreError::Corrupt(format!("duplicate of {name}/{last_seq} vanished")))?;
-                let (ts, index, _) = BatchValue::decode(v.value())?;
+                let (ts, index, _) = BatchValue::decode(name, last_seq, v.value())?;
                 Ok(Outcome::FramesPublished { first_seq, last_seq, count, ts, duplicate: true, index })
             }
             FramesDecision::Reject(r) => Ok(Outcome::FramesRejected(r)),
@@ -236,7 +236,9 @@ impl Tables<'_> {
                 };
                 let existing = match seq {
                     Some(s) if s <= meta.last_seq => match self.batches.get((stream.as_str(), s))? {
-                        Some(v) if BatchValue::decode(v.value())?.2 == data.as_slice() => Existing::SamePayload,
+                        Some(v) if BatchValue::decode(&stream, s, v.value())?.2 == data.as_slice() => {
+                            Existing::SamePayload
+                        }
                         Some(_) => Existing::OtherPayload,
                         None => Existing::Absent,
                     },
@@ -251,7 +253,10 @@ impl Tables<'_> {
                         if created {
                             self.tombstones.remove(stream.as_str())?;
                         }
-                        self.batches.insert((stream.as_str(), s), BatchValue::encode(ts, index, &data).as_slice())?;
+                        self.batches.insert(
+                            (stream.as_str(), s),
+                            BatchValue::encode(&stream, s, ts, index, &data).as_slice(),
+                        )?;
                         self.enforce_retention(&stream, &mut meta, ts)?;
                         self.put_meta(&stream, &meta)?;
                         Ok(Outcome::Published { seq: s, ts, duplicate: false, index })
@@ -261,7 +266,7 @@ impl Tables<'_> {
                             .batches
                             .get((stream.as_str(), s))?
                             .ok_or_else(|| StoreError::Corrupt(format!("duplicate of {stream}/{s} vanished")))?;
-                        let (ts, index, _) = BatchValue::decode(v.value())?;
+                        let (ts, index, _) = BatchValue::decode(&stream, s, v.value())?;
                         Ok(Outcome::Published { seq: s, ts, duplicate: true, index })
                     }
                     PublishDecision::Reject(r) => Ok(Outcome::Rejected(r)),
