@@ -25,6 +25,17 @@ CREATE INDEX IF NOT EXISTS runnev_outbox_pending ON runnev_outbox (id) WHERE seq
 -- Rows with a seq, by stream: one row per (stream, seq).
 CREATE UNIQUE INDEX IF NOT EXISTS runnev_outbox_stream_seq ON runnev_outbox (stream, seq) WHERE seq IS NOT NULL;
 
+-- A queue table: every relayed row leaves dead tuples (the seq's update, then the removal), at
+-- thousands of rows a second megabytes of them every second. Vacuum it after a fixed number of dead
+-- rows rather than a fraction of the table, and without cost-based throttling, so the space is
+-- reused before the table grows (the server's autovacuum_naptime still bounds how often any table
+-- is visited: see the README).
+ALTER TABLE runnev_outbox SET (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 20000,
+    autovacuum_vacuum_cost_delay = 0
+);
+
 -- Per stream: the highest seq handed out and the highest seq the cluster acknowledged. Rows with
 -- published_seq < seq <= assigned_seq are assigned but not (known to be) published: the relay
 -- publishes them again after a crash, and the cluster answers duplicate: true for those it has.

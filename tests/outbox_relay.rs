@@ -537,6 +537,63 @@ async fn outbox_relay_assigns_the_next_cycle_while_one_is_in_flight_and_a_crash_
     drop_outbox(&pg, &table).await;
 }
 
+/// The top-up: a row committed while cycle N is in flight, after cycle N+1 was assigned (its
+/// transaction open, waiting for N), goes out with N+1, not a cycle later: when N lands, the
+/// relay assigns it in N+1's transaction, after N+1's rows, and publishes both in one request.
+/// Order and contents are checked as everywhere; the requests counted tell whether it waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_relay_tops_up_the_prepared_cycle_with_rows_committed_before_the_one_in_flight_lands() {
+    let url = require_pg!("outbox_relay_tops_up_the_prepared_cycle_with_rows_committed_before_the_one_in_flight_lands");
+    let mut c = Cluster::start(3, &[]).await;
+    let pg = connect(&url).await;
+    let table = unique("ob_topup");
+    create_outbox(&pg, &table).await;
+    let nodes = [1, 2, 3];
+    let args = relay_args(&url, &c.urls(), &table, &["--poll-ms", &NOTIFY_ONLY_POLL_MS.to_string()]);
+    let relay = Proc::start("relay", &args, &[]);
+    let mut want = insert_rows(&pg, &table, &["topup"], "warm", 1).await;
+    wait_relayed(&pg, &table, Duration::from_secs(30), &relay).await;
+
+    c.pause_all(&nodes);
+    let a = insert_rows(&pg, &table, &["topup"], "A", 5).await;
+    until("A assigned and publishing", Duration::from_secs(20), || async {
+        match progress(&pg, &table, "topup").await {
+            (1, 6) => Ok(()),
+            p => Err(format!("(published, assigned) = {p:?}")),
+        }
+    })
+    .await;
+    let b = insert_rows(&pg, &table, &["topup"], "B", 5).await;
+    until("B assigned while A is in flight", Duration::from_secs(8), || async {
+        assignment_open_while_publishing(&pg, &table).await
+    })
+    .await;
+    // C commits after B's cycle was prepared, while A is still in flight.
+    let late = insert_rows(&pg, &table, &["topup"], "C", 5).await;
+    c.resume_all(&nodes);
+    for m in [a, b, late] {
+        for (s, p) in m {
+            want.entry(s).or_default().extend(p);
+        }
+    }
+    wait_relayed(&pg, &table, Duration::from_secs(60), &relay).await;
+    check_streams(&c, &pg, &table, &want).await;
+    let got = read_all(&c.http, &c.url(1), "topup", 0, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(got.iter().map(|b| b.seq).collect::<Vec<_>>(), (1..=16).collect::<Vec<_>>());
+    until("all 16 rows counted as relayed", Duration::from_secs(20), || async {
+        match relay.metric(&c.http, "runnev_outbox_relayed_total").await {
+            Some(n) if n >= 16.0 => Ok(()),
+            n => Err(format!("runnev_outbox_relayed_total = {n:?}")),
+        }
+    })
+    .await;
+    let requests = relay.metric(&c.http, "runnev_outbox_publish_requests_total").await;
+    assert_eq!(requests, Some(3.0), "warm, A, then B with C in one request (C did not wait for a cycle of its own)");
+    // One request is one entry: B's and C's rows carry one ts.
+    assert!(got[6..].iter().all(|b| b.ts == got[6].ts), "B and C were not published together");
+    drop_outbox(&pg, &table).await;
+}
+
 /// Relay throughput on this machine: `RUNNEV_OUTBOX_BENCH_ROWS` rows (default 20 000) over
 /// `RUNNEV_OUTBOX_BENCH_STREAMS` streams (default 4), 1 KiB payloads, default relay flags.
 /// Run: `cargo test --release --test outbox_relay -- --ignored --nocapture throughput`.

@@ -698,17 +698,38 @@ async fn measure(a: &OutboxArgs, c: &LocalCluster) -> Result<Summary, BenchError
     s.table_bytes_max = max_bytes.load(Ordering::Relaxed).max(s.table_bytes_end);
     s.stages = stages.lock().unwrap_or_else(|p| p.into_inner()).summary();
     s.load_average = std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string();
+    // The figures are taken: stopping and cleaning up must not keep them from being printed, so
+    // each step is bounded and a step that does not finish is reported and left behind.
     let _ = stop_tx.send(true);
-    let _ = relay_task.await;
-    for k in sinks {
-        let _ = k.await;
+    let mut tasks = vec![("the relay", relay_task)];
+    tasks.extend(sinks.into_iter().map(|k| ("a sink", k)));
+    for (what, task) in tasks {
+        let abort = task.abort_handle();
+        if tokio::time::timeout(STOP_WAIT, task).await.is_err() {
+            eprintln!("warning: {what} did not stop within {} s of being told to; aborted", STOP_WAIT.as_secs());
+            abort.abort();
+        }
     }
-    main.batch_execute(&format!(
-        "DROP TABLE IF EXISTS {table}, {table}_progress; DROP FUNCTION IF EXISTS {table}_notify(), {table}_frozen();"
-    ))
-    .await
-    .map_err(pg)?;
-    main.execute("DELETE FROM runnev_sink_batches WHERE consumer = $1", &[&consumer]).await.map_err(pg)?;
-    main.execute("DELETE FROM runnev_sink_cursor WHERE consumer = $1", &[&consumer]).await.map_err(pg)?;
+    let cleanup = async {
+        main.batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table}, {table}_progress; DROP FUNCTION IF EXISTS {table}_notify(), {table}_frozen();"
+        ))
+        .await?;
+        main.execute("DELETE FROM runnev_sink_batches WHERE consumer = $1", &[&consumer]).await?;
+        main.execute("DELETE FROM runnev_sink_cursor WHERE consumer = $1", &[&consumer]).await?;
+        Ok::<(), tokio_postgres::Error>(())
+    };
+    match tokio::time::timeout(STOP_WAIT, cleanup).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("warning: dropping the benchmark's tables {table}*: {e}"),
+        Err(_) => eprintln!(
+            "warning: dropping the benchmark's tables {table}* did not finish within {} s; left behind",
+            STOP_WAIT.as_secs()
+        ),
+    }
     Ok(s)
 }
+
+/// How long the stop of the relay, of each sink and the clean-up of the tables may take once
+/// the figures are taken, before the benchmark reports it and goes on to print them.
+const STOP_WAIT: Duration = Duration::from_secs(30);

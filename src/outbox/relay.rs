@@ -16,8 +16,11 @@
 //!    publish) and not in cycle N are loaded with them. If none is found while N publishes, the
 //!    transaction ends and the relay waits for N, a NOTIFY or the poll, then prepares again: a
 //!    row committed during a long publish is assigned at once and published right after it.
-//! 3. Once N's publish has landed, **record** its progress (`published_seq` per stream) in the
-//!    same transaction and **commit**: one commit per cycle, and N+1's seqs are durable *before*
+//! 3. Once N's publish has landed, **top up** N+1: assign, in the same transaction, the rows
+//!    committed since N+1 was prepared (up to `batch_size` rows in all; their seqs follow N+1's),
+//!    so that a row committed during N's publish goes out right after it and does not wait for
+//!    N+2, a whole publish more. Then **record** N's progress (`published_seq` per stream) in
+//!    that transaction and **commit**: one commit per cycle, and N+1's seqs are durable *before*
 //!    anything of N+1 is published.
 //! 4. **Publish** N+1: each stream's rows as many frames in one request (SPEC §6, `?seq=N`:
 //!    frame k is the row with seq N+k), split to stay within `max_append_bytes` and 10,000
@@ -142,7 +145,8 @@ pub struct CycleTiming {
     pub assign: Duration,
     /// Publishing, from the first request to the last answer of every stream.
     pub publish: Duration,
-    /// Recording the progress (in the next cycle's transaction) and that transaction's commit.
+    /// Topping the next cycle up, recording the progress (both in the next cycle's
+    /// transaction) and that transaction's commit.
     pub record: Duration,
 }
 
@@ -179,6 +183,13 @@ struct Row {
     stream: String,
     seq: u64,
     payload: Bytes,
+}
+
+impl Row {
+    /// A result row whose columns are `(stream text, seq int8, payload bytea)`.
+    fn from_columns(r: &tokio_postgres::Row) -> Row {
+        Row { stream: r.get(0), seq: r.get::<_, i64>(1) as u64, payload: Bytes::from(r.get::<_, Vec<u8>>(2)) }
+    }
 }
 
 /// What publishing one stream's rows did.
@@ -269,6 +280,9 @@ struct Prepared<'c> {
     work: Vec<Row>,
     /// Every row this transaction assigned (for the observer).
     fresh: Vec<Row>,
+    /// Streams with rows loaded (assigned earlier, not acknowledged): their newly assigned rows
+    /// wait for a later cycle.
+    blocked: BTreeSet<String>,
     /// The assignment took a full batch: more rows may be waiting.
     full: bool,
     remove: Duration,
@@ -649,7 +663,7 @@ impl Relay {
             f.land().await;
             failpoint(&self.opts.failpoint, FailpointName::AfterPublish);
             let t = Instant::now();
-            self.record(&next.tx, f.outcomes()).await?;
+            self.top_up_and_record(&mut next, f.outcomes()).await?;
             record = t.elapsed();
             // A stream whose publish stopped short keeps its next rows back (they are loaded
             // again, after what it did not publish, by a later cycle): no seq overtakes one that
@@ -739,9 +753,69 @@ impl Relay {
                 "publishing rows assigned but not yet acknowledged (duplicates expected after a crash)"
             );
         }
-        let (fresh, full) = self.assign(&tx).await?;
+        let (fresh, full) = self.assign(&tx, self.opts.batch_size).await?;
         work.extend(fresh.iter().filter(|r| !blocked.contains(&r.stream)).cloned());
-        Ok(Prepared { tx, work, fresh, full, remove, assign: t.elapsed() })
+        Ok(Prepared { tx, work, fresh, blocked, full, remove, assign: t.elapsed() })
+    }
+
+    /// The top-up of `next` (see the module docs): in its open transaction, rows committed since
+    /// it was prepared get the seqs after those it assigned, in one statement ([`Relay::assign_known`])
+    /// sent with the progress of the cycle that landed (`outcomes`, [`Relay::record`]), without
+    /// waiting for its answer in between; the topped-up rows go out with `next`. At most
+    /// `batch_size` rows in all.
+    async fn top_up_and_record(
+        &self,
+        next: &mut Prepared<'_>,
+        outcomes: &BTreeMap<String, StreamOutcome>,
+    ) -> Result<(), OutboxError> {
+        let room = self.opts.batch_size.saturating_sub(next.fresh.len());
+        if next.full || room == 0 {
+            return self.record(&next.tx, outcomes).await;
+        }
+        // Sent in this order on the one connection, so PostgreSQL runs them in this order.
+        let ((more, full), ()) =
+            futures::future::try_join(self.assign_known(&next.tx, room), self.record(&next.tx, outcomes)).await?;
+        if more.is_empty() {
+            return Ok(());
+        }
+        next.full = full;
+        next.work.extend(more.iter().filter(|r| !next.blocked.contains(&r.stream)).cloned());
+        next.fresh.extend(more);
+        // Per stream in seq order: a stream's topped-up rows follow its rows assigned before.
+        next.work.sort_by(|a, b| (&a.stream, a.seq).cmp(&(&b.stream, b.seq)));
+        next.fresh.sort_by(|a, b| (&a.stream, a.seq).cmp(&(&b.stream, b.seq)));
+        Ok(())
+    }
+
+    /// The assignment of [`Relay::assign`] in one statement (one round trip), for streams that
+    /// already have a progress row: of the oldest `limit` rows without a seq, those of such
+    /// streams get the next seqs of their streams, in id order; rows of a stream seen for the
+    /// first time are left to the next [`Relay::assign`]. Returns the rows assigned, per stream
+    /// in seq order, and whether `limit` rows were assigned (more may be waiting).
+    async fn assign_known(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        limit: usize,
+    ) -> Result<(Vec<Row>, bool), OutboxError> {
+        let (t, p) = (&self.opts.table, &self.progress);
+        let sql = format!(
+            "WITH pending AS (SELECT id, stream, payload FROM {t} WHERE seq IS NULL ORDER BY id LIMIT $1),
+             picked AS (SELECT o.id, o.stream, o.payload, row_number() OVER (PARTITION BY o.stream ORDER BY o.id) AS rn
+                        FROM pending o WHERE EXISTS (SELECT 1 FROM {p} WHERE {p}.stream = o.stream)),
+             counts AS (SELECT stream, count(*) AS n FROM picked GROUP BY stream),
+             prog AS (UPDATE {p} SET assigned_seq = {p}.assigned_seq + c.n, updated_at = now()
+                      FROM counts c WHERE {p}.stream = c.stream
+                      RETURNING {p}.stream, {p}.assigned_seq - c.n AS base),
+             upd AS (UPDATE {t} SET seq = g.base + k.rn FROM picked k JOIN prog g ON g.stream = k.stream
+                     WHERE {t}.id = k.id)
+             SELECT k.stream, g.base + k.rn, k.payload FROM picked k JOIN prog g ON g.stream = k.stream
+             ORDER BY 1, 2"
+        );
+        let rows = tx.query_typed(&sql, &[(&(limit as i64), Type::INT8)]).await.map_err(|e| self.pg_err(e))?;
+        let full = rows.len() >= limit;
+        let rows: Vec<Row> = rows.into_iter().map(|r| Row::from_columns(&r)).collect();
+        debug_assert!(rows.windows(2).all(|w| w[0].stream != w[1].stream || w[1].seq == w[0].seq + 1));
+        Ok((rows, full))
     }
 
     /// Counts the outcomes of a cycle that landed in the metrics and logs; a stream refused for
@@ -797,33 +871,30 @@ impl Relay {
             )
             .await
             .map_err(|e| self.pg_err(e))?;
-        Ok(rows
-            .into_iter()
-            .map(|r| Row {
-                stream: r.get(0),
-                seq: r.get::<_, i64>(1) as u64,
-                payload: Bytes::from(r.get::<_, Vec<u8>>(2)),
-            })
-            .collect())
+        Ok(rows.into_iter().map(|r| Row::from_columns(&r)).collect())
     }
 
-    /// The assignment, inside the cycle's transaction `tx`: the oldest `batch_size` rows
+    /// The assignment, inside the cycle's transaction `tx`: the oldest `limit` rows
     /// without a seq get the next seqs of their streams (committed by the caller before any of
     /// them is published). Returns those rows, per stream in seq order, and whether the batch
     /// was full (more rows may be waiting).
-    async fn assign(&self, tx: &tokio_postgres::Transaction<'_>) -> Result<(Vec<Row>, bool), OutboxError> {
+    async fn assign(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        limit: usize,
+    ) -> Result<(Vec<Row>, bool), OutboxError> {
         let (t, p) = (&self.opts.table, &self.progress);
         let rows = tx
             .query_typed(
                 &format!("SELECT id, stream, payload FROM {t} WHERE seq IS NULL ORDER BY id LIMIT $1"),
-                &[(&(self.opts.batch_size as i64), Type::INT8)],
+                &[(&(limit as i64), Type::INT8)],
             )
             .await
             .map_err(|e| self.pg_err(e))?;
         if rows.is_empty() {
             return Ok((Vec::new(), false));
         }
-        let full = rows.len() >= self.opts.batch_size;
+        let full = rows.len() >= limit;
         let mut streams: Vec<String> = rows.iter().map(|r| r.get::<_, String>(1)).collect();
         streams.sort();
         streams.dedup();
