@@ -318,6 +318,8 @@ const _: () = assert!(SUBSCRIPTION_IDLE_MS >= 3 * SUBSCRIBE_KEEPALIVE_MS);
 // empty.
 const _: () = assert!(RAFT_HEARTBEAT_MS < RAFT_ELECTION_TIMEOUT_MIN_MS);
 const _: () = assert!(RAFT_ELECTION_TIMEOUT_MIN_MS < RAFT_ELECTION_TIMEOUT_MAX_MS);
+// The largest bucket of the proposal histogram is the most commands an entry takes.
+const _: () = assert!(PROPOSAL_COMMANDS_BUCKETS[PROPOSAL_COMMANDS_BUCKETS.len() - 1] == PROPOSAL_COMMANDS_MAX as f64);
 // The default read size is one the API accepts.
 const _: () = assert!(READ_BATCHES_DEFAULT <= READ_BATCHES_MAX);
 // The largest read answer (its payload capped at the soft cap or one largest batch, base64,
@@ -371,6 +373,9 @@ pub const LOG_REPEAT_MS: u64 = 10_000;
 /// commit), about three per decade.
 pub const LATENCY_BUCKETS_SECONDS: &[f64] =
     &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+/// Bucket bounds of `runnev_proposal_commands` (commands the leader packed into one log entry):
+/// 1 to [`PROPOSAL_COMMANDS_MAX`], about three per decade.
+pub const PROPOSAL_COMMANDS_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 512.0];
 /// How often a node with `--admin-token-file` checks, until one is applied, whether the
 /// cluster's bootstrap admin token must still be proposed, in ms.
 pub const BOOTSTRAP_TOKEN_RETRY_MS: u64 = 500;

@@ -191,6 +191,9 @@ where
     let http = net::http_client(dialer);
     let config = Arc::new(raft_config(&cfg)?);
     formation::guard_wiped_node(&store, cfg.id, &cfg.peers, &http).await?;
+    // An empty data dir listed in --peers may be a wiped one: no vote until formation or a
+    // leader says otherwise (raft::vote_gate), recorded so that a restart keeps it.
+    let vote_gate = Arc::new(formation::gate_at_start(&store, cfg.id, &cfg.peers)?);
     let restore = store.clone();
     crate::storage::blocking(move || crate::storage::snapshot::restore_state_machine(&restore)).await?;
     let sm = StateMachine::new(store.clone());
@@ -232,9 +235,17 @@ where
         security: cfg.security,
         subscribers: Arc::new(tokio::sync::Semaphore::new(cfg.max_subscribers)),
         body_read_timeout: cfg.body_read_timeout,
-        catching_up: Arc::new(std::sync::atomic::AtomicBool::new(store.catching_up()?)),
+        vote_gate: vote_gate.clone(),
     };
-    let formation = tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http.clone()));
+    let peer_terms = tokio::spawn(formation::learn_peer_terms(
+        vote_gate.clone(),
+        cfg.id,
+        cfg.peers.clone(),
+        http.clone(),
+        store.clone(),
+    ));
+    let formation =
+        tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http.clone(), store.clone(), vote_gate));
     let clocks = tokio::spawn(crate::clock::run(cluster_clock.clone(), raft.clone(), http, cfg.id));
     let ticker = tokio::spawn(retention_ticks(raft.clone(), store.clone(), cfg.id, cluster_clock));
     let joint = tokio::spawn(finish_joint_changes(raft.clone(), cfg.id, membership_lock));
@@ -255,6 +266,7 @@ where
         b.abort();
     }
     formation.abort();
+    peer_terms.abort();
     clocks.abort();
     ticker.abort();
     joint.abort();
@@ -324,7 +336,7 @@ async fn bootstrap_admin(raft: Raft, store: Arc<Store>, id: NodeId, token: crate
             }
             return;
         }
-        if raft.metrics().borrow().current_leader != Some(id) {
+        if crate::api::known_leader(&raft.metrics().borrow(), id) != Some(id) {
             continue;
         }
         let grants = vec![crate::auth::Grant { permission: crate::auth::Permission::Admin, streams: "*".into() }];
@@ -350,7 +362,7 @@ async fn retention_ticks(raft: Raft, store: Arc<Store>, id: NodeId, clock: Arc<c
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        if raft.metrics().borrow().current_leader != Some(id) {
+        if crate::api::known_leader(&raft.metrics().borrow(), id) != Some(id) {
             continue;
         }
         let s = store.clone();
@@ -384,7 +396,7 @@ async fn finish_joint_changes(raft: Raft, id: NodeId, lock: Arc<tokio::sync::Mut
         let target = {
             let m = raft.metrics().borrow().clone();
             let configs = m.membership_config.membership().get_joint_config().clone();
-            if m.current_leader != Some(id) || configs.len() < 2 {
+            if crate::api::known_leader(&m, id) != Some(id) || configs.len() < 2 {
                 continue;
             }
             configs.last().cloned().unwrap_or_default()

@@ -311,6 +311,28 @@ fn yes() -> bool {
     true
 }
 
+/// What a node is, as a fresh peer forming the cluster sees it: the answer to
+/// `GET /raft/formation` (SPEC §5), a nodes-only path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum FormationAnswer {
+    /// Its data dir is empty: it may be counted in the majority that forms the cluster.
+    Fresh,
+    /// It holds Raft state but no membership yet (a wiped node holding its vote, or a node
+    /// waiting to be added): not counted, not a cluster to join either.
+    Joining,
+    /// It belongs to a formed cluster, at this term.
+    Member {
+        /// The node's current term.
+        term: u64,
+        /// Whether this node initialised that cluster from its current data dir (absent from
+        /// the answers of earlier builds: `false`). A pristine node that answered this node's
+        /// probe as fresh learns from it that the cluster is new.
+        #[serde(default)]
+        formed: bool,
+    },
+}
+
 /// One member in a [`ClusterView`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Member {

@@ -155,4 +155,24 @@ async fn the_dashboard_and_alert_rules_use_only_series_a_cluster_exports() {
     }
     let missing: Vec<&String> = wanted.iter().filter(|n| !exported.contains(*n)).collect();
     assert!(missing.is_empty(), "series the dashboard or alert rules use that no node exports: {missing:?}");
+
+    // Each metric docs/http-api.md calls a histogram is exported as one (with buckets), not as a
+    // summary: `runnev_proposal_commands` was a summary (found by a new user's trial).
+    let api_doc = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/http-api.md"))
+        .expect("reading docs/http-api.md");
+    let histograms: Vec<&str> = api_doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `")?.split_once("` | histogram |").map(|(name, _)| name))
+        .collect();
+    assert!(histograms.contains(&"runnev_proposal_commands"), "{histograms:?}");
+    let leader_metrics = http.get(&format!("{base}/metrics")).await.expect("metrics").text();
+    for name in histograms {
+        if leader_metrics.lines().any(|l| l.starts_with(name)) {
+            assert!(
+                leader_metrics.contains(&format!("# TYPE {name} histogram")),
+                "{name} is documented as a histogram but exported otherwise:\n{}",
+                leader_metrics.lines().filter(|l| l.contains(name)).collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
 }

@@ -14,9 +14,11 @@ use axum::response::{IntoResponse, Response};
 /// This node's view of the cluster, from openraft's metrics and the store's counters.
 pub(super) fn view_of(s: &AppState) -> ClusterView {
     let m = s.raft.metrics().borrow().clone();
+    let leader = super::known_leader(&m, s.node_id);
+    let leading = leader == Some(s.node_id);
     let membership = m.membership_config.membership();
     let matched = |id: &NodeId| -> Option<u64> {
-        if m.current_leader != Some(s.node_id) {
+        if !leading {
             return None;
         }
         if *id == s.node_id {
@@ -27,7 +29,7 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
     // On the leader: entries behind its last log index. One that has matched nothing yet is
     // behind by the whole log.
     let lag = |id: &NodeId| -> Option<u64> {
-        if m.current_leader != Some(s.node_id) {
+        if !leading {
             return None;
         }
         let last = m.last_log_index.unwrap_or(0);
@@ -43,7 +45,7 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
             voter: voters.contains(id),
             matched_index: matched(id),
             clock_offset_ms: if *id == s.node_id { Some(0) } else { offsets.get(id).copied() },
-            disk_low: match (m.current_leader == Some(s.node_id), *id == s.node_id) {
+            disk_low: match (leading, *id == s.node_id) {
                 (false, _) => None,
                 (true, true) => Some(s.disk.last().low),
                 (true, false) => Some(s.peer_disks.is_low(*id)),
@@ -68,7 +70,7 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
     ClusterView {
         node_id: s.node_id,
         // A stopped core's last view of the leader is history, possibly this very node.
-        leader_id: m.current_leader.filter(|_| raft_stopped.is_none()),
+        leader_id: leader.filter(|_| raft_stopped.is_none()),
         state: format!("{:?}", m.state),
         term: m.current_term,
         commit_index: s.store.committed_index().max(applied),

@@ -96,9 +96,23 @@ pub struct AppState {
     pub subscribers: Arc<tokio::sync::Semaphore>,
     /// Deadline for a request's body, from the end of its head (`--body-read-timeout`).
     pub body_read_timeout: std::time::Duration,
-    /// This node lost its disk and grants no vote until a leader has caught it up
-    /// ([`Store::catching_up`], kept in memory for the append path).
-    pub catching_up: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether this node may grant votes ([`crate::raft::vote_gate`]): closed while it may have
+    /// lost entries it acknowledged.
+    pub vote_gate: Arc<crate::raft::vote_gate::VoteGate>,
+}
+
+/// The leader this node knows of, from its Raft metrics: openraft's `current_leader`, except
+/// that a node naming itself must also be in the `Leader` state, or it knows no leader (`None`).
+///
+/// openraft 0.9 derives `current_leader` from the committed vote alone
+/// (`RaftCore::current_leader`), so a leader that removed itself from the voters (`DELETE
+/// /v1/cluster/members/{its id}`, `retain: false`) goes on naming itself leader as a learner
+/// outside the membership: it refuses every proposal with `ForwardToLeader`, and no later
+/// leader ever replicates to it to correct the view. Taking that view at its word made every
+/// write sent to it retry a proposal at each metrics change its own refusal caused, without a
+/// pause (simulation seed 6 with `--membership`: simulated time stopped).
+pub(crate) fn known_leader(m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>, me: NodeId) -> Option<NodeId> {
+    m.current_leader.filter(|l| *l != me || m.state == openraft::ServerState::Leader)
 }
 
 /// Why this node's Raft core has stopped for good, if it has. openraft reports the fatal error
@@ -199,6 +213,7 @@ pub fn router(state: AppState) -> Router {
         .route(crate::raft::network::VOTE_PATH, post(raft_rpc::vote))
         .route(crate::raft::network::SNAPSHOT_PATH, post(raft_rpc::snapshot))
         .route(crate::clock::CLOCK_PATH, get(raft_rpc::clock))
+        .route(crate::raft::formation::FORMATION_PATH, get(raft_rpc::formation))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth::authorize))
@@ -232,7 +247,7 @@ fn leader_addr(raft: &Raft) -> Option<String> {
         return None;
     }
     let m = m.borrow();
-    let leader = m.current_leader?;
+    let leader = known_leader(&m, m.id)?;
     m.membership_config.membership().get_node(&leader).map(|n| n.addr.clone())
 }
 
@@ -537,6 +552,26 @@ pub(crate) fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Respon
 mod tests {
     use super::*;
     use futures::StreamExt;
+
+    /// A leader that removed itself keeps a committed vote for itself as a learner: openraft 0.9
+    /// still names it `current_leader`; this node must not take itself for the leader then
+    /// (simulation seed 6 with `--membership`). Another node named leader is taken at its word.
+    #[test]
+    fn a_node_names_itself_leader_only_in_the_leader_state() {
+        let mut m = openraft::RaftMetrics::<NodeId, openraft::BasicNode>::new_initial(2);
+        m.current_leader = Some(2);
+        m.state = openraft::ServerState::Learner;
+        assert_eq!(known_leader(&m, 2), None, "a removed leader, now a learner");
+        m.state = openraft::ServerState::Follower;
+        assert_eq!(known_leader(&m, 2), None, "a deposed leader");
+        m.state = openraft::ServerState::Leader;
+        assert_eq!(known_leader(&m, 2), Some(2));
+        m.state = openraft::ServerState::Follower;
+        m.current_leader = Some(3);
+        assert_eq!(known_leader(&m, 2), Some(3));
+        m.current_leader = None;
+        assert_eq!(known_leader(&m, 2), None);
+    }
 
     /// A body that sends `first` and then nothing, without ending.
     fn stalled_after(first: &'static [u8]) -> Body {

@@ -181,7 +181,7 @@ With `--auth`, every path but `/healthz`, `/readyz` and `/v1/openapi.json` needs
 `Authorization: Bearer rnv_…` (`401 unauthorized` without a valid token, `403 forbidden` \
 without a grant that covers the request; docs/security.md).\n\n\
 Left out on purpose: the Raft RPCs between nodes (`POST /raft/append`, `/raft/vote`, \
-`/raft/snapshot`, `GET /raft/clock`), which are internal to the cluster (postcard bodies, \
+`/raft/snapshot`, `GET /raft/clock`, `GET /raft/formation`), which are internal to the cluster (postcard bodies, \
 node certificates) and not for clients.";
 
 /// The document: every client-facing operation and the schemas they use.

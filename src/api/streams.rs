@@ -23,7 +23,7 @@ use crate::limits::{
     READ_BATCHES_DEFAULT, READ_BATCHES_MAX, READ_WAIT_MS_MAX,
 };
 use crate::raft::{Command, Outcome};
-use crate::storage::{blocking, BatchesView};
+use crate::storage::{blocking, BatchRef};
 use crate::stream;
 use crate::wire;
 
@@ -343,40 +343,57 @@ async fn publish_frames(
 }
 
 /// The body of a read answer ([`wire::ReadAnswer`], SPEC §3): `{"batches": [{"seq", "ts",
-/// "data"}], "gap", "last_seq", "next_after"}`, `data` standard base64.
+/// "data"}], "gap", "last_seq", "next_after"}`, `data` standard base64, written batch by batch
+/// as [`Store::visit_batches`](crate::storage::Store::visit_batches) lends them.
 ///
 /// Written by hand rather than through serde: base64 never needs JSON escaping, and serde_json's
 /// escape scan of every payload byte was a third of a catch-up read's server time. The test
 /// below checks the output byte for byte against serde_json's of [`wire::ReadAnswer`].
-fn read_answer_body(view: BatchesView, after: u64) -> String {
-    use std::fmt::Write;
-    let gap = stream::gap_for(&view.meta, after);
-    let next_after = match (view.batches.last(), &gap) {
-        (Some(b), _) => b.seq,
-        (None, Some((_, to))) => *to,
-        (None, None) => after,
-    };
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let bytes: usize = view.batches.iter().map(|b| b.data.len() / 3 * 4 + 64).sum();
-    let mut out = String::with_capacity(bytes + 128);
-    out.push_str("{\"batches\":[");
-    for (i, b) in view.batches.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        let _ = write!(out, "{{\"seq\":{},\"ts\":{},\"data\":\"", b.seq, b.ts);
-        b64.encode_string(&b.data, &mut out);
-        out.push_str("\"}");
+struct ReadBody {
+    out: String,
+    meta: stream::StreamMeta,
+    /// The seq of the last batch written.
+    last: Option<u64>,
+}
+
+impl ReadBody {
+    fn start(meta: &stream::StreamMeta) -> ReadBody {
+        let mut out = String::with_capacity(4096);
+        out.push_str("{\"batches\":[");
+        ReadBody { out, meta: *meta, last: None }
     }
-    out.push_str("],\"gap\":");
-    match gap {
-        Some((from, to)) => {
-            let _ = write!(out, "{{\"from\":{from},\"to\":{to}}}");
+
+    fn push(&mut self, b: BatchRef<'_>) {
+        use std::fmt::Write;
+        debug_assert!(self.last.is_none_or(|l| l < b.seq), "batches in seq order");
+        if self.last.is_some() {
+            self.out.push(',');
         }
-        None => out.push_str("null"),
+        let _ = write!(self.out, "{{\"seq\":{},\"ts\":{},\"data\":\"", b.seq, b.ts);
+        base64::engine::general_purpose::STANDARD.encode_string(b.data, &mut self.out);
+        self.out.push_str("\"}");
+        self.last = Some(b.seq);
     }
-    let _ = write!(out, ",\"last_seq\":{},\"next_after\":{next_after}}}", view.meta.last_seq);
-    out
+
+    /// The finished body, and whether it carries a gap or a batch (else it is an empty answer).
+    fn finish(mut self, after: u64) -> (String, bool, bool) {
+        use std::fmt::Write;
+        let gap = stream::gap_for(&self.meta, after);
+        let next_after = match (self.last, &gap) {
+            (Some(seq), _) => seq,
+            (None, Some((_, to))) => *to,
+            (None, None) => after,
+        };
+        self.out.push_str("],\"gap\":");
+        match gap {
+            Some((from, to)) => {
+                let _ = write!(self.out, "{{\"from\":{from},\"to\":{to}}}");
+            }
+            None => self.out.push_str("null"),
+        }
+        let _ = write!(self.out, ",\"last_seq\":{},\"next_after\":{next_after}}}", self.meta.last_seq);
+        (self.out, gap.is_some(), self.last.is_some())
+    }
 }
 
 /// Waits until this node has applied `index`, for at most [`MIN_INDEX_WAIT_MS`], or until its
@@ -437,7 +454,10 @@ pub(super) async fn read(
         applied.borrow_and_update();
         let store = s.store.clone();
         let n = name.clone();
-        let found = blocking(move || store.read_batches(&n, after, limit, READ_ANSWER_BYTES_MAX)).await?;
+        let found = blocking(move || {
+            store.visit_batches(&n, after, limit, READ_ANSWER_BYTES_MAX, ReadBody::start, ReadBody::push)
+        })
+        .await?;
         let now = Instant::now();
         let done = now >= deadline || *stopping.borrow();
         // A node that has not applied the stream's creation yet waits like one behind the
@@ -455,12 +475,12 @@ pub(super) async fn read(
             }
             continue;
         };
-        let gap = stream::gap_for(&view.meta, after).is_some();
+        let (body, gap, batches) = view.finish(after);
         if gap {
             metrics::counter!("runnev_gaps_delivered_total", "via" => "read").increment(1);
         }
-        if gap || !view.batches.is_empty() || done {
-            return Ok(([(header::CONTENT_TYPE, "application/json")], read_answer_body(view, after)).into_response());
+        if gap || batches || done {
+            return Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response());
         }
         // Long poll: a node behind the cursor waits rather than answering a false "empty"; a
         // node whose Raft core stopped will never catch up, and says so at once.
@@ -477,7 +497,7 @@ pub(super) async fn read(
 #[cfg(test)]
 mod read_answer_tests {
     use super::*;
-    use crate::storage::StoredBatch;
+    use crate::storage::{BatchesView, StoredBatch};
     use crate::stream::StreamMeta;
 
     /// The same answer through serde_json and the wire type, as the hand-written body must read.
@@ -507,7 +527,11 @@ mod read_answer_tests {
             (BatchesView { meta, batches: Vec::new() }, 1),
             (BatchesView { meta, batches: Vec::new() }, 9),
         ] {
-            assert_eq!(read_answer_body(view.clone(), after), through_serde(&view, after), "after={after}");
+            let mut body = ReadBody::start(&view.meta);
+            for b in &view.batches {
+                body.push(BatchRef { seq: b.seq, ts: b.ts, index: b.index, data: &b.data });
+            }
+            assert_eq!(body.finish(after).0, through_serde(&view, after), "after={after}");
         }
     }
 }

@@ -14,15 +14,18 @@
 //! a leader for [`LEADER_SILENCE_MAX_MS`](crate::limits::LEADER_SILENCE_MAX_MS): a node cut off
 //! cannot tell that it is behind, and its keep-alives would keep the client from failing over.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::convert::Infallible;
+use std::fmt::Write;
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::streams::{param_u64, query, stream_name};
@@ -32,7 +35,7 @@ use crate::limits::{
     READ_ANSWER_BYTES_MAX, SUBSCRIBE_CONTACT_CHECK_MS, SUBSCRIBE_KEEPALIVE_MS, SUBSCRIBE_READ_BATCHES,
     SUBSCRIBE_STREAM_WAIT_MS,
 };
-use crate::storage::blocking;
+use crate::storage::{blocking, BatchRef, Store, StoreError};
 use crate::stream;
 use crate::wire;
 
@@ -42,7 +45,11 @@ struct Cursor {
     name: String,
     /// The seq of the last event sent (or the gap's `to`).
     after: u64,
-    pending: VecDeque<Event>,
+    /// The text of the events not sent yet, sent as one chunk of the answer: one chunk per read
+    /// of up to [`SUBSCRIBE_READ_BATCHES`] batches, not one per event.
+    pending: String,
+    /// When a `: ping` is due if nothing was sent before.
+    ping_at: tokio::time::Instant,
     applied: watch::Receiver<u64>,
     stopping: watch::Receiver<bool>,
     /// Set once the `unavailable` event is queued: the subscription ends after sending it.
@@ -111,9 +118,7 @@ async fn refill(c: &mut Cursor) -> bool {
                 c.s.node_id
             );
             tracing::info!(stream = %c.name, %silence, "ending a subscription: no leader heard");
-            c.pending.push_back(
-                Event::default().event("unavailable").json_data(wire::Unavailable { message }).unwrap_or_default(),
-            );
+            push_unavailable(&mut c.pending, &wire::Unavailable { message });
             c.ending = true;
             return true;
         }
@@ -121,25 +126,18 @@ async fn refill(c: &mut Cursor) -> bool {
         let store = c.s.store.clone();
         let (name, after) = (c.name.clone(), c.after);
         let found =
-            blocking(move || store.read_batches(&name, after, SUBSCRIBE_READ_BATCHES, READ_ANSWER_BYTES_MAX)).await;
+            blocking(move || read_events(&store, &name, after, SUBSCRIBE_READ_BATCHES, READ_ANSWER_BYTES_MAX)).await;
         match found {
-            Ok(Some(view)) => {
-                if let Some((from, to)) = stream::gap_for(&view.meta, c.after) {
+            Ok(Some(read)) => {
+                if read.gap {
                     metrics::counter!("runnev_gaps_delivered_total", "via" => "subscribe").increment(1);
-                    c.pending
-                        .push_back(Event::default().event("gap").json_data(wire::Gap { from, to }).unwrap_or_default());
-                    c.after = to;
                 }
-                for b in view.batches {
-                    c.after = b.seq;
-                    let id = b.seq.to_string();
-                    c.pending.push_back(
-                        Event::default()
-                            .event("batch")
-                            .id(id)
-                            .json_data(wire::BatchBody::encode(b.seq, b.ts, &b.data))
-                            .unwrap_or_default(),
-                    );
+                debug_assert!(read.after >= c.after, "a subscription's cursor never goes back");
+                c.after = read.after;
+                if c.pending.is_empty() {
+                    c.pending = read.text;
+                } else {
+                    c.pending.push_str(&read.text);
                 }
             }
             // Deleted (and not created again yet): the subscription follows the name and waits.
@@ -160,6 +158,12 @@ async fn refill(c: &mut Cursor) -> bool {
                 return false;
             }
             _ = tokio::time::sleep(Duration::from_millis(SUBSCRIBE_CONTACT_CHECK_MS)) => {}
+            // Nothing sent for SUBSCRIBE_KEEPALIVE_MS (the stream is idle, deleted, or this node
+            // is behind the cursor): a comment keeps proxies and the client's idle check content.
+            _ = tokio::time::sleep_until(c.ping_at) => {
+                c.pending.push_str(PING);
+                return true;
+            }
         }
     }
 }
@@ -231,22 +235,106 @@ pub(super) async fn subscribe(
     if *stopping.borrow() {
         return Err(ApiError::NotReady("this node is stopping; subscribe to another".into()));
     }
-    let cursor = Cursor { s, name, after, pending: VecDeque::new(), applied, stopping, ending: false, _slot: slot };
+    let cursor = Cursor {
+        s,
+        name,
+        after,
+        pending: String::new(),
+        ping_at: tokio::time::Instant::now() + Duration::from_millis(SUBSCRIBE_KEEPALIVE_MS),
+        applied,
+        stopping,
+        ending: false,
+        _slot: slot,
+    };
     let events = futures::stream::unfold(cursor, |mut c| async move {
         if c.pending.is_empty() && !refill(&mut c).await {
             return None;
         }
-        let ev = c.pending.pop_front()?;
-        Some((Ok::<_, Infallible>(ev), c))
+        let chunk = Bytes::from(std::mem::take(&mut c.pending).into_bytes());
+        c.ping_at = tokio::time::Instant::now() + Duration::from_millis(SUBSCRIBE_KEEPALIVE_MS);
+        Some((Ok::<_, Infallible>(chunk), c))
     });
-    let keep_alive = KeepAlive::new().interval(Duration::from_millis(SUBSCRIBE_KEEPALIVE_MS)).text("ping");
-    Ok(Sse::new(events).keep_alive(keep_alive).into_response())
+    let headers = [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")];
+    Ok((headers, Body::from_stream(events)).into_response())
+}
+
+/// The keep-alive comment, sent after [`SUBSCRIBE_KEEPALIVE_MS`] without an event.
+const PING: &str = ": ping\n\n";
+
+/// The events of one read of a subscription: the text to send and the cursor after it.
+#[derive(Debug)]
+struct ReadEvents {
+    /// Zero or more events, each ended by a blank line: a `gap` event first when one is due,
+    /// then `batch` events in seq order.
+    text: String,
+    /// The seq of the last batch written, or the gap's `to`, or the cursor read after.
+    after: u64,
+    /// Whether a `gap` event is among them.
+    gap: bool,
+}
+
+/// Reads the events that follow cursor `after` on `name`, from one read transaction: a `gap`
+/// event when retention evicted seqs after the cursor, then at most `limit` batches (and, past
+/// the first, at most `bytes_max` payload bytes) as `batch` events, written straight from the
+/// database (no copy of a payload, no event object per batch). `None` when the stream does not
+/// exist. Only applied (so committed) batches are in the database.
+///
+/// The bytes are those axum's `Sse` wrote for one `Event` per batch (`event:`, `id:`, `data:`
+/// lines, a blank line); a test below holds them to it.
+///
+/// Errors: the storage's.
+fn read_events(
+    store: &Store,
+    name: &str,
+    after: u64,
+    limit: usize,
+    bytes_max: usize,
+) -> Result<Option<ReadEvents>, StoreError> {
+    let start = |meta: &stream::StreamMeta| {
+        let mut read = ReadEvents { text: String::new(), after, gap: false };
+        if let Some((from, to)) = stream::gap_for(meta, after) {
+            push_gap(&mut read.text, wire::Gap { from, to });
+            read.after = to;
+            read.gap = true;
+        }
+        read
+    };
+    let each = |read: &mut ReadEvents, b: BatchRef<'_>| {
+        debug_assert!(b.seq > read.after, "batch events in seq order, after the cursor and the gap");
+        push_batch(&mut read.text, b.seq, b.ts, b.data);
+        read.after = b.seq;
+    };
+    store.visit_batches(name, after, limit, bytes_max, start, each)
+}
+
+/// Appends a `batch` event: `id` the seq, `data` the [`wire::BatchBody`] JSON (written by hand:
+/// base64 needs no escaping, as in a read answer).
+fn push_batch(out: &mut String, seq: u64, ts: u64, data: &[u8]) {
+    out.reserve(data.len().div_ceil(3) * 4 + 96);
+    let _ = write!(out, "event: batch\nid: {seq}\ndata: {{\"seq\":{seq},\"ts\":{ts},\"data\":\"");
+    base64::engine::general_purpose::STANDARD.encode_string(data, out);
+    out.push_str("\"}\n\n");
+}
+
+/// Appends a `gap` event (data: [`wire::Gap`]).
+fn push_gap(out: &mut String, gap: wire::Gap) {
+    let _ = write!(out, "event: gap\ndata: {{\"from\":{},\"to\":{}}}\n\n", gap.from, gap.to);
+}
+
+/// Appends the `unavailable` event (data: [`wire::Unavailable`]; JSON in one line, as serde_json
+/// escapes every line break).
+fn push_unavailable(out: &mut String, u: &wire::Unavailable) {
+    out.push_str("event: unavailable\ndata: ");
+    out.push_str(&serde_json::to_string(u).unwrap_or_default());
+    out.push_str("\n\n");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+    use axum::response::sse::{Event, Sse};
+    use http_body_util::BodyExt;
 
     fn cursor(last_event_id: Option<&[u8]>, after: Option<&str>) -> Result<u64, String> {
         let mut headers = HeaderMap::new();
@@ -276,5 +364,158 @@ mod tests {
         assert_eq!(cursor(Some(b"5"), Some("x")), Err("invalid_parameter".into()));
         assert_eq!(cursor(Some(b"\xa4"), None), Err("invalid_parameter".into()));
         assert_eq!(cursor(Some(b"x"), None), Err("invalid_parameter".into()));
+    }
+
+    /// The events written by hand are, byte for byte, what axum's `Sse` wrote for one `Event` per
+    /// batch, gap, `unavailable` and keep-alive (the wire format of docs/http-api.md).
+    #[tokio::test]
+    async fn hand_written_events_are_the_bytes_axum_sse_wrote() {
+        let all: Vec<u8> = (0..=255u8).collect();
+        let batches: [(u64, u64, &[u8]); 4] =
+            [(1, 17, &all), (u64::MAX, u64::MAX, b""), (118, 1_795_982_672_385, b"hello"), (7, 0, b"\"\\\n\r")];
+        let mut mine = String::new();
+        let mut events = Vec::new();
+        for (seq, ts, data) in batches {
+            push_batch(&mut mine, seq, ts, data);
+            let body = wire::BatchBody::encode(seq, ts, data);
+            events.push(Event::default().event("batch").id(seq.to_string()).json_data(body).unwrap());
+        }
+        let gap = wire::Gap { from: 1, to: 117 };
+        push_gap(&mut mine, gap);
+        events.push(Event::default().event("gap").json_data(gap).unwrap());
+        let gone = wire::Unavailable { message: "node 2 \"cut off\"\nfor 2013 ms: é".into() };
+        push_unavailable(&mut mine, &gone);
+        events.push(Event::default().event("unavailable").json_data(&gone).unwrap());
+        mine.push_str(PING);
+        events.push(Event::default().comment("ping"));
+
+        let stream = futures::stream::iter(events.into_iter().map(Ok::<_, Infallible>));
+        let body = Sse::new(stream).into_response().into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(std::str::from_utf8(&body).unwrap(), mine);
+    }
+
+    fn entry(index: u64, cmd: crate::raft::Command) -> crate::storage::Entry {
+        use openraft::{CommittedLeaderId, EntryPayload};
+        crate::storage::Entry {
+            log_id: crate::raft::LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(cmd),
+        }
+    }
+
+    /// The payload of batch `seq` in the test below: sizes 0 to 600 bytes, each byte its seq's.
+    fn payload(seq: u64) -> Vec<u8> {
+        vec![seq as u8; (seq % 7 * 100) as usize]
+    }
+
+    /// Applies publishes of `seqs` to stream "s" from log index `index` on.
+    async fn publish(
+        sm: &mut crate::storage::state_machine::StateMachine,
+        index: u64,
+        seqs: std::ops::RangeInclusive<u64>,
+    ) {
+        use openraft::storage::RaftStateMachine;
+        let entries: Vec<crate::storage::Entry> = seqs
+            .enumerate()
+            .map(|(i, seq)| {
+                let cmd = crate::raft::Command::Publish {
+                    stream: "s".into(),
+                    seq: None,
+                    ts: 1000 + seq,
+                    auto_create: false,
+                    data: payload(seq),
+                };
+                entry(index + i as u64, cmd)
+            })
+            .collect();
+        sm.apply(entries).await.unwrap();
+    }
+
+    /// Reads "s" after `after` in chunks of at most `limit` batches and `bytes_max` bytes (past
+    /// the first batch) until a read brings nothing, and parses the events as a client does.
+    /// Returns the events and the cursor after them.
+    fn read_all(store: &Store, mut after: u64, limit: usize, bytes_max: usize) -> (Vec<SseEvent>, u64) {
+        use crate::client::sse::{SseEvent, SseParser};
+        let mut all: Vec<SseEvent> = Vec::new();
+        loop {
+            let read = read_events(store, "s", after, limit, bytes_max).unwrap().unwrap();
+            let mut parser = SseParser::default();
+            parser.push(read.text.as_bytes());
+            let mut chunk = Vec::new();
+            while let Some(ev) = parser.next_event().unwrap() {
+                chunk.push(ev);
+            }
+            let batches: Vec<&SseEvent> = chunk.iter().filter(|e| e.event == "batch").collect();
+            assert!(batches.len() <= limit, "{} batch events in one read of at most {limit}", batches.len());
+            let bytes: usize = batches.iter().map(|e| payload(e.id.parse().unwrap()).len()).sum();
+            assert!(batches.len() <= 1 || bytes <= bytes_max, "{bytes} payload bytes past the first in one read");
+            assert_eq!(read.gap, chunk.iter().any(|e| e.event == "gap"));
+            if chunk.is_empty() {
+                assert_eq!(read.after, after, "an empty read keeps the cursor");
+                return (all, after);
+            }
+            assert!(read.after > after);
+            after = read.after;
+            all.extend(chunk);
+        }
+    }
+
+    use crate::client::sse::SseEvent;
+
+    /// Checks `events` are one gap `from..=to` (when given), then one batch event for each seq of
+    /// `seqs`, in order, each with its own payload.
+    fn assert_delivers(events: &[SseEvent], gap: Option<(u64, u64)>, seqs: std::ops::RangeInclusive<u64>) {
+        let mut events = events.iter();
+        if let Some((from, to)) = gap {
+            let e = events.next().expect("a gap event");
+            assert_eq!(
+                (e.event.as_str(), e.data.as_str()),
+                ("gap", format!("{{\"from\":{from},\"to\":{to}}}").as_str())
+            );
+        }
+        let got: Vec<(u64, u64, u64, Vec<u8>)> = events
+            .map(|e| {
+                assert_eq!(e.event, "batch");
+                let b: wire::BatchBody<'_> = serde_json::from_str(&e.data).unwrap();
+                (e.id.parse().unwrap(), b.seq, b.ts, b.payload().unwrap())
+            })
+            .collect();
+        let want: Vec<(u64, u64, u64, Vec<u8>)> = seqs.map(|seq| (seq, seq, 1000 + seq, payload(seq))).collect();
+        assert_eq!(got, want, "every retained batch once, in seq order, with its id, ts and payload");
+    }
+
+    /// A subscription's reads, coalesced into one text per read, deliver a gap first and then
+    /// every applied batch after the cursor exactly once and in order, whatever the read's
+    /// limits; a read past the last applied batch brings nothing (the database holds applied
+    /// entries only), and batches applied later follow on from the cursor.
+    #[tokio::test]
+    async fn reads_deliver_every_applied_batch_once_in_order() {
+        use openraft::storage::RaftStateMachine;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut sm = crate::storage::state_machine::StateMachine::new(store.clone());
+        let retention = crate::stream::Retention { max_batches: Some(40), ..Default::default() };
+        let put = crate::raft::Command::PutStream { name: "s".into(), retention: Some(retention), ts: 1 };
+        sm.apply(vec![entry(1, put)]).await.unwrap();
+        publish(&mut sm, 2, 1..=50).await;
+        assert!(read_events(&store, "missing", 0, 10, 1000).unwrap().is_none());
+
+        // Retention kept 11..=50: a gap for 4..=10, then the batches, across many small reads.
+        for (limit, bytes_max) in [(7, 1000), (1, usize::MAX), (1000, 1), (1000, usize::MAX), (3, 650)] {
+            let (events, after) = read_all(&store, 3, limit, bytes_max);
+            assert_delivers(&events, Some((4, 10)), 11..=50);
+            assert_eq!(after, 50, "limit {limit}, bytes {bytes_max}");
+        }
+        // A cursor inside the retained batches: no gap.
+        let (events, after) = read_all(&store, 30, 4, 900);
+        assert_delivers(&events, None, 31..=50);
+        assert_eq!(after, 50);
+
+        // Nothing past the applied state; what is applied next follows on from the cursor.
+        publish(&mut sm, 52, 51..=53).await;
+        let (events, after) = read_all(&store, 50, 2, 1000);
+        assert_delivers(&events, None, 51..=53);
+        assert_eq!(after, 53);
+        let (events, _) = read_all(&store, 0, 1000, usize::MAX);
+        assert_delivers(&events, Some((1, 13)), 14..=53);
     }
 }

@@ -20,7 +20,8 @@ use tokio::time::Instant;
 use super::AppState;
 use crate::error::ApiError;
 use crate::limits::{
-    FORWARDED_ANSWER_BYTES_MAX, FORWARD_HOPS_MAX, FORWARD_TIMEOUT_MS, LEADER_RECHECK_MS, LEADER_WAIT_MS,
+    FORWARDED_ANSWER_BYTES_MAX, FORWARD_HOPS_MAX, FORWARD_TIMEOUT_MS, LEADER_RECHECK_MS, LEADER_SILENCE_MAX_MS,
+    LEADER_WAIT_MS,
 };
 use crate::raft::{Command, NodeId, Outcome};
 
@@ -61,6 +62,9 @@ pub(crate) enum Led<T> {
 pub(crate) enum OpError {
     /// This node turned out not to be leader (or lost leadership); look for the leader again.
     NotLeader,
+    /// This node leads but no majority acknowledges it (the reason): nothing was proposed; wait
+    /// for a quorum or another leader like for a leader not known.
+    NoQuorum(String),
     /// A definitive error to answer.
     Fail(ApiError),
 }
@@ -104,6 +108,9 @@ pub(crate) async fn write(
 ) -> Result<Led<(Outcome, u64)>, ApiError> {
     let make = &make;
     on_leader(s, req, || async move {
+        if let Some(alone) = without_quorum(s) {
+            return Err(OpError::NoQuorum(alone));
+        }
         if let Some(full) = storage_refusal(s) {
             return Err(OpError::Fail(full));
         }
@@ -112,6 +119,22 @@ pub(crate) async fn write(
         s.proposer.propose(make(ts)).await
     })
     .await
+}
+
+/// Why this leader cannot commit a write now, if it cannot: no majority of the voters has
+/// acknowledged it for longer than [`LEADER_SILENCE_MAX_MS`] (openraft's `millis_since_quorum_ack`;
+/// a leader cut off from the others keeps its role, as openraft 0.9 steps down only when a
+/// membership without it commits). Proposing would only wait out the commit timeout and answer
+/// "outcome unknown"; checked before anything reaches openraft, so nothing is proposed.
+fn without_quorum(s: &AppState) -> Option<String> {
+    let ms = s.raft.metrics().borrow().millis_since_quorum_ack?;
+    (ms > LEADER_SILENCE_MAX_MS).then(|| {
+        format!(
+            "node {} is leader but no majority of the voters has acknowledged it for {ms} ms: a majority of nodes is \
+             down or partitioned; nothing was proposed",
+            s.node_id
+        )
+    })
 }
 
 /// Why the leader cannot take a write for lack of disk, if it cannot: `507 storage_full` when
@@ -161,16 +184,17 @@ where
         if let Some(why) = super::raft_stopped(&s.raft) {
             return Err(super::raft_stopped_error(&why));
         }
-        let (leader, leader_addr) = {
+        let (leader, leader_addr, seen) = {
             let m = metrics.borrow_and_update();
-            let leader = m.current_leader;
+            let leader = super::known_leader(&m, s.node_id);
             let addr = leader.and_then(|l| m.membership_config.membership().get_node(&l).map(|n| n.addr.clone()));
-            (leader, addr)
+            (leader, addr, leader_view(&m, s.node_id))
         };
         match (leader, leader_addr) {
             (Some(l), _) if l == s.node_id => match op().await {
                 Ok(v) => return Ok(Led::Here(v)),
                 Err(OpError::NotLeader) => last_problem = "leadership moved while proposing".into(),
+                Err(OpError::NoQuorum(why)) => last_problem = why,
                 Err(OpError::Fail(e)) => return Err(e),
             },
             (Some(l), Some(addr)) if req.hops() < FORWARD_HOPS_MAX => match forward(s, &addr, req).await {
@@ -191,12 +215,32 @@ where
                 "no leader could take the request within {LEADER_WAIT_MS} ms ({last_problem}); retry later"
             )));
         }
-        // Wake on any Raft state change, and re-check at least every LEADER_RECHECK_MS. A closed channel
-        // means the core has stopped: the check at the top answers then (waiting on a closed
-        // channel would spin; simulation seed 4).
+        // Wake when this node's view of the leader changes, and re-check at least every
+        // LEADER_RECHECK_MS. Not at every metrics change: a refused proposal changes the metrics
+        // itself, and waking on that retried a proposal that openraft refuses at once without
+        // a pause (simulation seed 6 with `--membership`). A closed channel means the core has
+        // stopped: the check at the top answers then (waiting on a closed channel would spin;
+        // simulation seed 4).
         let pause = (deadline - now).min(Duration::from_millis(LEADER_RECHECK_MS));
-        let _ = tokio::time::timeout(pause, metrics.changed()).await;
+        let _ = tokio::time::timeout(pause, async {
+            while metrics.changed().await.is_ok() {
+                if leader_view(&metrics.borrow_and_update(), s.node_id) != seen {
+                    return;
+                }
+            }
+        })
+        .await;
     }
+}
+
+/// What [`on_leader`] acts on in this node's Raft metrics: the leader it knows
+/// ([`super::known_leader`]), its own role and term, and the membership that gives the leader's
+/// address. A change of any of them may let a request through; nothing else can.
+fn leader_view(
+    m: &openraft::RaftMetrics<NodeId, BasicNode>,
+    me: NodeId,
+) -> (Option<NodeId>, openraft::ServerState, u64, Option<openraft::LogId<NodeId>>) {
+    (super::known_leader(m, me), m.state, m.current_term, *m.membership_config.log_id())
 }
 
 async fn forward(s: &AppState, addr: &str, req: &Forwardable) -> Result<Response, ForwardError> {

@@ -18,6 +18,7 @@
 //! names are checked here with the server's rule (SPEC §1) and percent-encoded into the path.
 
 mod cursor;
+pub(crate) mod sse;
 mod subscription;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -812,6 +813,26 @@ impl Client {
         let started = tokio::time::Instant::now();
         match self.exchange(node, &Method::GET, "/v1/cluster", &Bytes::new(), None, timeout).await {
             Ok((s, bytes, _)) if s.is_success() => Self::json(node, &bytes),
+            Ok((s, bytes, _)) => Err(api_error(node, s, &bytes)),
+            Err(Attempt::Fail(e)) => Err(e),
+            Err(Attempt::Retry(last) | Attempt::NotSent(last)) => {
+                Err(ClientError::Unreachable { nodes: vec![node.to_string()], after: started.elapsed(), last })
+            }
+        }
+    }
+
+    /// `GET /readyz` from one given node, once: `Ok(None)` when it is ready, `Ok(Some(reason))`
+    /// with the reason it answered `503` (`leader without a quorum`, `no leader known`, …).
+    ///
+    /// Errors: as [`Client::cluster_view`]; [`ClientError::Api`] for any other answer.
+    pub async fn readiness(&self, node: &str) -> Result<Option<String>, ClientError> {
+        let timeout = self.inner.policy.request_timeout;
+        let started = tokio::time::Instant::now();
+        match self.exchange(node, &Method::GET, "/readyz", &Bytes::new(), None, timeout).await {
+            Ok((s, _, _)) if s.is_success() => Ok(None),
+            Ok((s, bytes, _)) if s == StatusCode::SERVICE_UNAVAILABLE => {
+                Ok(Some(String::from_utf8_lossy(&bytes).trim().to_string()))
+            }
             Ok((s, bytes, _)) => Err(api_error(node, s, &bytes)),
             Err(Attempt::Fail(e)) => Err(e),
             Err(Attempt::Retry(last) | Attempt::NotSent(last)) => {

@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use eventsource_stream::Eventsource;
 use futures::{Stream, StreamExt};
 use http_body_util::{BodyExt, Full};
 use hyper::StatusCode;
 use tokio::time::Instant;
 
+use super::sse::{self, SseEvent};
 use super::{api_error, decode_batch, segment, unavailable_text, Backoff, Batch, Client, ClientError, Gap};
 use crate::net::cause_text;
 use crate::units::format_duration;
@@ -84,7 +84,7 @@ impl std::fmt::Debug for SubscribeOptions {
     }
 }
 
-type Events = Pin<Box<dyn Stream<Item = Result<eventsource_stream::Event, String>> + Send>>;
+type Events = Pin<Box<dyn Stream<Item = Result<SseEvent, String>> + Send>>;
 
 struct State {
     client: Client,
@@ -205,7 +205,7 @@ async fn connect(
         *last_bytes.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         chunk
     });
-    Ok(Box::pin(bytes.eventsource().map(|r| r.map_err(|e| e.to_string()))))
+    Ok(sse::events(bytes))
 }
 
 /// Marks the connection lost: the outage starts now.
