@@ -686,9 +686,26 @@ pub async fn status(client: &Client, output: Output) -> Result<()> {
     }
     if output == Output::Text {
         let leader = views.iter().find(|v| v.leader_id == Some(v.node_id));
-        match leader {
-            Some(l) => say(format_args!("leader: node {} (term {}); voters {:?}", l.node_id, l.term, l.voters()))?,
-            None => say("no leader among the nodes that answered: a majority of nodes is down or partitioned")?,
+        // A leader cut off from the others goes on naming itself leader (openraft 0.9 steps down
+        // only when a membership without it commits), so its own readiness says whether a
+        // majority still acknowledges it.
+        let leader_url = leader.and_then(|l| {
+            rows.iter().find(|(_, v)| v.as_ref().is_ok_and(|v| v.node_id == l.node_id)).map(|(node, _)| node)
+        });
+        let alone = match leader_url {
+            Some(node) => client.readiness(node).await.ok().flatten().filter(|why| why == "leader without a quorum"),
+            None => None,
+        };
+        match (leader, alone) {
+            (Some(l), None) => {
+                say(format_args!("leader: node {} (term {}); voters {:?}", l.node_id, l.term, l.voters()))?
+            }
+            (Some(l), Some(_)) => say(format_args!(
+                "no leader among the nodes that answered: node {} names itself leader (term {}) but no majority \
+                 acknowledges it; a majority of nodes is down or partitioned",
+                l.node_id, l.term
+            ))?,
+            (None, _) => say("no leader among the nodes that answered: a majority of nodes is down or partitioned")?,
         }
     }
     Ok(())

@@ -160,18 +160,19 @@ const WATCH_MS: u64 = 500;
 /// How long a node may take to answer `/healthz` after it was started, in ms.
 const START_MS_MAX: u64 = 60_000;
 
-/// A node's last words: the last line its `runnev serve` printed as an error (`runnev: …`),
-/// else the last line of its log; with the process holding its port when the port was the
-/// problem.
+/// A node's last words: the last line its `runnev serve` printed as an error (`runnev: …`, the
+/// reason it stopped), else its log's last line, said to be only that (a node killed by a signal
+/// writes no reason, and its last line may be any event: it read as the cause); with the process
+/// holding its port when the port was the problem.
 fn cause_from_log(log: &std::path::Path, port: u16) -> String {
     let tail = log_tail(log, 40);
-    let cause = tail
-        .lines()
-        .rev()
-        .find_map(|l| l.strip_prefix("runnev: "))
-        .or_else(|| tail.lines().rev().find(|l| !l.trim().is_empty() && !l.starts_with("=====")))
-        .unwrap_or("it printed nothing")
-        .to_string();
+    let cause = match tail.lines().rev().find_map(|l| l.strip_prefix("runnev: ")) {
+        Some(reason) => reason.to_string(),
+        None => match tail.lines().rev().find(|l| !l.trim().is_empty() && !l.starts_with("=====")) {
+            Some(last) => format!("it gave no reason; its log's last line: {last}"),
+            None => "it printed nothing".to_string(),
+        },
+    };
     if !cause.contains("in use") {
         return cause;
     }
@@ -189,6 +190,12 @@ fn cause_from_log(log: &std::path::Path, port: u16) -> String {
 /// others are stopped); every node exited later ([`LocalError::AllExited`]); the ports would
 /// overflow, or a process could not be started.
 pub async fn run(opts: LocalOptions) -> Result<(), LocalError> {
+    // The handlers first: a SIGTERM or Ctrl-C that arrives while the nodes start is kept until
+    // they are up, then stops them. Installed after the banner, as they were, one that came
+    // between the banner and their installation killed `runnev local` outright (a test that
+    // stops it as soon as the banner is out saw that on a loaded machine).
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
     let secure = match opts.secure {
         true => Some(prepare_secure(&opts.dir, opts.nodes)?),
         false => None,
@@ -223,17 +230,38 @@ pub async fn run(opts: LocalOptions) -> Result<(), LocalError> {
         Err(e) => return Err(e.into()),
     };
     out!("runnev local: starting {} nodes, data and logs under {}", opts.nodes, opts.dir.display());
-    for id in cluster.ids() {
-        if let Err(e) = cluster.wait_healthy(id, Duration::from_millis(START_MS_MAX)).await {
-            let node = cluster.node(id)?;
-            let (port, log) = (node.port, node.log_path.clone());
-            let cause = match e {
-                LaunchError::Exited { status, .. } => format!("{} ({status})", cause_from_log(&log, port)),
-                e => e.to_string(),
-            };
-            cluster.stop_all(Duration::from_millis(STOP_MS_MAX)).await;
-            return Err(LocalError::NodeFailed { id, cause, log });
+    let started = {
+        let startup = async {
+            for id in cluster.ids() {
+                if let Err(e) = cluster.wait_healthy(id, Duration::from_millis(START_MS_MAX)).await {
+                    return Err((id, e));
+                }
+            }
+            Ok(())
+        };
+        tokio::select! {
+            r = startup => Some(r),
+            _ = interrupt.recv() => None,
+            _ = term.recv() => None,
         }
+    };
+    let failed = match started {
+        Some(r) => r.err(),
+        // Stopped while starting: the nodes are stopped as at any other time.
+        None => {
+            stop(&mut cluster).await;
+            return Ok(());
+        }
+    };
+    if let Some((id, e)) = failed {
+        let node = cluster.node(id)?;
+        let (port, log) = (node.port, node.log_path.clone());
+        let cause = match e {
+            LaunchError::Exited { status, .. } => format!("{} ({status})", cause_from_log(&log, port)),
+            e => e.to_string(),
+        };
+        cluster.stop_all(Duration::from_millis(STOP_MS_MAX)).await;
+        return Err(LocalError::NodeFailed { id, cause, log });
     }
     // With --secure the nodes speak TLS only, which their `https://` URLs say to curl.
     for n in cluster.nodes() {
@@ -250,11 +278,10 @@ pub async fn run(opts: LocalOptions) -> Result<(), LocalError> {
     }
     out!("Ctrl-C stops the cluster.");
 
-    let mut term = signal(SignalKind::terminate())?;
     let mut watch = tokio::time::interval(Duration::from_millis(WATCH_MS));
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
+            _ = interrupt.recv() => break,
             _ = term.recv() => break,
             _ = watch.tick() => {
                 for id in cluster.running_ids() {
@@ -277,9 +304,36 @@ pub async fn run(opts: LocalOptions) -> Result<(), LocalError> {
             }
         }
     }
+    stop(&mut cluster).await;
+    Ok(())
+}
+
+/// Stops every node (SIGTERM, then SIGKILL after [`STOP_MS_MAX`]), saying so.
+async fn stop(cluster: &mut LocalCluster) {
     out!("runnev local: stopping");
     for id in cluster.stop_all(Duration::from_millis(STOP_MS_MAX)).await {
         note!("runnev local: node {id} did not stop in {STOP_MS_MAX} ms; killed it");
     }
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node killed by a signal writes no reason: its log's last line is named as only that
+    /// (a user read `token created` as the reason node 3 died); a `runnev: …` line is the reason.
+    #[test]
+    fn a_nodes_last_log_line_is_not_given_as_its_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("node.log");
+        std::fs::write(&log, "2026-12-01T20:00:00Z  INFO runnev::api: token created token=x\n").unwrap();
+        assert_eq!(
+            cause_from_log(&log, 1),
+            "it gave no reason; its log's last line: 2026-12-01T20:00:00Z  INFO runnev::api: token created token=x"
+        );
+        std::fs::write(&log, "INFO starting\nrunnev: reading /etc/runnev/ca.pem: No such file or directory\n").unwrap();
+        assert_eq!(cause_from_log(&log, 1), "reading /etc/runnev/ca.pem: No such file or directory");
+        std::fs::write(&log, "").unwrap();
+        assert_eq!(cause_from_log(&log, 1), "it printed nothing");
+    }
 }

@@ -835,14 +835,20 @@ async fn run(args: Cli) -> Result<()> {
             }
             let admin_token = security.admin_token_file.as_deref().map(admin_token).transpose()?;
             runnev::logging::set_node(id);
-            // Latencies as Prometheus histograms (buckets), not summaries: a dashboard can then
-            // take quantiles over all nodes (`histogram_quantile` of summed buckets).
+            // Latencies and entry sizes as Prometheus histograms (buckets), not summaries, as
+            // docs/http-api.md says: a dashboard can then take quantiles over all nodes
+            // (`histogram_quantile` of summed buckets).
             let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
                     runnev::limits::LATENCY_BUCKETS_SECONDS,
                 )
                 .context("setting the latency buckets")?
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Full("runnev_proposal_commands".into()),
+                    runnev::limits::PROPOSAL_COMMANDS_BUCKETS,
+                )
+                .context("setting the proposal buckets")?
                 .install_recorder()
                 .context("installing the metrics recorder")?;
             let tcp = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("binding {listen}"))?;

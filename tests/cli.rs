@@ -81,6 +81,49 @@ async fn a_cluster_without_a_majority_says_no_leader_with_exit_6() {
     assert!(r.stdout.contains("no leader among the nodes that answered"), "{r:#?}");
 }
 
+/// The same with the leader as the survivor: cut off from both followers it keeps its role
+/// (openraft 0.9 steps down only when a membership without it commits). A write to it used to
+/// wait out the commit timeout (`Runnev-Outcome: unknown`) or be refused for its clocks, and
+/// `status` named it leader (found by a new user's trial); now the write is refused with exit 6
+/// and the reason in words, nothing proposed, and `status` says there is no leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_without_a_majority_says_no_leader_with_exit_6() {
+    let mut c = Cluster::start(3, &[]).await;
+    let nodes = nodes_of(&c);
+    cli(&["streams", "create", "orders", "--nodes", &nodes], &[]).await.expect_code(0, "create");
+    let leader = c.leader().await;
+    for id in c.followers().await {
+        c.stop(id).await;
+    }
+    // Past the silence a leader may have before it counts as cut off (2 s).
+    tokio::time::sleep(Duration::from_millis(runnev::limits::LEADER_SILENCE_MAX_MS + 500)).await;
+    let before = c.cluster_info(leader).await.expect("view").last_log_index;
+
+    let r =
+        c.http.post(&format!("{}/v1/streams/orders/batches?seq=1", c.url(leader)), b"x".to_vec()).await.expect("post");
+    assert_eq!((r.status, r.error_code().as_deref()), (503, Some("no_leader")), "{}", r.describe());
+    assert_eq!(r.header(runnev::error::OUTCOME_HEADER), None, "nothing was proposed: {}", r.describe());
+    assert!(r.text().contains("no majority of the voters has acknowledged it"), "{}", r.describe());
+
+    let r = cli(&["publish", "orders", "--seq", "1", "x", "--nodes", &nodes], &[]).await;
+    r.expect_code(6, "publish to a leader without a majority");
+    assert!(r.stderr.contains("no leader: a majority of nodes is down or partitioned"), "{r:#?}");
+
+    let r = cli(&["status", "-o", "text", "--nodes", &nodes], &[]).await;
+    r.expect_code(0, "status with the lone leader answering");
+    assert!(r.stdout.contains("no leader among the nodes that answered"), "{r:#?}");
+    assert!(r.stdout.contains(&format!("node {leader} names itself leader")), "{r:#?}");
+    assert!(!r.stdout.contains("leader: node"), "{r:#?}");
+    let after = c.cluster_info(leader).await.expect("view").last_log_index;
+    assert_eq!(after, before, "the refused writes appended nothing to the leader's log");
+
+    // A subscription there is refused, and the reason says the node leads (it used to say it
+    // had not heard from a leader).
+    let r = c.http.get(&format!("{}/v1/streams/orders/subscribe", c.url(leader))).await.expect("subscribe");
+    assert_eq!((r.status, r.error_code().as_deref()), (503, Some("not_ready")), "{}", r.describe());
+    assert!(r.text().contains("is leader but no majority of the voters has acknowledged it"), "{}", r.describe());
+}
+
 /// Flags where users put them, names checked with the server's words, durations and sizes as
 /// people write them, output for people on request and JSON otherwise, refusals in words with
 /// exit 4, and a clean start: no warning at formation.
@@ -96,7 +139,15 @@ async fn commands_take_flags_anywhere_units_and_names_on_a_healthy_cluster() {
         assert!(!log.contains("because vote changed"), "node {}: {log}", n.id);
         // A node started late on a loaded machine (a majority formed without it) is warned
         // about by the others and rejoins as a wiped node: the start order, not a fault.
-        let late = |l: &&str| l.contains("Connection refused") || l.contains("rejoining as a wiped node");
+        // Nor is a leader of term 1 deposed by a higher vote: every node initialises and
+        // campaigns at term 1 at once, and with openraft's leader ids (term, node id) two may
+        // win term 1, the lower one stepping down when a follower answers with the higher vote
+        // (openraft logs that at its one replication-error call site, with every other error).
+        let late = |l: &&str| {
+            l.contains("Connection refused")
+                || l.contains("rejoining as a wiped node")
+                || (l.contains("seen a higher vote: T1-") && l.contains("GT mine: T1-"))
+        };
         let warned: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ")).filter(|l| !late(l)).collect();
         assert!(warned.is_empty(), "node {} warned at a clean start: {warned:#?}\n{log}", n.id);
     }

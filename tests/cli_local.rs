@@ -191,6 +191,42 @@ async fn local_passes_its_log_format_to_its_nodes() {
     assert_eq!(status.code(), Some(0), "a clean stop");
 }
 
+/// A SIGTERM while the nodes are still starting stops them and `runnev local` cleanly (exit 0).
+/// Its handler used to be installed only after the banner, so a signal before it, or between
+/// the banner and the handler (a test stopping it at once on a loaded machine), killed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_stopped_while_its_nodes_start_stops_them_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("local");
+    let base = free_base(3);
+    let local = tokio::process::Command::new(BIN)
+        .args(["local", "--base-port", &base.to_string(), "--dir", root.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // The nodes' data dirs appear once they were spawned; the banner comes after they are up.
+    wait_for("the nodes to be spawned", Duration::from_secs(20), Duration::from_millis(5), || {
+        let spawned = root.join("node-1.log").exists();
+        async move {
+            if spawned {
+                Ok(())
+            } else {
+                Err("not yet".to_string())
+            }
+        }
+    })
+    .await;
+    signal(local.id().unwrap(), libc::SIGTERM);
+    let out =
+        tokio::time::timeout(Duration::from_secs(30), local.wait_with_output()).await.expect("local stops").unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "a clean stop while starting: {stdout}");
+    assert!(stdout.contains("runnev local: stopping"), "{stdout}");
+    assert!(!stdout.contains("Ctrl-C stops the cluster."), "stopped before its banner: {stdout}");
+}
+
 /// A node that cannot start (here its data dir is held by another process) stops `runnev local`
 /// with exit 1 and the node's own words, instead of a banner, "node N exited" and exit 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,7 +264,7 @@ async fn serve_refuses_a_data_dir_of_another_format_and_changes_nothing() {
     let r =
         serve("1", &data, &format!("127.0.0.1:{port}"), &format!("1=127.0.0.1:{port}"), &[("RUST_LOG", "error")]).await;
     r.expect_code(1, "a data dir of format 9");
-    assert!(r.stderr.contains("data format 9; this runnev reads format 1"), "{r:#?}");
+    assert!(r.stderr.contains("data format 9; this runnev reads formats 1 to 2"), "{r:#?}");
     let names: Vec<String> =
         std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert_eq!(names, vec!["FORMAT".to_string()], "nothing else was created");
