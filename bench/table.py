@@ -23,7 +23,7 @@ SYSTEMS = [
 ]
 MODES = {"plain": "plain", "seq": "with seq"}
 LOADS = [("plain", 64), ("seq", 64), ("plain", 1)]  # row order
-OPEN_P99_TARGET_MS = 10.0  # issue 15: open loop at half the measured maximum, p99 at most this
+OPEN_P99_TARGET_MS = 10.0  # the target: open loop at half the measured maximum, p99 at most this
 
 
 def medians(rows):
