@@ -283,13 +283,72 @@ impl Node {
     }
 }
 
-/// `n` distinct free ports on 127.0.0.1, as the operating system hands them out now.
+/// `n` distinct ports on 127.0.0.1 that nothing listens on now, drawn at random from outside
+/// the range the kernel gives outgoing connections their local ports from
+/// (`/proc/sys/net/ipv4/ip_local_port_range`, by default 32768–60999), where another test's
+/// connection cannot take a node's port between this pick and the node's bind, or between a
+/// node's stop and its restart (a port released by `bind(0)` is in that range: a CI run's node
+/// once met `Address already in use` so).
 ///
-/// Errors: binding a listener failed.
+/// Errors: binding a listener failed; no free ports were found in the listening range.
 pub fn free_ports(n: usize) -> io::Result<Vec<u16>> {
+    let mut held: Vec<std::net::TcpListener> = Vec::with_capacity(n);
     // Hold every listener at once so the ports are distinct.
-    let listeners = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<io::Result<Vec<_>>>()?;
-    listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+    while held.len() < n {
+        held.push(bind_free(1)?.remove(0));
+    }
+    held.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+}
+
+/// A port `base` such that `base..base + n` can all be bound on 127.0.0.1 now, from the same
+/// range as [`free_ports`] (for `runnev local --base-port` and other consecutive layouts).
+///
+/// Errors: as [`free_ports`].
+pub fn free_base_port(n: u16) -> io::Result<u16> {
+    let held = bind_free(n.max(1))?;
+    held[0].local_addr().map(|a| a.port())
+}
+
+/// Binds `n` consecutive loopback ports from the listening range (a few hundred random tries),
+/// returning the listeners that hold them.
+fn bind_free(n: u16) -> io::Result<Vec<std::net::TcpListener>> {
+    use rand_08::Rng;
+    debug_assert!(n >= 1, "bind_free binds at least one port");
+    let (low, high) = listening_range();
+    let mut rng = rand_08::thread_rng();
+    for _ in 0..512 {
+        let base = rng.gen_range(low..=high.saturating_sub(n - 1).max(low));
+        let Some(last) = base.checked_add(n - 1) else { continue };
+        if last > high {
+            continue;
+        }
+        let bound: io::Result<Vec<_>> = (base..=last).map(|p| std::net::TcpListener::bind(("127.0.0.1", p))).collect();
+        if let Ok(listeners) = bound {
+            return Ok(listeners);
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::AddrInUse, format!("no {n} free consecutive ports in {low}..={high}")))
+}
+
+/// The ports to listen on: below the kernel's range for outgoing connections (from 10000), or
+/// above it when too little is left below.
+fn listening_range() -> (u16, u16) {
+    const LOW: u16 = 10_000;
+    const ENOUGH: u16 = 4_096;
+    let (eph_low, eph_high) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| {
+            let mut it = t.split_whitespace().map(|v| v.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32_768, 60_999));
+    if eph_low >= LOW.saturating_add(ENOUGH) {
+        (LOW, eph_low - 1)
+    } else if u16::MAX - eph_high >= ENOUGH {
+        (eph_high + 1, u16::MAX)
+    } else {
+        (LOW, u16::MAX)
+    }
 }
 
 /// The last `lines` lines of the file at `path` (reading at most its last 64 KiB), or a note
@@ -886,6 +945,28 @@ mod tests {
         let p = free_ports(8).unwrap();
         let distinct: std::collections::BTreeSet<_> = p.iter().collect();
         assert_eq!(distinct.len(), 8);
+    }
+
+    /// Ports for nodes come from outside the kernel's range for outgoing connections, where a
+    /// connection's local port cannot take one between the pick and the node's bind (a CI
+    /// run's node met `Address already in use` with ports from `bind(0)`, which are in it).
+    #[test]
+    fn free_ports_are_outside_the_range_of_outgoing_connections() {
+        let (low, high) = listening_range();
+        let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+        let eph: Vec<u16> = text.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+        for _ in 0..32 {
+            for p in free_ports(3).unwrap().into_iter().chain([free_base_port(3).unwrap()]) {
+                assert!((low..=high).contains(&p), "{p} outside {low}..={high}");
+                if let [el, eh] = eph[..] {
+                    assert!(!(el..=eh).contains(&p), "{p} is in the outgoing range {el}..={eh}");
+                }
+            }
+        }
+        let base = free_base_port(3).unwrap();
+        for p in base..base + 3 {
+            std::net::TcpListener::bind(("127.0.0.1", p)).expect("each port of a free base is free");
+        }
     }
 
     #[test]

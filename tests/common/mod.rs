@@ -884,14 +884,10 @@ pub fn closed_port() -> u16 {
 }
 
 /// A base port with it and the next `n - 1` free on loopback now (for `runnev local
-/// --base-port` and other consecutive-port layouts).
+/// --base-port` and other consecutive-port layouts), outside the range of outgoing connections'
+/// ports ([`runnev::launcher::free_base_port`]).
 pub fn free_base(n: u16) -> u16 {
-    loop {
-        let base = closed_port();
-        if base < 60_000 && (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
-            return base;
-        }
-    }
+    runnev::launcher::free_base_port(n).expect("free consecutive ports")
 }
 
 /// A TCP proxy on loopback to `upstream` (`HOST:PORT`) that loses the answers of its first
