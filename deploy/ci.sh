@@ -17,7 +17,8 @@ log "deploy/validate.sh"
 log "deploy/compose-smoke.sh"
 ./deploy/compose-smoke.sh
 
-log "cargo test --test container_chaos"
+log "cargo test --workspace --test container_chaos"
 # Without an engine or the image the test fails (it skips only with RUNNEV_SKIP_DOCKER=1, which
-# this script clears: here it must run).
-env -u RUNNEV_SKIP_DOCKER cargo test --locked --test container_chaos -- --nocapture
+# this script clears: here it must run). `--workspace` resolves the dependencies' features as
+# scripts/test's build did, so the test binary built there is reused instead of rebuilt.
+env -u RUNNEV_SKIP_DOCKER cargo test --workspace --locked --test container_chaos -- --nocapture
