@@ -405,6 +405,24 @@ async fn a_non_loopback_address_needs_tls_or_insecure() {
     assert!(err.contains("WARN") && err.contains("--insecure"), "no warning logged: {err}");
 }
 
+/// A node without `--auth` checks no request, so it refuses to create a token (`403 forbidden`,
+/// nothing proposed): a token anyone could mint there would stay valid once authentication is
+/// switched on. Listing still works, and shows none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_auth_creates_no_token() {
+    let c = Cluster::start_insecure(1, &[]).await;
+    let http = http_client(Arc::new(TcpDialer));
+    let url = format!("{}/v1/auth/tokens", c.url(1));
+    let body = r#"{"name": "ops", "grants": [{"permission": "admin", "streams": "*"}]}"#;
+    let (status, text) = send(&http, "POST", &url, None, Bytes::from(body)).await.unwrap();
+    assert_eq!(status, 403, "{text}");
+    assert!(text.contains("forbidden") && text.contains("--auth"), "{text}");
+    let (status, text) = send(&http, "GET", &url, None, Bytes::new()).await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    let listed: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(listed["tokens"], serde_json::json!([]), "no token was made: {text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_its_bounds_a_node_answers_overloaded() {
     // Plain: it holds connections with raw HTTP/1 bytes to count them against the bound.

@@ -203,7 +203,9 @@ pub(super) struct TokenList<'a> {
 
 /// `POST /v1/auth/tokens {"name", "grants": [{"permission", "streams"}]}` → `201 {"name",
 /// "token", "index"}`. The secret is drawn on the node that proposes (the leader; a follower
-/// forwards the request) and only its salted hash enters the log.
+/// forwards the request) and only its salted hash enters the log. A node without `--auth`
+/// answers a valid request `403 forbidden` and proposes nothing (SPEC §7: a token is made only
+/// where requests are checked).
 #[utoipa::path(
     post,
     path = "/v1/auth/tokens",
@@ -236,6 +238,15 @@ pub(super) async fn create(
     }
     for g in &req.grants {
         g.validate().map_err(ApiError::InvalidBody)?;
+    }
+    if !s.security.auth {
+        // Without `--auth` anyone who reaches the port could mint a token, and it would stay
+        // valid once authentication is switched on.
+        return Err(ApiError::Forbidden(
+            "tokens are created only on a node running with --auth: without it no request is checked, and a \
+             token made now would stay valid once authentication is on"
+                .into(),
+        ));
     }
     let token = Token::generate(&req.name).map_err(|e| ApiError::Internal(format!("no randomness: {e}")))?;
     let secret = token.parts().map(|(_, secret)| secret).unwrap_or_default();

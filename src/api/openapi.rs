@@ -129,7 +129,8 @@ pub(super) enum AuthErrors {
     /// secret; with `WWW-Authenticate: Bearer realm="runnev"`. Only with `--auth`.
     #[response(status = 401)]
     Unauthorized(ErrorBody),
-    /// `forbidden`: no grant of the token covers the request. Only with `--auth`.
+    /// `forbidden`: no grant of the token covers the request (only with `--auth`); or a token
+    /// asked of a node without `--auth` (`POST /v1/auth/tokens`).
     #[response(status = 403)]
     Forbidden(ErrorBody),
 }
