@@ -157,8 +157,9 @@ pub const SUBSCRIBE_KEEPALIVE_MS: u64 = 10_000;
 /// How long a node may go without hearing from a leader (a follower: an accepted append or
 /// snapshot RPC; a leader: a quorum's acknowledgement) before it counts as cut off, in ms: then
 /// its subscriptions end with an `unavailable` event and new ones get `503 not_ready`, so clients
-/// fail over (SPEC §4). Five election timeouts: a normal election (lease, timeout, one vote round)
-/// fits well within it, so a leader change does not end subscriptions.
+/// fail over (SPEC §4); a leader's writes are refused `503 no_leader` and its `/readyz` answers
+/// `leader without a quorum`. Five election timeouts: a normal election (lease, timeout, one vote
+/// round) fits well within it, so a leader change does not end subscriptions.
 pub const LEADER_SILENCE_MAX_MS: u64 = 2_000;
 
 /// How often an open subscription checks that its node still hears from a leader, in ms.

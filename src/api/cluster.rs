@@ -146,9 +146,10 @@ pub(super) async fn ready(State(s): State<AppState>) -> Response {
         return (StatusCode::SERVICE_UNAVAILABLE, format!("raft stopped: {why}\n")).into_response();
     }
     let quorum_ack_ms = s.raft.metrics().borrow().millis_since_quorum_ack;
-    if v.leader_id == Some(s.node_id) && quorum_ack_ms.is_none_or(|ms| ms > crate::limits::RAFT_ELECTION_TIMEOUT_MAX_MS)
-    {
+    if v.leader_id == Some(s.node_id) && quorum_ack_ms.is_none_or(|ms| ms > crate::limits::LEADER_SILENCE_MAX_MS) {
         // A leader that has not heard from a quorum lately cannot commit: not a place for writes.
+        // The bound is the write path's (it answers `no_leader` from the same silence), so a
+        // loaded machine's late heartbeats do not make a working leader look cut off.
         return (StatusCode::SERVICE_UNAVAILABLE, "leader without a quorum\n").into_response();
     }
     if v.leader_id == Some(s.node_id) && v.clock.as_ref().is_some_and(|c| c.state == "out_of_bounds") {
