@@ -131,6 +131,13 @@ async fn the_dashboard_and_alert_rules_use_only_series_a_cluster_exports() {
     let mut exported = BTreeSet::new();
     for id in c.ids() {
         let text = http.get(&format!("{}/metrics", c.url(id))).await.expect("metrics").text();
+        // No request of this test parks to wait, and the gauge is there at 0 all the same (it was
+        // absent until a node's first long poll).
+        assert_eq!(
+            prom_value_where(&text, "runnev_waiting_requests", Some(("kind", "read"))),
+            Some(0.0),
+            "node {id} exports runnev_waiting_requests before any request waits"
+        );
         for line in text.lines().filter(|l| l.starts_with("runnev_")) {
             let name = line.split(['{', ' ']).next().unwrap_or_default();
             exported.insert(name.to_string());

@@ -179,6 +179,10 @@ pub(crate) fn export_zeroes() {
     for via in ["read", "subscribe"] {
         metrics::counter!("runnev_gaps_delivered_total", "via" => via).increment(0);
     }
+    for kind in ["read", "subscribe"] {
+        metrics::counter!("runnev_request_waits_total", "kind" => kind).increment(0);
+        metrics::gauge!("runnev_waiting_requests", "kind" => kind).increment(0.0);
+    }
     metrics::counter!("runnev_writes_refused_disk_low_total").increment(0);
     metrics::counter!("runnev_appends_refused_disk_low_total").increment(0);
     metrics::gauge!("runnev_subscribers").increment(0.0);
