@@ -218,14 +218,7 @@ pub async fn formation(
     >,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let q = q.map_err(|e| ApiError::InvalidParameter(format!("bad query string: {e}")))?;
-    let from = match q.get("from") {
-        None => None,
-        Some(v) => Some(
-            v.parse::<crate::raft::NodeId>()
-                .map_err(|_| ApiError::InvalidParameter(format!("from {v:?} is not a node id")))?,
-        ),
-    };
+    let from = super::streams::param_u64(&super::streams::query(q)?, "from", false)?;
     match from {
         Some(id) => check_peer(&s, req.extensions(), Some(id))?,
         None => check_any_node(&s, req.extensions())?,

@@ -58,9 +58,8 @@ pub(super) fn param_u64(
     if minus_one_is_zero && raw == "-1" {
         return Ok(Some(0));
     }
-    raw.parse::<u64>()
-        .map(Some)
-        .map_err(|_| ApiError::InvalidParameter(format!("{key}={raw:?} must be a non-negative integer")))
+    let allowed = if minus_one_is_zero { "a non-negative integer or -1" } else { "a non-negative integer" };
+    raw.parse::<u64>().map(Some).map_err(|_| ApiError::InvalidParameter(format!("{key}={raw:?} must be {allowed}")))
 }
 
 /// Maps an applied outcome to its answer (SPEC §3).

@@ -809,15 +809,11 @@ impl Client {
     /// timeout (the problem says why: refused, timed out…); [`ClientError::Protocol`] if its
     /// answer is not a cluster view.
     pub async fn cluster_view(&self, node: &str) -> Result<ClusterView, ClientError> {
-        let timeout = self.inner.policy.request_timeout;
-        let started = tokio::time::Instant::now();
-        match self.exchange(node, &Method::GET, "/v1/cluster", &Bytes::new(), None, timeout).await {
-            Ok((s, bytes, _)) if s.is_success() => Self::json(node, &bytes),
-            Ok((s, bytes, _)) => Err(api_error(node, s, &bytes)),
-            Err(Attempt::Fail(e)) => Err(e),
-            Err(Attempt::Retry(last) | Attempt::NotSent(last)) => {
-                Err(ClientError::Unreachable { nodes: vec![node.to_string()], after: started.elapsed(), last })
-            }
+        let (status, bytes) = self.get_once(node, "/v1/cluster").await?;
+        if status.is_success() {
+            Self::json(node, &bytes)
+        } else {
+            Err(api_error(node, status, &bytes))
         }
     }
 
@@ -826,14 +822,24 @@ impl Client {
     ///
     /// Errors: as [`Client::cluster_view`]; [`ClientError::Api`] for any other answer.
     pub async fn readiness(&self, node: &str) -> Result<Option<String>, ClientError> {
-        let timeout = self.inner.policy.request_timeout;
-        let started = tokio::time::Instant::now();
-        match self.exchange(node, &Method::GET, "/readyz", &Bytes::new(), None, timeout).await {
-            Ok((s, _, _)) if s.is_success() => Ok(None),
-            Ok((s, bytes, _)) if s == StatusCode::SERVICE_UNAVAILABLE => {
+        match self.get_once(node, "/readyz").await? {
+            (s, _) if s.is_success() => Ok(None),
+            (s, bytes) if s == StatusCode::SERVICE_UNAVAILABLE => {
                 Ok(Some(String::from_utf8_lossy(&bytes).trim().to_string()))
             }
-            Ok((s, bytes, _)) => Err(api_error(node, s, &bytes)),
+            (s, bytes) => Err(api_error(node, s, &bytes)),
+        }
+    }
+
+    /// One `GET path` to one given node, not retried and not redirected: its status and body.
+    ///
+    /// Errors: [`ClientError::Unreachable`] naming `node` when no answer came within the request
+    /// timeout; a TLS or protocol failure as it came.
+    async fn get_once(&self, node: &str, path: &str) -> Result<(StatusCode, Bytes), ClientError> {
+        let timeout = self.inner.policy.request_timeout;
+        let started = tokio::time::Instant::now();
+        match self.exchange(node, &Method::GET, path, &Bytes::new(), None, timeout).await {
+            Ok((status, bytes, _)) => Ok((status, bytes)),
             Err(Attempt::Fail(e)) => Err(e),
             Err(Attempt::Retry(last) | Attempt::NotSent(last)) => {
                 Err(ClientError::Unreachable { nodes: vec![node.to_string()], after: started.elapsed(), last })

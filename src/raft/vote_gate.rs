@@ -91,9 +91,7 @@ impl VoteGate {
 
     /// Records that `peer` reported `term` as its current term (a formation probe).
     pub fn heard_term(&self, peer: NodeId, term: u64) {
-        let mut terms = self.peer_terms.lock().unwrap_or_else(|p| p.into_inner());
-        let t = terms.entry(peer).or_insert(term);
-        *t = (*t).max(term);
+        raise_term(&mut self.peer_terms.lock().unwrap_or_else(|p| p.into_inner()), peer, term);
     }
 
     /// Whether this node may take the entries (or snapshot) of `leader` at `term`: always when
@@ -104,8 +102,7 @@ impl VoteGate {
             return Ok(());
         }
         let mut terms = self.peer_terms.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let t = terms.entry(leader).or_insert(term);
-        *t = (*t).max(term);
+        raise_term(&mut terms, leader, term);
         if let Some((peer, past)) = terms.iter().find(|(_, t)| **t > term) {
             return Err(format!(
                 "this node may have lost its disk and follows no leader of a term below one a peer is at \
@@ -147,6 +144,12 @@ impl VoteGate {
         self.wiped.store(false, Ordering::Release);
         self.unsure.store(false, Ordering::Release);
     }
+}
+
+/// Records that `peer` is at `term` at least: terms only go up (Raft paper §5.1).
+fn raise_term(terms: &mut BTreeMap<NodeId, u64>, peer: NodeId, term: u64) {
+    let t = terms.entry(peer).or_insert(term);
+    *t = (*t).max(term);
 }
 
 #[cfg(test)]

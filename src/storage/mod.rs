@@ -281,16 +281,11 @@ impl Store {
     /// ([`StoreError::UnsupportedFormat`], checked before anything else is opened); or redb cannot
     /// open the database (another process holds it, or it is corrupt).
     pub fn open(dir: &Path) -> Result<Arc<Store>, StoreError> {
-        std::fs::create_dir_all(dir)?;
-        let mark = format::check(dir)?;
-        let db = Database::create(dir.join("runnev.redb"))?;
-        let segments = segments::FsSegments::new(dir.join("log"))?;
-        let store = Store::init(db, Arc::new(segments), dir)?;
-        // Before anything of this format is written (nothing is until the store is returned).
-        if mark {
-            format::write(dir)?;
-        }
-        Ok(store)
+        Store::open_marked(dir, || {
+            let db = Database::create(dir.join("runnev.redb"))?;
+            let segments: Arc<dyn segments::SegmentDir> = Arc::new(segments::FsSegments::new(dir.join("log"))?);
+            Ok((db, segments))
+        })
     }
 
     /// Opens the store on a redb storage backend and a segment directory (the simulation's,
@@ -302,9 +297,20 @@ impl Store {
         backend: impl redb::StorageBackend,
         segments: Arc<dyn segments::SegmentDir>,
     ) -> Result<Arc<Store>, StoreError> {
+        Store::open_marked(dir, || Ok((Database::builder().create_with_backend(backend)?, segments)))
+    }
+
+    /// Creates `dir`, checks its `FORMAT` before `open_parts` opens anything, and writes the
+    /// marker of a new directory only once the store has opened (a failed open leaves the
+    /// directory as it found it), before anything of this format is written (nothing is until
+    /// the store is returned).
+    fn open_marked(
+        dir: &Path,
+        open_parts: impl FnOnce() -> Result<(Database, Arc<dyn segments::SegmentDir>), StoreError>,
+    ) -> Result<Arc<Store>, StoreError> {
         std::fs::create_dir_all(dir)?;
         let mark = format::check(dir)?;
-        let db = Database::builder().create_with_backend(backend)?;
+        let (db, segments) = open_parts()?;
         let store = Store::init(db, segments, dir)?;
         if mark {
             format::write(dir)?;
