@@ -292,10 +292,11 @@ impl Node {
 ///
 /// Errors: binding a listener failed; no free ports were found in the listening range.
 pub fn free_ports(n: usize) -> io::Result<Vec<u16>> {
+    let range = listening_range(outgoing_range());
     let mut held: Vec<std::net::TcpListener> = Vec::with_capacity(n);
     // Hold every listener at once so the ports are distinct.
     while held.len() < n {
-        held.push(bind_free(1)?.remove(0));
+        held.push(bind_free(range, 1)?.remove(0));
     }
     held.iter().map(|l| Ok(l.local_addr()?.port())).collect()
 }
@@ -305,43 +306,47 @@ pub fn free_ports(n: usize) -> io::Result<Vec<u16>> {
 ///
 /// Errors: as [`free_ports`].
 pub fn free_base_port(n: u16) -> io::Result<u16> {
-    let held = bind_free(n.max(1))?;
+    let held = bind_free(listening_range(outgoing_range()), n.max(1))?;
     held[0].local_addr().map(|a| a.port())
 }
 
-/// Binds `n` consecutive loopback ports from the listening range (a few hundred random tries),
+/// Binds `n` consecutive loopback ports within `(low, high)` (a few hundred random tries),
 /// returning the listeners that hold them.
-fn bind_free(n: u16) -> io::Result<Vec<std::net::TcpListener>> {
+fn bind_free((low, high): (u16, u16), n: u16) -> io::Result<Vec<std::net::TcpListener>> {
     use rand_08::Rng;
     debug_assert!(n >= 1, "bind_free binds at least one port");
-    let (low, high) = listening_range();
+    let none = || io::Error::new(io::ErrorKind::AddrInUse, format!("no {n} free consecutive ports in {low}..={high}"));
+    // The highest base whose last port is still in the range.
+    let top = high.checked_sub(n - 1).filter(|top| *top >= low).ok_or_else(none)?;
     let mut rng = rand_08::thread_rng();
     for _ in 0..512 {
-        let base = rng.gen_range(low..=high.saturating_sub(n - 1).max(low));
-        let Some(last) = base.checked_add(n - 1) else { continue };
-        if last > high {
-            continue;
-        }
-        let bound: io::Result<Vec<_>> = (base..=last).map(|p| std::net::TcpListener::bind(("127.0.0.1", p))).collect();
+        let base = rng.gen_range(low..=top);
+        let bound: io::Result<Vec<_>> =
+            (base..=base + (n - 1)).map(|p| std::net::TcpListener::bind(("127.0.0.1", p))).collect();
         if let Ok(listeners) = bound {
             return Ok(listeners);
         }
     }
-    Err(io::Error::new(io::ErrorKind::AddrInUse, format!("no {n} free consecutive ports in {low}..={high}")))
+    Err(none())
 }
 
-/// The ports to listen on: below the kernel's range for outgoing connections (from 10000), or
-/// above it when too little is left below.
-fn listening_range() -> (u16, u16) {
-    const LOW: u16 = 10_000;
-    const ENOUGH: u16 = 4_096;
-    let (eph_low, eph_high) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+/// The kernel's range for the local ports of outgoing connections
+/// (`/proc/sys/net/ipv4/ip_local_port_range`), or Linux's default where it cannot be read.
+fn outgoing_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|t| {
             let mut it = t.split_whitespace().map(|v| v.parse::<u16>().ok());
             Some((it.next()??, it.next()??))
         })
-        .unwrap_or((32_768, 60_999));
+        .unwrap_or((32_768, 60_999))
+}
+
+/// The ports to listen on, given the `outgoing` range: below it (from 10000), or above it when
+/// too little is left below.
+fn listening_range((eph_low, eph_high): (u16, u16)) -> (u16, u16) {
+    const LOW: u16 = 10_000;
+    const ENOUGH: u16 = 4_096;
     if eph_low >= LOW.saturating_add(ENOUGH) {
         (LOW, eph_low - 1)
     } else if u16::MAX - eph_high >= ENOUGH {
@@ -952,15 +957,12 @@ mod tests {
     /// run's node met `Address already in use` with ports from `bind(0)`, which are in it).
     #[test]
     fn free_ports_are_outside_the_range_of_outgoing_connections() {
-        let (low, high) = listening_range();
-        let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
-        let eph: Vec<u16> = text.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+        let (el, eh) = outgoing_range();
+        let (low, high) = listening_range((el, eh));
         for _ in 0..32 {
             for p in free_ports(3).unwrap().into_iter().chain([free_base_port(3).unwrap()]) {
                 assert!((low..=high).contains(&p), "{p} outside {low}..={high}");
-                if let [el, eh] = eph[..] {
-                    assert!(!(el..=eh).contains(&p), "{p} is in the outgoing range {el}..={eh}");
-                }
+                assert!(!(el..=eh).contains(&p), "{p} is in the outgoing range {el}..={eh}");
             }
         }
         let base = free_base_port(3).unwrap();
