@@ -313,7 +313,7 @@ fn yes() -> bool {
 
 /// What a node is, as a fresh peer forming the cluster sees it: the answer to
 /// `GET /raft/formation` (SPEC §5), a nodes-only path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum FormationAnswer {
     /// Its data dir is empty: it may be counted in the majority that forms the cluster.
@@ -330,6 +330,13 @@ pub enum FormationAnswer {
         /// probe as fresh learns from it that the cluster is new.
         #[serde(default)]
         formed: bool,
+        /// The node's effective membership: its voter sets, one for a uniform configuration,
+        /// two while a change is joint (Raft paper §6), each a list of node ids in ascending
+        /// order. A node whose disk may have been wiped reads it to tell whether a leader can
+        /// have been deposed without its knowledge (`raft::vote_gate`). Absent from the answers
+        /// of earlier builds (`null`: unknown).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        voters: Option<Vec<std::collections::BTreeSet<u64>>>,
     },
 }
 

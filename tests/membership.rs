@@ -469,3 +469,78 @@ async fn a_wiped_node_rejoins_and_catches_up_by_snapshot() {
     let installed = prom_value(&metrics, "runnev_snapshots_installed_total").unwrap_or(0.0);
     assert!(installed >= 1.0, "caught up by snapshot install: {installed}");
 }
+
+/// Simulation seed 5039 with real processes: membership changes left the leader L the only voter,
+/// a third node is down, and node W, taken out of the voters, loses its disk and is added back.
+/// W's vote gate is closed, and it used to follow a leader only once it knew the terms of two of
+/// the other nodes in `--peers`: with the third down it refused L's appends (`503 not_ready`),
+/// and every promotion failed ("did not catch up"). L's own term is enough when L reports that
+/// it is the only voter: nobody can be elected without its vote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_node_is_caught_up_by_the_only_voter_left() {
+    let mut c = Cluster::start(3, &[]).await;
+    let client = c.client();
+    client.put_stream("one", None).await.expect("create");
+    for i in 0..20u64 {
+        client.publish("one", Some(i + 1), format!("o{i}").into_bytes()).await.expect("publish");
+    }
+    let leader = c.leader().await;
+    let f = c.followers().await;
+    let (w, down) = (f[0], f[1]);
+    for id in [w, down] {
+        let r = remove(&c, leader, id).await;
+        assert_eq!(r.status, 200, "remove {id}: {}", r.describe());
+    }
+    c.stop(down).await;
+    c.stop(w).await;
+    let data = c.node(w).data_dir.clone();
+    std::fs::remove_dir_all(&data).expect("wipe");
+    std::fs::create_dir_all(&data).expect("recreate");
+    c.restart(w).await;
+    let r = add(&c, leader, w, &c.node(w).addr(), true).await;
+    assert_eq!(r.status, 200, "add the wiped node back as a voter: {}", r.describe());
+    let index = c.cluster_info(leader).await.expect("view").commit_index;
+    let on_w = read_all(&c.http, &c.url(w), "one", index, Duration::from_secs(20)).await.expect("wiped node");
+    assert_eq!(on_w.len(), 20, "the wiped node caught up");
+    assert_eq!(c.cluster_info(leader).await.expect("view").voters(), {
+        let mut v = vec![leader, w];
+        v.sort();
+        v
+    });
+}
+
+/// Simulation seed 5281's shape with real processes: two voters, the leader W and A, the third
+/// node taken out of the voters and down. W loses its disk while both are down and comes back
+/// first. A, restarting as a follower of W's term, must be elected, and every election of two
+/// voters needs both votes: W granted none until a leader had caught it up, so no leader could
+/// ever be elected (the terms climbed for good). A is in every majority of its membership, so
+/// it holds every committed entry, and W may vote for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_voters_of_which_the_leader_lost_its_disk_elect_a_leader() {
+    let mut c = Cluster::start(3, &[]).await;
+    let client = c.client();
+    client.put_stream("two", None).await.expect("create");
+    for i in 0..20u64 {
+        client.publish("two", Some(i + 1), format!("t{i}").into_bytes()).await.expect("publish");
+    }
+    let w = c.leader().await;
+    let f = c.followers().await;
+    let (a, out) = (f[0], f[1]);
+    let r = remove(&c, w, out).await;
+    assert_eq!(r.status, 200, "remove {out}: {}", r.describe());
+    c.stop(out).await;
+    c.stop(a).await;
+    c.stop(w).await;
+    let data = c.node(w).data_dir.clone();
+    std::fs::remove_dir_all(&data).expect("wipe");
+    std::fs::create_dir_all(&data).expect("recreate");
+    c.restart(w).await;
+    c.restart(a).await;
+    let leader = c.leader().await;
+    assert_eq!(leader, a, "the voter that kept its disk leads");
+    let to_a = common::client_for(&[c.url(a)]);
+    to_a.publish("two", Some(21), b"t20".to_vec()).await.expect("a publish once both voters are back");
+    let index = c.cluster_info(a).await.expect("view").commit_index;
+    let on_w = read_all(&c.http, &c.url(w), "two", index, Duration::from_secs(20)).await.expect("wiped node");
+    assert_eq!(on_w.len(), 21, "the wiped node caught up");
+}

@@ -130,19 +130,15 @@ pub async fn append(State(s): State<AppState>, req: Request) -> Result<Response,
     // A node catching up after losing its disk (or unsure whether it did) votes again once it
     // holds an entry its leader committed in the leader's own term: every entry committed before
     // (the ones it may have acknowledged) precedes that one in the leader's log (Raft §5.4.2), so
-    // it now holds them.
+    // it now holds them. Either this append matched past such a commit, or an entry of the
+    // leader's term was applied already (a snapshot installed, an earlier append).
     if s.vote_gate.closed().is_some()
         && matches!(&answer, Ok(AppendEntriesResponse::Success))
-        && leader_commit.is_some_and(|c| c.leader_id.term == leader_term && matched.is_some_and(|m| m.index >= c.index))
+        && (leader_commit
+            .is_some_and(|c| c.leader_id.term == leader_term && matched.is_some_and(|m| m.index >= c.index))
+            || applied_in_term(&s, leader_term))
     {
-        let store = s.store.clone();
-        match crate::storage::blocking(move || store.caught_up()).await {
-            Ok(()) => {
-                s.vote_gate.caught_up();
-                tracing::info!(term = leader_term, "caught up by a leader: voting again");
-            }
-            Err(e) => tracing::warn!(error = %e, "recording that this node caught up"),
-        }
+        open_gate(&s, leader_term).await;
     }
     if refused {
         if let Ok(r @ AppendEntriesResponse::Success) = &mut answer {
@@ -159,10 +155,16 @@ pub async fn append(State(s): State<AppState>, req: Request) -> Result<Response,
 /// `POST /raft/vote`: request-vote (Raft paper §5.2). A node whose vote gate is closed
 /// ([`crate::raft::vote_gate`]: it lost its disk, or its data dir is empty and it does not know
 /// yet whether the cluster is new) answers `503 not_ready` instead, as if it were down: its vote
-/// could elect a node lacking entries it had acknowledged.
+/// could elect a node lacking entries it had acknowledged. The exception is a candidate that
+/// reported a membership in which every majority includes it ([`VoteGate::may_vote_for`]): it
+/// holds every committed entry.
+///
+/// [`VoteGate::may_vote_for`]: crate::raft::vote_gate::VoteGate::may_vote_for
 pub async fn vote(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
     let req = admit(&s, req, |r: &openraft::raft::VoteRequest<crate::raft::NodeId>| &r.vote).await?;
-    if let Some(closed) = s.vote_gate.closed() {
+    if let Some(candidate) = sender(&req.vote) {
+        s.vote_gate.may_vote_for(candidate).map_err(ApiError::NotReady)?;
+    } else if let Some(closed) = s.vote_gate.closed() {
         return Err(ApiError::NotReady(closed.describe().into()));
     }
     Ok(encode_answer(&s.raft.vote(req).await))
@@ -189,8 +191,32 @@ pub async fn snapshot(State(s): State<AppState>, req: Request) -> Result<Respons
     let answer = s.raft.install_snapshot(req).await;
     if matches!(&answer, Ok(r) if r.vote <= vote) {
         s.contact.heard();
+        // A snapshot of the leader's own term, installed, is a commit of that term this node
+        // holds, as in `append` (a node kept behind by snapshots alone, simulation seed 5281).
+        if s.vote_gate.closed().is_some() && applied_in_term(&s, vote.leader_id().term) {
+            open_gate(&s, vote.leader_id().term).await;
+        }
     }
     Ok(encode_answer(&answer))
+}
+
+/// Whether the last entry this node applied was written in `term` (by that term's leader):
+/// applied entries are committed, so this node holds an entry committed in `term`.
+fn applied_in_term(s: &AppState, term: u64) -> bool {
+    s.raft.metrics().borrow().last_applied.is_some_and(|a| a.leader_id.term == term)
+}
+
+/// Records durably that a leader of `term` caught this node up, then opens its vote gate
+/// ([`crate::raft::vote_gate`]); a failed write leaves it closed (the next append tries again).
+async fn open_gate(s: &AppState, term: u64) {
+    let store = s.store.clone();
+    match crate::storage::blocking(move || store.caught_up()).await {
+        Ok(()) => {
+            s.vote_gate.caught_up();
+            tracing::info!(term, "caught up by a leader: voting again");
+        }
+        Err(e) => tracing::warn!(error = %e, "recording that this node caught up"),
+    }
 }
 
 /// `GET /raft/clock`: this node's wall clock, ms since the Unix epoch, as decimal text, for the

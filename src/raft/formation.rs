@@ -25,7 +25,7 @@ use std::time::Duration;
 use openraft::error::{InitializeError, RaftError};
 use openraft::BasicNode;
 
-use super::vote_gate::VoteGate;
+use super::vote_gate::{VoteGate, VoterSets};
 use super::{NodeId, Raft};
 use crate::limits::{FORMATION_PROBE_MS, PEER_PROBE_BYTES_MAX, PEER_PROBE_MS};
 use crate::net::HttpClient;
@@ -36,17 +36,19 @@ use crate::wire::FormationAnswer;
 pub const FORMATION_PATH: &str = "/raft/formation";
 
 /// What a probe learned about one peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Peer {
     /// No answer (down, or an answer that does not decode): not counted.
     Down,
     Fresh,
     /// Holds Raft state but no membership: not counted.
     Joining,
-    /// Part of a formed cluster, at this term; `formed`: that peer initialised it.
+    /// Part of a formed cluster, at this term; `formed`: that peer initialised it; `voters`:
+    /// its effective membership, when it said ([`FormationAnswer::Member`]).
     InCluster {
         term: u64,
         formed: bool,
+        voters: Option<VoterSets>,
     },
 }
 
@@ -58,7 +60,7 @@ async fn probe(http: &HttpClient, addr: &str, from: NodeId) -> Peer {
     match answer.and_then(|(_, body)| serde_json::from_slice::<FormationAnswer>(&body).ok()) {
         Some(FormationAnswer::Fresh) => Peer::Fresh,
         Some(FormationAnswer::Joining) => Peer::Joining,
-        Some(FormationAnswer::Member { term, formed }) => Peer::InCluster { term, formed },
+        Some(FormationAnswer::Member { term, formed, voters }) => Peer::InCluster { term, formed, voters },
         None => Peer::Down,
     }
 }
@@ -75,8 +77,10 @@ pub fn answer_probe(
     from: Option<NodeId>,
 ) -> Result<FormationAnswer, crate::storage::StoreError> {
     let m = raft.metrics().borrow().clone();
-    if m.membership_config.membership().nodes().next().is_some() {
-        return Ok(FormationAnswer::Member { term: m.current_term, formed: store.formed()? });
+    let membership = m.membership_config.membership();
+    if membership.nodes().next().is_some() {
+        let voters = Some(membership.get_joint_config().clone());
+        return Ok(FormationAnswer::Member { term: m.current_term, formed: store.formed()?, voters });
     }
     if !store.is_pristine()? {
         return Ok(FormationAnswer::Joining);
@@ -249,8 +253,8 @@ pub async fn learn_peer_terms(
     while gate.closed().is_some() {
         for (id, addr) in peers.iter().filter(|(id, _)| **id != self_id) {
             let answer = probe(&http, addr, self_id).await;
-            if let Peer::InCluster { term, .. } = answer {
-                gate.heard_term(*id, term);
+            if let Peer::InCluster { term, voters, .. } = &answer {
+                gate.heard(*id, *term, voters.clone());
                 if gate.closed() == Some(super::vote_gate::Closed::Unsure)
                     && proves_new_async(&store, *id, answer).await
                 {
@@ -379,7 +383,7 @@ mod tests {
     fn only_the_peer_that_counted_this_node_and_formed_the_cluster_proves_it_new() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let member = |formed| Peer::InCluster { term: 3, formed };
+        let member = |formed| Peer::InCluster { term: 3, formed, voters: None };
         assert!(!proves_new(&store, 1, &member(true)).unwrap(), "never counted");
         store.mark_counted_fresh_by(1).unwrap();
         assert!(!proves_new(&store, 1, &member(false)).unwrap(), "counted by n1, but n1 did not form it");
@@ -395,8 +399,9 @@ mod tests {
     #[test]
     fn a_member_answer_without_formed_reads_as_not_formed() {
         let old: FormationAnswer = serde_json::from_str(r#"{"state":"member","term":3}"#).unwrap();
-        assert_eq!(old, FormationAnswer::Member { term: 3, formed: false });
-        let new = serde_json::to_string(&FormationAnswer::Member { term: 3, formed: true }).unwrap();
-        assert_eq!(new, r#"{"state":"member","term":3,"formed":true}"#);
+        assert_eq!(old, FormationAnswer::Member { term: 3, formed: false, voters: None });
+        let voters = Some(vec![std::collections::BTreeSet::from([1, 2]), std::collections::BTreeSet::from([2])]);
+        let new = serde_json::to_string(&FormationAnswer::Member { term: 3, formed: true, voters }).unwrap();
+        assert_eq!(new, r#"{"state":"member","term":3,"formed":true,"voters":[[1,2],[2]]}"#);
     }
 }

@@ -25,20 +25,41 @@
 //! or restarted on its own committed vote, as openraft does) whose term is below one this node
 //! had accepted, and make up that leader's majority for entries that conflict with entries
 //! committed in the later term on the node's lost disk (simulation seeds 147 and 279). So while
-//! closed it follows a leader only once it knows the current term of enough of the other voters
-//! (`--peers`) that every majority it was part of has one of them among them (`⌈n/2⌉` of the
-//! others, the leader included; probed by [`super::formation::learn_peer_terms`]), and none of
-//! them is past the leader's term. Until then it answers the leader `503 not_ready`, as if down.
+//! closed it follows a leader at term `T` only once it knows that no leader was elected past
+//! `T` before it asked: it knows the current term of enough nodes, each at `T` or below, that
+//! every majority able to elect a leader after `T` has one of them. Which majorities those are
+//! follows from the membership the leader reported at `T` (`GET /raft/formation` answers
+//! `voters`, probed by [`super::formation::learn_peer_terms`]): a leader elected past `T` needs
+//! a majority of each voter set of that membership, whether it kept it, finished a change the
+//! leader had started, or went on to a change the leader's voters acknowledged (Raft paper §6:
+//! every change passes through a joint configuration that needs both majorities). So for each
+//! voter set `V` it must know the terms of `⌈|V|/2⌉` of its members other than itself (the
+//! leader counts). A leader whose membership at `T` it has not heard is judged by `--peers`
+//! instead: `⌈n/2⌉` of the other peers, none past `T`. Until then it answers the leader `503
+//! not_ready`, as if down. A single voter left (simulation seed 5039) is a leader nobody can
+//! depose without its vote: its own term is enough.
+//!
+//! A closed gate grants one kind of vote ([`VoteGate::may_vote_for`]): for a candidate whose
+//! reported membership makes it part of every majority (each voter set is the candidate alone, or
+//! the candidate and one other). Every entry ever committed then needed the candidate's
+//! acknowledgement, or precedes the committed joint entry that made that membership, so the
+//! candidate holds it: this node's vote cannot elect a leader lacking what its lost disk
+//! acknowledged. Without it, two voters of which one lost its disk elect no leader for good
+//! (simulation seed 5281).
 //!
 //! Must never: open for a node that may hold less than it acknowledged, or let a closed one
 //! follow a leader whose term a peer it heard from is past; decide anything else about Raft (the
 //! vote itself is openraft's).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use super::NodeId;
+
+/// A membership as a peer reports it: its voter sets, one for a uniform configuration, two for
+/// a joint one (Raft paper §6; openraft's `Membership::get_joint_config`).
+pub type VoterSets = Vec<BTreeSet<NodeId>>;
 
 /// Why a closed [`VoteGate`] refuses to vote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,16 +83,33 @@ impl Closed {
     }
 }
 
+/// What a closed gate heard from one peer (formation probes).
+#[derive(Debug, Clone, Default)]
+struct Heard {
+    /// The highest current term the peer reported.
+    term: u64,
+    /// The membership it reported with that term, when it said (earlier builds do not).
+    voters: Option<VoterSets>,
+}
+
 /// The gate; shared by the vote handler, the append handler and cluster formation.
 #[derive(Debug, Default)]
 pub struct VoteGate {
     wiped: AtomicBool,
     unsure: AtomicBool,
     /// How many of the other voters' current terms a closed gate must know before it follows a
-    /// leader: `⌈n/2⌉` of a cluster of `n` voters ([`VoteGate::for_voters`]).
+    /// leader whose membership it has not heard: `⌈n/2⌉` of the `n` voters of `--peers`
+    /// ([`VoteGate::for_voters`]).
     terms_needed: usize,
-    /// The current term each other voter reported while the gate was closed (the highest).
-    peer_terms: Mutex<BTreeMap<NodeId, u64>>,
+    /// What each other node reported while the gate was closed.
+    heard: Mutex<BTreeMap<NodeId, Heard>>,
+}
+
+/// Whether `known` holds, in each voter set of `voters`, a member of every majority of that
+/// set: `⌈|V|/2⌉` of its members (a majority is `⌊|V|/2⌋ + 1`, so at most `⌊|V|/2⌋` members
+/// can be outside it). An empty set of voter sets covers nothing.
+pub fn meets_every_majority(voters: &[BTreeSet<NodeId>], known: &BTreeSet<NodeId>) -> bool {
+    !voters.is_empty() && voters.iter().all(|v| v.intersection(known).count() >= v.len().div_ceil(2))
 }
 
 impl VoteGate {
@@ -81,28 +119,58 @@ impl VoteGate {
         Self { wiped: AtomicBool::new(wiped), unsure: AtomicBool::new(unsure), ..Self::default() }
     }
 
-    /// The same gate in a cluster of `voters` voters (this node included): closed, it follows a
-    /// leader once it knows the terms of `⌈voters/2⌉` of the others. Any majority holds
-    /// `⌊voters/2⌋` of them besides this node, so that many others meet every one of them.
+    /// The same gate in a cluster of `voters` voters in `--peers` (this node included): closed,
+    /// it follows a leader whose membership it has not heard once it knows the terms of
+    /// `⌈voters/2⌉` of the others. Any majority holds `⌊voters/2⌋` of them besides this node,
+    /// so that many others meet every one of them.
     pub fn for_voters(mut self, voters: usize) -> Self {
         self.terms_needed = voters.div_ceil(2);
         self
     }
 
-    /// Records that `peer` reported `term` as its current term (a formation probe).
+    /// Records that `peer` reported `term` as its current term (a formation probe), and with it
+    /// the membership it reported (`None`: a build that does not say). Terms only go up (Raft
+    /// paper §5.1): an answer below the highest term heard is ignored.
+    pub fn heard(&self, peer: NodeId, term: u64, voters: Option<VoterSets>) {
+        let mut heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
+        let h = heard.entry(peer).or_default();
+        if term >= h.term {
+            // A report at the same term without a membership keeps the one heard.
+            if voters.is_some() || term > h.term {
+                h.voters = voters;
+            }
+            h.term = term;
+        }
+    }
+
+    /// Records that `peer` reported `term` as its current term, without a membership.
     pub fn heard_term(&self, peer: NodeId, term: u64) {
-        raise_term(&mut self.peer_terms.lock().unwrap_or_else(|p| p.into_inner()), peer, term);
+        self.heard(peer, term, None);
     }
 
     /// Whether this node may take the entries (or snapshot) of `leader` at `term`: always when
-    /// the gate is open; when closed, only once it knows the current term of enough other
-    /// voters (the leader's own counts) and none is past `term` (module doc). `Err` says why not.
+    /// the gate is open; when closed, only once it knows that no leader was elected past `term`
+    /// before it asked (module doc). `Err` says why not.
     pub fn admits_leader(&self, leader: NodeId, term: u64) -> Result<(), String> {
         if self.closed().is_none() {
             return Ok(());
         }
-        let mut terms = self.peer_terms.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let heard = self.heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut terms: BTreeMap<NodeId, u64> = heard.iter().map(|(id, h)| (*id, h.term)).collect();
         raise_term(&mut terms, leader, term);
+        let leader_voters = heard.get(&leader).filter(|h| h.term == term).and_then(|h| h.voters.clone());
+        if let Some(voters) = leader_voters {
+            // The leader's membership at `term`: nodes above `term` do not count.
+            let known: BTreeSet<NodeId> = terms.iter().filter(|(_, t)| **t <= term).map(|(id, _)| *id).collect();
+            if meets_every_majority(&voters, &known) {
+                return Ok(());
+            }
+            return Err(format!(
+                "this node may have lost its disk and follows no leader before it knows the current term of \
+                 half of each of the leader's voter sets {voters:?} (n{leader} at term {term}; it knows {:?})",
+                known
+            ));
+        }
         if let Some((peer, past)) = terms.iter().find(|(_, t)| **t > term) {
             return Err(format!(
                 "this node may have lost its disk and follows no leader of a term below one a peer is at \
@@ -118,6 +186,20 @@ impl VoteGate {
             ));
         }
         Ok(())
+    }
+
+    /// Whether this node may vote for `candidate` (openraft then decides the vote as usual):
+    /// always when the gate is open; when closed, only for a candidate whose last reported
+    /// membership makes it part of every majority of each voter set (module doc). `Err` says
+    /// why not.
+    pub fn may_vote_for(&self, candidate: NodeId) -> Result<(), String> {
+        let Some(closed) = self.closed() else { return Ok(()) };
+        let heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
+        let voters = heard.get(&candidate).and_then(|h| h.voters.as_ref());
+        if voters.is_some_and(|v| meets_every_majority(v, &BTreeSet::from([candidate]))) {
+            return Ok(());
+        }
+        Err(closed.describe().to_string())
     }
 
     /// `None` when this node may vote, else why not. A wiped node stays [`Closed::Wiped`] even
@@ -205,6 +287,92 @@ mod tests {
         assert!(g.admits_leader(3, 4).is_err());
         g.heard_term(4, 3);
         assert_eq!(g.admits_leader(3, 4), Ok(()), "the leader, n2 and n4: three of the four others");
+    }
+
+    fn set(ids: &[NodeId]) -> BTreeSet<NodeId> {
+        ids.iter().copied().collect()
+    }
+
+    #[test]
+    fn a_voter_set_is_met_by_half_of_its_members_rounded_up() {
+        let one = vec![set(&[2])];
+        assert!(meets_every_majority(&one, &set(&[2])));
+        assert!(!meets_every_majority(&one, &set(&[3])));
+        let three = vec![set(&[1, 2, 3])];
+        assert!(!meets_every_majority(&three, &set(&[2])), "{{1, 3}} is a majority without n2");
+        assert!(meets_every_majority(&three, &set(&[2, 3])));
+        let two = vec![set(&[1, 2])];
+        assert!(meets_every_majority(&two, &set(&[2])), "both are needed: any one meets every majority");
+        let five = vec![set(&[1, 2, 3, 4, 5])];
+        assert!(!meets_every_majority(&five, &set(&[2, 3])));
+        assert!(meets_every_majority(&five, &set(&[2, 3, 4])));
+        let joint = vec![set(&[1, 2, 3]), set(&[2])];
+        assert!(!meets_every_majority(&joint, &set(&[2])), "a joint membership needs both halves met");
+        assert!(meets_every_majority(&joint, &set(&[2, 3])));
+        assert!(!meets_every_majority(&[], &set(&[1, 2, 3])), "no voter set: nothing is known");
+    }
+
+    /// Seed 5039: membership changes left n2 the only voter; n1, wiped and added back as a
+    /// learner, knew only n2's term (n3 was silent) and refused n2's appends for good, as
+    /// `--peers` asks for two other terms. With n2's membership at its term, n2's own term meets
+    /// every majority: no leader can be elected without its vote.
+    #[test]
+    fn a_closed_gate_follows_the_only_voter_left_on_its_own_term() {
+        let g = VoteGate::new(true, false).for_voters(3);
+        g.heard_term(2, 21);
+        assert!(g.admits_leader(2, 21).is_err(), "without the membership, --peers asks for two terms");
+        g.heard(2, 21, Some(vec![set(&[2])]));
+        assert_eq!(g.admits_leader(2, 21), Ok(()));
+        // A membership heard at another term says nothing of the leader at this one.
+        assert!(g.admits_leader(2, 22).is_err());
+        // A silent n3 that comes back above the leader's term is not part of the membership.
+        g.heard(3, 109, Some(vec![set(&[1, 2, 3])]));
+        assert_eq!(g.admits_leader(2, 21), Ok(()));
+    }
+
+    /// The rule of seeds 147 and 279 still holds with the membership known: a leader of three
+    /// voters needs the other voter's term too, and a voter past the leader's term meets no
+    /// majority.
+    #[test]
+    fn a_closed_gate_needs_half_of_each_voter_set_of_the_leader_s_membership() {
+        let g = VoteGate::new(false, true).for_voters(3);
+        g.heard(3, 1, Some(vec![set(&[1, 2, 3])]));
+        assert!(g.admits_leader(3, 1).is_err(), "n2 is unknown: {{1, 2}} could have elected a leader past term 1");
+        g.heard(2, 2, Some(vec![set(&[1, 2, 3])]));
+        let why = g.admits_leader(3, 1).unwrap_err();
+        assert!(why.contains("{3}"), "n2 is past term 1 and does not count: {why}");
+        g.heard(2, 2, Some(vec![set(&[1, 2, 3])]));
+        g.heard(3, 2, Some(vec![set(&[1, 2, 3])]));
+        assert_eq!(g.admits_leader(2, 2), Ok(()));
+        // A joint membership: both halves.
+        let j = VoteGate::new(true, false).for_voters(3);
+        j.heard(2, 4, Some(vec![set(&[1, 2, 3]), set(&[2])]));
+        assert!(j.admits_leader(2, 4).is_err());
+        j.heard(3, 4, None);
+        assert_eq!(j.admits_leader(2, 4), Ok(()));
+    }
+
+    /// Seed 5281: voters n1 and n2, n1 wiped. Every election needs both votes, and n1 granted
+    /// none until caught up: no leader, for good. n2 is in every majority of its membership, so
+    /// it holds every committed entry and n1 may vote for it; not for a candidate of three voters.
+    #[test]
+    fn a_closed_gate_votes_only_for_a_candidate_in_every_majority() {
+        let g = VoteGate::new(true, false).for_voters(3);
+        assert!(g.may_vote_for(2).is_err(), "nothing heard of n2");
+        g.heard_term(2, 7);
+        assert!(g.may_vote_for(2).is_err(), "a report without a membership");
+        g.heard(2, 7, Some(vec![set(&[1, 2])]));
+        assert_eq!(g.may_vote_for(2), Ok(()));
+        g.heard(3, 7, Some(vec![set(&[1, 2])]));
+        assert!(g.may_vote_for(3).is_err(), "n3 is not a voter of that membership");
+        g.heard(2, 8, Some(vec![set(&[1, 2, 3])]));
+        assert!(g.may_vote_for(2).is_err(), "three voters: {{1, 3}} is a majority without n2");
+        g.heard(2, 9, Some(vec![set(&[1, 2]), set(&[1, 2, 3])]));
+        assert!(g.may_vote_for(2).is_err(), "joint: both halves");
+        g.heard(2, 10, Some(vec![set(&[2])]));
+        assert_eq!(g.may_vote_for(2), Ok(()));
+        g.caught_up();
+        assert_eq!(g.may_vote_for(3), Ok(()), "an open gate leaves the vote to Raft");
     }
 
     #[test]
