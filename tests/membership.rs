@@ -21,6 +21,24 @@ async fn remove(c: &Cluster, via: u64, id: u64) -> Resp {
     c.http.request(hyper::Method::DELETE, &url, None, &[], Duration::from_secs(40)).await.expect("DELETE")
 }
 
+/// A three-node cluster with stream `stream` holding `n` batches, seqs 1..=n, payloads `bI`.
+async fn three_nodes_with_batches(stream: &str, n: u64) -> Cluster {
+    let c = Cluster::start(3, &[]).await;
+    let client = c.client();
+    client.put_stream(stream, None).await.expect("create");
+    for i in 0..n {
+        client.publish(stream, Some(i + 1), format!("b{i}").into_bytes()).await.expect("publish");
+    }
+    c
+}
+
+/// Deletes everything in node `id`'s data dir (the node is stopped): a lost disk.
+fn wipe(c: &Cluster, id: u64) {
+    let data = &c.node(id).data_dir;
+    std::fs::remove_dir_all(data).expect("wipe");
+    std::fs::create_dir_all(data).expect("recreate");
+}
+
 /// Acknowledged (seq, payload) pairs.
 type Acked = Vec<(u64, Vec<u8>)>;
 
@@ -361,9 +379,7 @@ async fn wiped_node_with_acknowledged_batches(w_first: bool, probed_by_hand: boo
     }
     c.stop(a).await;
     c.stop(w).await;
-    let data = c.node(w).data_dir.clone();
-    std::fs::remove_dir_all(&data).expect("wipe");
-    std::fs::create_dir_all(&data).expect("recreate");
+    wipe(&c, w);
     if w_first {
         c.restart(w).await;
         if probed_by_hand {
@@ -399,9 +415,7 @@ async fn a_wiped_follower_that_returns_at_once_is_caught_up_and_the_leader_keeps
     let leader = c.leader().await;
     let victim = c.followers().await[0];
     c.stop(victim).await;
-    let data = c.node(victim).data_dir.clone();
-    std::fs::remove_dir_all(&data).expect("wipe");
-    std::fs::create_dir_all(&data).expect("recreate");
+    wipe(&c, victim);
     c.restart(victim).await;
     // Through the leader: the wiped node knows the token only once it caught up.
     let to_leader = common::client_for(&[c.url(leader)]);
@@ -445,9 +459,7 @@ async fn a_wiped_node_rejoins_and_catches_up_by_snapshot() {
     let victim = c.followers().await[0];
     let term_before = c.cluster_info(c.leader().await).await.expect("view").term;
     c.stop(victim).await;
-    let data = c.node(victim).data_dir.clone();
-    std::fs::remove_dir_all(&data).expect("wipe");
-    std::fs::create_dir_all(&data).expect("recreate");
+    wipe(&c, victim);
     for i in 150..300u64 {
         client.publish("w", Some(i + 1), format!("w{i}").into_bytes()).await.expect("publish");
     }
@@ -478,12 +490,7 @@ async fn a_wiped_node_rejoins_and_catches_up_by_snapshot() {
 /// it is the only voter: nobody can be elected without its vote.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_node_is_caught_up_by_the_only_voter_left() {
-    let mut c = Cluster::start(3, &[]).await;
-    let client = c.client();
-    client.put_stream("one", None).await.expect("create");
-    for i in 0..20u64 {
-        client.publish("one", Some(i + 1), format!("o{i}").into_bytes()).await.expect("publish");
-    }
+    let mut c = three_nodes_with_batches("one", 20).await;
     let leader = c.leader().await;
     let f = c.followers().await;
     let (w, down) = (f[0], f[1]);
@@ -493,9 +500,7 @@ async fn a_wiped_node_is_caught_up_by_the_only_voter_left() {
     }
     c.stop(down).await;
     c.stop(w).await;
-    let data = c.node(w).data_dir.clone();
-    std::fs::remove_dir_all(&data).expect("wipe");
-    std::fs::create_dir_all(&data).expect("recreate");
+    wipe(&c, w);
     c.restart(w).await;
     let r = add(&c, leader, w, &c.node(w).addr(), true).await;
     assert_eq!(r.status, 200, "add the wiped node back as a voter: {}", r.describe());
@@ -517,12 +522,7 @@ async fn a_wiped_node_is_caught_up_by_the_only_voter_left() {
 /// it holds every committed entry, and W may vote for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_voters_of_which_the_leader_lost_its_disk_elect_a_leader() {
-    let mut c = Cluster::start(3, &[]).await;
-    let client = c.client();
-    client.put_stream("two", None).await.expect("create");
-    for i in 0..20u64 {
-        client.publish("two", Some(i + 1), format!("t{i}").into_bytes()).await.expect("publish");
-    }
+    let mut c = three_nodes_with_batches("two", 20).await;
     let w = c.leader().await;
     let f = c.followers().await;
     let (a, out) = (f[0], f[1]);
@@ -531,15 +531,13 @@ async fn two_voters_of_which_the_leader_lost_its_disk_elect_a_leader() {
     c.stop(out).await;
     c.stop(a).await;
     c.stop(w).await;
-    let data = c.node(w).data_dir.clone();
-    std::fs::remove_dir_all(&data).expect("wipe");
-    std::fs::create_dir_all(&data).expect("recreate");
+    wipe(&c, w);
     c.restart(w).await;
     c.restart(a).await;
     let leader = c.leader().await;
     assert_eq!(leader, a, "the voter that kept its disk leads");
     let to_a = common::client_for(&[c.url(a)]);
-    to_a.publish("two", Some(21), b"t20".to_vec()).await.expect("a publish once both voters are back");
+    to_a.publish("two", Some(21), b"b20".to_vec()).await.expect("a publish once both voters are back");
     let index = c.cluster_info(a).await.expect("view").commit_index;
     let on_w = read_all(&c.http, &c.url(w), "two", index, Duration::from_secs(20)).await.expect("wiped node");
     assert_eq!(on_w.len(), 21, "the wiped node caught up");

@@ -238,7 +238,7 @@ pub fn gate_at_start(
 }
 
 /// While `gate` is closed, probes the other peers every [`FORMATION_PROBE_MS`] and records the
-/// current term of each that belongs to a cluster ([`VoteGate::heard_term`]): a closed gate
+/// current term of each that belongs to a cluster ([`VoteGate::heard`], with the membership it reports): a closed gate
 /// follows a leader only once it knows enough of them ([`VoteGate::admits_leader`]). A peer
 /// that says it formed the cluster after this node, pristine, answered its probe as fresh
 /// proves the cluster new ([`proves_new`]): the gate opens as if this node had formed it (a

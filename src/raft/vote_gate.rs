@@ -143,11 +143,6 @@ impl VoteGate {
         }
     }
 
-    /// Records that `peer` reported `term` as its current term, without a membership.
-    pub fn heard_term(&self, peer: NodeId, term: u64) {
-        self.heard(peer, term, None);
-    }
-
     /// Whether this node may take the entries (or snapshot) of `leader` at `term`: always when
     /// the gate is open; when closed, only once it knows that no leader was elected past `term`
     /// before it asked (module doc). `Err` says why not.
@@ -264,16 +259,16 @@ mod tests {
     fn a_closed_gate_follows_no_leader_before_it_knows_a_majority_s_terms() {
         let g = VoteGate::new(false, true).for_voters(3);
         // n3 restarted on its committed vote of term 1 and leads; n2 is unreachable.
-        g.heard_term(3, 1);
+        g.heard(3, 1, None);
         assert!(g.admits_leader(3, 1).is_err(), "one other voter's term is not enough");
         // n2 answers: it was elected in term 2 (with this node's lost vote).
-        g.heard_term(2, 2);
+        g.heard(2, 2, None);
         let why = g.admits_leader(3, 1).unwrap_err();
         assert!(why.contains("n2 is at term 2"), "{why}");
         assert_eq!(g.admits_leader(2, 2), Ok(()), "the leader of the current term");
         assert_eq!(g.admits_leader(2, 3), Ok(()), "a leader past every term heard");
         // Terms only grow: an older answer does not lower what was heard.
-        g.heard_term(2, 1);
+        g.heard(2, 1, None);
         assert!(g.admits_leader(3, 1).is_err());
         // Open, the gate leaves the choice of leader to Raft.
         g.caught_up();
@@ -283,9 +278,9 @@ mod tests {
     #[test]
     fn a_closed_gate_in_a_cluster_of_five_needs_three_other_terms() {
         let g = VoteGate::new(true, false).for_voters(5);
-        g.heard_term(2, 4);
+        g.heard(2, 4, None);
         assert!(g.admits_leader(3, 4).is_err());
-        g.heard_term(4, 3);
+        g.heard(4, 3, None);
         assert_eq!(g.admits_leader(3, 4), Ok(()), "the leader, n2 and n4: three of the four others");
     }
 
@@ -319,7 +314,7 @@ mod tests {
     #[test]
     fn a_closed_gate_follows_the_only_voter_left_on_its_own_term() {
         let g = VoteGate::new(true, false).for_voters(3);
-        g.heard_term(2, 21);
+        g.heard(2, 21, None);
         assert!(g.admits_leader(2, 21).is_err(), "without the membership, --peers asks for two terms");
         g.heard(2, 21, Some(vec![set(&[2])]));
         assert_eq!(g.admits_leader(2, 21), Ok(()));
@@ -359,7 +354,7 @@ mod tests {
     fn a_closed_gate_votes_only_for_a_candidate_in_every_majority() {
         let g = VoteGate::new(true, false).for_voters(3);
         assert!(g.may_vote_for(2).is_err(), "nothing heard of n2");
-        g.heard_term(2, 7);
+        g.heard(2, 7, None);
         assert!(g.may_vote_for(2).is_err(), "a report without a membership");
         g.heard(2, 7, Some(vec![set(&[1, 2])]));
         assert_eq!(g.may_vote_for(2), Ok(()));
