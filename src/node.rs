@@ -418,6 +418,7 @@ mod tests {
     use http_body_util::{BodyExt, Full};
 
     use super::*;
+    use crate::storage::db_dir::FsDatabaseDir;
     use crate::storage::segments::{FsSegments, SegmentDir, SegmentFile};
 
     /// Segments whose writes fail once `broken` is set, as a failing disk's would.
@@ -512,8 +513,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let broken = Arc::new(AtomicBool::new(false));
         let segments = Breakable { inner: FsSegments::new(dir.path().join("log")).unwrap(), broken: broken.clone() };
-        let store =
-            Store::open_with_backend(dir.path(), redb::backends::InMemoryBackend::new(), Arc::new(segments)).unwrap();
+        let store = Store::open_with(dir.path(), &FsDatabaseDir::new(dir.path()), Arc::new(segments)).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let cfg = NodeConfig {

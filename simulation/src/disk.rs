@@ -2,8 +2,10 @@
 //! only what was synced when the power goes out.
 //!
 //! Owns: the durability model of a node's files. The disk outlives the node's incarnations (the
-//! host factory captures it) and holds named files: [`REDB_FILE`] (served to redb through
-//! [`DiskHandle`], a redb [`StorageBackend`]) and the segments `log/<first:020>.seg` (served to
+//! host factory captures it) and holds named files: [`REDB_FILE`] (and [`REDB_FILE_NEW`] while
+//! it is created: `runnev::storage::db_dir` creates it under that name and renames it, through
+//! [`SimDbDir`], a [`DatabaseDir`]; each is served to redb through [`DiskHandle`], a redb
+//! [`StorageBackend`]) and the segments `log/<first:020>.seg` (served to
 //! `runnev::storage::segments::SegmentLog` through [`SimSegments`], a [`SegmentDir`]). Every
 //! write to any file lands in a volatile layer of dirty pages (the page cache); a file's
 //! `sync_data` makes *that file's* volatile layer durable (other files' dirty pages stay
@@ -18,8 +20,8 @@
 //! down, and would flush) fail every operation from then on.
 //!
 //! Two more faults: a crash can be armed to strike *inside* a sequence of disk operations
-//! ([`SimDisk::arm_cut`]): one counter over every file counts writes, resizes, syncs, segment
-//! creations and removals, so a cut can fall between a redb commit's page writes and its fsync
+//! ([`SimDisk::arm_cut`]): one counter over every file counts writes, resizes, syncs, file
+//! creations, renames and removals, so a cut can fall between a redb commit's page writes and its fsync
 //! as well as between a segment append's write and its fsync, or inside a segment's
 //! [`SegmentFile::zero_from`] (three operations: shrink, grow, sync). The process that was cut
 //! does not know it died until the driver tears its host down at the end of the step, so until
@@ -27,12 +29,15 @@
 //! ever sees. And the disk can fail ([`SimDisk::set_failing`]): every write-side operation on
 //! any file returns an I/O error, as a dying or full disk does.
 //!
-//! Simplification, on purpose: **creating and removing a segment are durable at once** (a crash
-//! never loses a creation or brings back a removed segment, and a created segment reads as
-//! zeros whatever happens). The real [`runnev::storage::segments::FsSegments`] fsyncs the new
-//! file and the directory before `create` returns and the directory after `remove`, so this
-//! models only its completed calls; a crash inside those calls (a missing or half-allocated new
-//! segment, a removed one that comes back) is not simulated. A removed or replaced file stays
+//! Simplification, on purpose: **creating, renaming and removing a file are durable at once**
+//! (a crash never loses a creation, a rename or a removal, never brings a removed file back,
+//! and a created file reads as zeros whatever happens). The real
+//! [`runnev::storage::segments::FsSegments`] fsyncs the new file and the directory before
+//! `create` returns and the directory after `remove`, and `runnev::storage::db_dir` fsyncs the
+//! directory after renaming a new database into place, so this models only their completed
+//! calls; a crash inside those calls (a missing or half-allocated new segment, a removed one
+//! that comes back, a rename not yet durable) is not simulated, and a directory's fsync
+//! ([`SimDbDir`]'s `sync`) does nothing and is not counted. A removed or replaced file stays
 //! usable through the handles already open on it (as an unlinked file does) until the next
 //! crash.
 //!
@@ -44,6 +49,7 @@ use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use redb::StorageBackend;
+use runnev::storage::db_dir::DatabaseDir;
 use runnev::storage::segments::{SegmentDir, SegmentFile};
 
 use crate::rng::SimRng;
@@ -53,8 +59,12 @@ pub const PAGE_BYTES: usize = 4096;
 
 const PAGE: u64 = PAGE_BYTES as u64;
 
-/// The redb database's file name on a simulated disk (as `runnev::storage::Store::open` names it).
-pub const REDB_FILE: &str = "runnev.redb";
+/// The redb database's file name on a simulated disk (`runnev::storage::db_dir::DB_FILE`).
+pub const REDB_FILE: &str = runnev::storage::db_dir::DB_FILE;
+
+/// The name a new database is created under before it is renamed to [`REDB_FILE`]
+/// (`runnev::storage::db_dir::DB_FILE_NEW`).
+pub const REDB_FILE_NEW: &str = runnev::storage::db_dir::DB_FILE_NEW;
 
 /// The name of the segment whose first log index is `first` (as `FsSegments` names it, under
 /// the data directory).
@@ -303,6 +313,13 @@ impl Files {
         self.inodes.get_mut(&ino).ok_or_else(|| io::Error::other(format!("simulated disk: inode {ino} is gone")))
     }
 
+    /// Renames `from` to `to`, replacing `to` (whose inode lives on for its handles).
+    fn rename(&mut self, from: &str, to: &str) -> io::Result<()> {
+        let ino = self.names.remove(from).ok_or_else(|| not_found(from))?;
+        self.names.insert(to.to_string(), ino);
+        Ok(())
+    }
+
     /// Frees the inodes no name points to (their handles died with the process).
     fn drop_orphans(&mut self) {
         let named: std::collections::BTreeSet<u64> = self.names.values().copied().collect();
@@ -389,11 +406,10 @@ impl Default for SimDisk {
 }
 
 impl SimDisk {
-    /// An empty disk: an empty redb file and no segment.
+    /// An empty disk: no file (a node's first start creates the database, through
+    /// [`SimDisk::db_dir`]).
     pub fn new() -> Self {
-        let mut state = DiskState::default();
-        state.files.create(REDB_FILE, 0);
-        SimDisk { state: Arc::new(Mutex::new(state)) }
+        SimDisk { state: Arc::new(Mutex::new(DiskState::default())) }
     }
 
     fn lock(&self) -> MutexGuard<'_, DiskState> {
@@ -404,7 +420,10 @@ impl SimDisk {
         Access { state: self.state.clone(), epoch: self.lock().epoch }
     }
 
-    /// The redb backend for the incarnation starting now.
+    /// The redb backend of [`REDB_FILE`] for the incarnation starting now, the file created
+    /// empty (durably, not counted against a cut) if it does not exist: for inspections and
+    /// tests that open redb by hand. A node opens its store through [`SimDisk::db_dir`], which
+    /// creates the database as production does.
     pub fn handle(&self) -> DiskHandle {
         let ino = {
             let mut s = self.lock();
@@ -414,6 +433,12 @@ impl SimDisk {
             }
         };
         DiskHandle { access: self.access(), ino }
+    }
+
+    /// The directory holding the database file, for the incarnation starting now: what
+    /// `runnev::storage::Store::open_with` creates and opens the database through.
+    pub fn db_dir(&self) -> SimDbDir {
+        SimDbDir { access: self.access() }
     }
 
     /// The segment directory for the incarnation starting now.
@@ -431,9 +456,9 @@ impl SimDisk {
     }
 
     /// The disk is replaced by an empty one (an operator swapped a failed disk, or wiped the
-    /// data dir): every file is gone, redb's file is back empty, the current incarnation's
-    /// handles are dead (as after a crash; call it with the node down), and an armed cut is
-    /// disarmed. The counters stay.
+    /// data dir): every file is gone, redb's too, the current incarnation's handles are dead (as
+    /// after a crash; call it with the node down), and an armed cut is disarmed. The counters
+    /// stay.
     pub fn wipe(&self) {
         let mut s = self.lock();
         s.cut = None;
@@ -441,11 +466,10 @@ impl SimDisk {
         s.cut_fired = false;
         s.epoch += 1;
         s.files = Files::default();
-        s.files.create(REDB_FILE, 0);
     }
 
     /// Arms a crash of `kind` that strikes at the `after_ops`-th write-side operation from now
-    /// (a write, resize or sync of any file, a segment creation or removal), in the middle of
+    /// (a write, resize or sync of any file, a file's creation, rename or removal), in the middle of
     /// whatever the node is doing (a redb commit cut between its page writes and its fsync, a
     /// log append cut before its fsync). The driver then tears the host down
     /// ([`SimDisk::take_fired_cut`]).
@@ -474,8 +498,8 @@ impl SimDisk {
         self.lock().failing = failing;
     }
 
-    /// Makes every write-side operation (a write, resize or sync of any file, a segment
-    /// creation or removal) fail with `ENOSPC` (`io::ErrorKind::StorageFull`, raw OS error 28)
+    /// Makes every write-side operation (a write, resize or sync of any file, a file's
+    /// creation, rename or removal) fail with `ENOSPC` (`io::ErrorKind::StorageFull`, raw OS error 28)
     /// while `full`, as a disk that another process filled does; reads keep working.
     /// Pessimistic: a real file system still takes overwrites of allocated blocks (a
     /// preallocated segment's), this one takes nothing.
@@ -626,7 +650,8 @@ impl Access {
     }
 }
 
-/// The redb backend of one incarnation: the file [`REDB_FILE`].
+/// The redb backend of one incarnation: one file of the data directory ([`REDB_FILE`], or
+/// [`REDB_FILE_NEW`] while the database is created).
 #[derive(Debug)]
 pub struct DiskHandle {
     access: Access,
@@ -655,6 +680,47 @@ impl StorageBackend for DiskHandle {
 
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.access.on(true, self.ino, |i| i.write(offset, data))
+    }
+}
+
+/// The directory holding the database file, of one incarnation (the data directory's top
+/// level on the simulated disk; the segments under `log/` are [`SimSegments`]'s).
+///
+/// Creating a file (a missing one in [`DatabaseDir::backend`]), renaming and removing are
+/// write-side operations: each counts once against an armed cut (which strikes before it, so a
+/// cut can fall just before or just after the rename of a new database), fails on a failing or
+/// full disk, and is durable at once (module doc: a simplification). `sync` only checks that the
+/// incarnation is alive: the entries are durable already.
+#[derive(Debug)]
+pub struct SimDbDir {
+    access: Access,
+}
+
+impl DatabaseDir for SimDbDir {
+    type Backend = DiskHandle;
+
+    fn exists(&self, name: &str) -> io::Result<bool> {
+        self.access.with(false, |files| Ok(files.names.contains_key(name)))
+    }
+
+    fn backend(&self, name: &str) -> io::Result<DiskHandle> {
+        let ino = match self.access.with(false, |files| Ok(files.names.get(name).copied()))? {
+            Some(ino) => ino,
+            None => self.access.with(true, |files| Ok(files.create(name, 0)))?,
+        };
+        Ok(DiskHandle { access: self.access.clone(), ino })
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        self.access.with(true, |files| files.rename(from, to))
+    }
+
+    fn remove(&self, name: &str) -> io::Result<()> {
+        self.access.with(true, |files| files.names.remove(name).map(|_| ()).ok_or_else(|| not_found(name)))
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.access.with(false, |_| Ok(()))
     }
 }
 
@@ -822,7 +888,7 @@ mod tests {
         assert_eq!(disk.file_names().len(), 2);
         disk.wipe();
         assert!(h.len().is_err(), "the wiped incarnation's handle is dead");
-        assert_eq!(disk.file_names(), vec![REDB_FILE.to_string()], "only an empty redb file is left");
+        assert_eq!(disk.file_names(), Vec::<String>::new(), "no file is left");
         assert_eq!(disk.handle().len().unwrap(), 0);
         assert_eq!(disk.segments().list().unwrap(), Vec::<u64>::new());
         assert!(!disk.disarm_cut(), "the armed cut went with the old disk");
@@ -984,7 +1050,7 @@ mod tests {
         let dir = disk.segments();
         let f = dir.create(7, 1 << 20).unwrap();
         assert_eq!(f.capacity().unwrap(), 1 << 20);
-        assert_eq!(disk.file_names(), vec![segment_name(7), REDB_FILE.to_string()]);
+        assert_eq!(disk.file_names(), vec![segment_name(7)]);
         f.write_at(0, b"synced").unwrap();
         f.sync_data().unwrap();
         f.write_at(6, b"-late").unwrap();
@@ -1136,6 +1202,57 @@ mod tests {
         let five = dir.open(5).unwrap();
         assert_eq!(five.capacity().unwrap(), 2 * PAGE);
         assert_eq!(seg_read(five.as_ref(), 0, 3), vec![0; 3]);
+    }
+
+    #[test]
+    fn a_database_file_is_created_renamed_and_removed_durably_each_one_counted_operation() {
+        let disk = SimDisk::new();
+        let mut rng = SimRng::new(10);
+        let dir = disk.db_dir();
+        assert!(!dir.exists(REDB_FILE_NEW).unwrap());
+        let new = dir.backend(REDB_FILE_NEW).unwrap();
+        new.set_len(PAGE).unwrap();
+        new.write(0, b"db").unwrap();
+        new.sync_data().unwrap();
+        dir.rename(REDB_FILE_NEW, REDB_FILE).unwrap();
+        dir.sync().unwrap();
+        assert_eq!(new.read_vec(0, 2), b"db", "a renamed file's handle still works");
+        disk.crash(CrashKind::PowerLoss { keep_per_mille: 0 }, &mut rng);
+        assert_eq!(disk.file_names(), vec![REDB_FILE.to_string()], "the rename was durable at once");
+        assert_eq!(disk.handle().read_vec(0, 2), b"db");
+        assert!(dir.exists(REDB_FILE).is_err(), "a crashed incarnation's directory is dead");
+
+        // A cut at the rename strikes before it: only the ghost saw it.
+        let dir = disk.db_dir();
+        let fresh = dir.backend(REDB_FILE_NEW).unwrap();
+        fresh.set_len(PAGE).unwrap();
+        fresh.sync_data().unwrap();
+        disk.arm_cut(1, CrashKind::Kill, SimRng::new(11));
+        dir.rename(REDB_FILE_NEW, REDB_FILE).unwrap();
+        assert!(!dir.exists(REDB_FILE_NEW).unwrap(), "the ghost's view");
+        assert!(disk.take_fired_cut());
+        assert_eq!(disk.file_names(), vec![REDB_FILE.to_string(), REDB_FILE_NEW.to_string()]);
+        assert_eq!(disk.handle().read_vec(0, 2), b"db", "the old file is still the database");
+
+        // A cut at the operation after it: the rename happened. A directory's fsync is no
+        // operation of its own.
+        let dir = disk.db_dir();
+        disk.arm_cut(2, CrashKind::Kill, SimRng::new(12));
+        dir.rename(REDB_FILE_NEW, REDB_FILE).unwrap();
+        dir.sync().unwrap();
+        dir.remove(REDB_FILE).unwrap();
+        assert!(disk.take_fired_cut());
+        assert_eq!(disk.file_names(), vec![REDB_FILE.to_string()]);
+        assert_eq!(disk.handle().read_vec(0, 2), vec![0, 0], "the new (blank) file replaced the old one");
+
+        // A missing file's creation counts too; opening an existing one does not.
+        let dir = disk.db_dir();
+        disk.arm_cut(1, CrashKind::Kill, SimRng::new(13));
+        dir.backend(REDB_FILE).unwrap();
+        assert!(!disk.take_fired_cut());
+        dir.backend(REDB_FILE_NEW).unwrap();
+        assert!(disk.take_fired_cut());
+        assert_eq!(disk.file_names(), vec![REDB_FILE.to_string()]);
     }
 
     #[test]

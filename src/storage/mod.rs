@@ -8,7 +8,7 @@
 //! Layout (`--data-dir`):
 //! - `log/<index>.seg`: the Raft log (see [`segments`]);
 //! - `runnev.redb`: tables [`RAFT_META`], [`SM_META`], [`STREAMS`], [`TOMBSTONES`], [`BATCHES`],
-//!   [`TOKENS`];
+//!   [`TOKENS`]; created as `runnev.redb.new` and renamed once complete (see [`db_dir`]);
 //! - `snapshot.bin`: the newest snapshot (see [`snapshot`]), replaced atomically by rename.
 //!
 //! The state machine commits without fsync (the log is the durable record and replays it) and
@@ -16,6 +16,7 @@
 //! [`crate::limits::SM_DURABLE_EVERY_BYTES`] bytes, which bounds the replay after a crash.
 
 pub mod backup;
+pub mod db_dir;
 pub mod format;
 pub mod io;
 pub mod log_store;
@@ -275,43 +276,46 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (or creates) the store under `dir`, creating the directory and every table.
+    /// Opens (or creates) the store under `dir`, creating the directory, the database (atomically:
+    /// [`db_dir`]) and every table.
     ///
     /// Errors: the directory cannot be created; its `FORMAT` names another data format
-    /// ([`StoreError::UnsupportedFormat`], checked before anything else is opened); or redb cannot
-    /// open the database (another process holds it, or it is corrupt).
+    /// ([`StoreError::UnsupportedFormat`], checked before anything else is opened); the database
+    /// cannot be created ([`db_dir::open_database`]); or redb cannot open the database (another
+    /// process holds it, or it is corrupt).
     pub fn open(dir: &Path) -> Result<Arc<Store>, StoreError> {
-        Store::open_marked(dir, || {
-            let db = Database::create(dir.join("runnev.redb"))?;
-            let segments: Arc<dyn segments::SegmentDir> = Arc::new(segments::FsSegments::new(dir.join("log"))?);
-            Ok((db, segments))
+        Store::open_marked(dir, &db_dir::FsDatabaseDir::new(dir), || {
+            Ok(Arc::new(segments::FsSegments::new(dir.join("log"))?))
         })
     }
 
-    /// Opens the store on a redb storage backend and a segment directory (the simulation's,
-    /// which lose unsynced writes on a crash); snapshots still live under `dir`.
+    /// Opens the store with its database in `db` and its Raft log in `segments` (the
+    /// simulation's, which lose unsynced writes on a crash); `FORMAT` and the snapshots still
+    /// live under `dir`. A missing database is created in `db` as [`Store::open`] creates it.
     ///
     /// Errors: as [`Store::open`].
-    pub fn open_with_backend(
+    pub fn open_with(
         dir: &Path,
-        backend: impl redb::StorageBackend,
+        db: &impl db_dir::DatabaseDir,
         segments: Arc<dyn segments::SegmentDir>,
     ) -> Result<Arc<Store>, StoreError> {
-        Store::open_marked(dir, || Ok((Database::builder().create_with_backend(backend)?, segments)))
+        Store::open_marked(dir, db, || Ok(segments))
     }
 
-    /// Creates `dir`, checks its `FORMAT` before `open_parts` opens anything, and writes the
-    /// marker of a new directory only once the store has opened (a failed open leaves the
-    /// directory as it found it), before anything of this format is written (nothing is until
-    /// the store is returned).
+    /// Creates `dir`, checks its `FORMAT` before the database or the log is opened (or created),
+    /// and writes the marker of a new directory only once the store has opened (a failed open
+    /// leaves the directory in the format it found; at most a temporary database file, which
+    /// the next start removes), before anything of this format is written (nothing is until the
+    /// store is returned).
     fn open_marked(
         dir: &Path,
-        open_parts: impl FnOnce() -> Result<(Database, Arc<dyn segments::SegmentDir>), StoreError>,
+        db: &impl db_dir::DatabaseDir,
+        segments: impl FnOnce() -> Result<Arc<dyn segments::SegmentDir>, StoreError>,
     ) -> Result<Arc<Store>, StoreError> {
         std::fs::create_dir_all(dir)?;
         let mark = format::check(dir)?;
-        let (db, segments) = open_parts()?;
-        let store = Store::init(db, segments, dir)?;
+        let db = db_dir::open_database(db, create_tables)?;
+        let store = Store::init(db, segments()?, dir)?;
         if mark {
             format::write(dir)?;
         }
@@ -327,16 +331,7 @@ impl Store {
                 Err(e) => return Err(e.into()),
             }
         }
-        let txn = begin_durable_write(&db)?;
-        {
-            txn.open_table(RAFT_META)?;
-            txn.open_table(SM_META)?;
-            txn.open_table(STREAMS)?;
-            txn.open_table(TOMBSTONES)?;
-            txn.open_table(BATCHES)?;
-            txn.open_table(TOKENS)?;
-        }
-        txn.commit()?;
+        create_tables(&db)?;
         let purged: Option<crate::raft::LogId> = {
             let txn = db.begin_read()?;
             let t = txn.open_table(RAFT_META)?;
@@ -692,6 +687,24 @@ pub struct BatchRef<'a> {
 }
 
 pub use io::blocking;
+
+/// Creates every table the store uses that `db` lacks, in one durable commit (at every open: a
+/// database of an older build may lack a newer table).
+///
+/// Errors: redb failures.
+fn create_tables(db: &Database) -> Result<(), StoreError> {
+    let txn = begin_durable_write(db)?;
+    {
+        txn.open_table(RAFT_META)?;
+        txn.open_table(SM_META)?;
+        txn.open_table(STREAMS)?;
+        txn.open_table(TOMBSTONES)?;
+        txn.open_table(BATCHES)?;
+        txn.open_table(TOKENS)?;
+    }
+    txn.commit()?;
+    Ok(())
+}
 
 fn begin_durable_write(db: &Database) -> Result<redb::WriteTransaction, StoreError> {
     let mut txn = db.begin_write()?;
