@@ -337,6 +337,11 @@ pub enum FormationAnswer {
         /// of earlier builds (`null`: unknown).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         voters: Option<Vec<std::collections::BTreeSet<u64>>>,
+        /// Whether the node has applied (so committed) the log entry of that membership: a
+        /// committed joint membership binds every later leader to its new voter set (Raft paper
+        /// §6). Absent from earlier builds: `false`, which asks for both sets.
+        #[serde(default)]
+        committed: bool,
     },
 }
 

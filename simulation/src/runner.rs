@@ -166,8 +166,6 @@ struct Driver {
     latency_max_ms: u64,
     healed: bool,
     faults_started: usize,
-    /// Nodes whose stored log had a bit flipped since their last start.
-    rotten: BTreeSet<NodeId>,
     /// Nodes that refused their rotten log, and when their disk is replaced (simulated ms).
     replace_at: BTreeMap<NodeId, u64>,
     /// Nodes whose disk was lost, and the highest log index any other node held then: every
@@ -240,7 +238,6 @@ impl Driver {
             loss: BTreeMap::new(),
             healed: false,
             faults_started: 0,
-            rotten: BTreeSet::new(),
             replace_at: BTreeMap::new(),
             lost_target: BTreeMap::new(),
             effects: FaultEffects::default(),
@@ -313,7 +310,7 @@ impl Driver {
         if self.shared.retired[node as usize].load(Ordering::SeqCst) {
             return;
         }
-        if self.rotten.remove(&node) {
+        if self.shared.rotten[node as usize].swap(false, Ordering::SeqCst) {
             if let Err(e) = crate::inspect::log_holes(self.disk(node)) {
                 // Detected, never served: the node is out of service until its disk is
                 // replaced (`Knobs::replace_after_ms`; docs/cli.md, "How a node starts": it
@@ -345,7 +342,7 @@ impl Driver {
     /// shows it was caught up ([`Shared::lost_disk`]).
     fn wipe(&mut self, now: u64, node: NodeId) {
         self.disk(node).wipe();
-        self.rotten.remove(&node);
+        self.shared.rotten[node as usize].store(false, Ordering::SeqCst);
         let dir = &self.dirs[(node - 1) as usize];
         match std::fs::remove_dir_all(dir) {
             Ok(()) => {}
@@ -378,7 +375,7 @@ impl Driver {
             let i = o as usize;
             if self.shared.not_voter[i].load(Ordering::SeqCst) {
                 Some("outside the voters")
-            } else if self.shared.retired[i].load(Ordering::SeqCst) || self.rotten.contains(&o) {
+            } else if self.shared.retired[i].load(Ordering::SeqCst) || self.shared.rotten[i].load(Ordering::SeqCst) {
                 Some("refusing its rotten log")
             } else if self.shared.lost_disk[i].load(Ordering::SeqCst) {
                 Some("catching up on a lost disk")
@@ -538,7 +535,7 @@ impl Driver {
                 match self.disk(node).flip_segment_bit(&mut rng) {
                     Some((file, at)) => {
                         self.effects.bits_flipped += 1;
-                        self.rotten.insert(node);
+                        self.shared.rotten[node as usize].store(true, Ordering::SeqCst);
                         self.log(now, format!("n{node}: flipped a bit of {file} at byte {at}"));
                     }
                     None => self.log(now, format!("n{node}: no stored log byte to flip")),

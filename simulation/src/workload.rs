@@ -692,10 +692,14 @@ async fn change_membership(shared: &Shared, heal: bool) -> bool {
     for n in 1..=NODES {
         shared.not_voter[n as usize].store(!voters.contains(&n), Ordering::SeqCst);
     }
-    // No node goes out while a lost disk may not be caught up: the two voters left would
-    // include one that grants no vote until a leader catches it up, and if the other was not
-    // the leader, none could be elected (`runnev::raft::vote_gate`).
-    let lost = (1..=NODES).any(|n| shared.lost_disk[n as usize].load(Ordering::SeqCst));
+    // No node goes out while a lost disk may not be caught up, or a flipped bit will lose one
+    // at its node's restart: the two voters left would include one that grants no vote until a
+    // leader catches it up, and if the other was not the leader, none could be elected
+    // (`runnev::raft::vote_gate`). A removal started before the loss can stay joint for good,
+    // the new voter set needing the lost node's vote (seed 6364).
+    let lost = (1..=NODES).any(|n| {
+        shared.lost_disk[n as usize].load(Ordering::SeqCst) || shared.rotten[n as usize].load(Ordering::SeqCst)
+    });
     let wants_out = |n: NodeId| !heal && !lost && shared.membership_out[n as usize].load(Ordering::SeqCst);
     let Some((n, remove)) = next_change(&voters, &serving, wants_out) else {
         return serving.iter().all(|n| voters.contains(n));

@@ -71,6 +71,10 @@ pub struct Shared {
     /// caught up: `inspect::lost_disk_pending`). The control client takes no node out of the
     /// voters meanwhile.
     pub lost_disk: Vec<AtomicBool>,
+    /// Nodes whose log had a bit flipped and that have not restarted on it yet, by node id (set
+    /// and cleared by the driver): such a node will refuse its log and lose its disk, so the
+    /// control client takes no node out of the voters meanwhile either (simulation seed 6364).
+    pub rotten: Vec<AtomicBool>,
 }
 
 impl Shared {
@@ -111,6 +115,7 @@ impl Shared {
             not_voter: (0..=crate::plan::NODES).map(|_| AtomicBool::new(false)).collect(),
             delete_wanted: plan_streams.iter().map(|_| AtomicBool::new(false)).collect(),
             lost_disk: (0..=crate::plan::NODES).map(|_| AtomicBool::new(false)).collect(),
+            rotten: (0..=crate::plan::NODES).map(|_| AtomicBool::new(false)).collect(),
         })
     }
 

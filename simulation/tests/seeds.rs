@@ -255,6 +255,33 @@ fn regression_seed_5101_a_crash_while_a_new_store_is_created() {
     assert!(out.contains("crash n2 mid-write (PowerLoss { keep_per_mille: 188 }, at disk operation 4)"), "{out}");
 }
 
+/// Lost disks and a full disk (README, "Round two: findings of the sweep from seed 5001", seed
+/// 6177, product): n2 reported term 27 in its formation answers, read from openraft's metrics,
+/// while the vote of term 27 was refused by its full disk; it restarted at term 26, the wiped n1
+/// kept 27 as n2's term (terms only go up), never counted n2 again, and refused the leader of
+/// term 26 for good. A node now answers its durable term (the vote it last saved).
+#[test]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+fn regression_seed_6177_a_term_reported_before_it_was_saved() {
+    let (ok, out) = run(&["--seed", "6177", "--history"]);
+    assert!(ok, "seed 6177 failed:\n{out}");
+    assert!(out.contains("disks wiped") && out.contains("full-disk restarts"), "{out}");
+}
+
+/// Lost disks with membership changes (README, "Round two: findings of the sweep from seed
+/// 5001", seed 6364, driver): the control client started taking n2 out of the voters while n1,
+/// its log's bit flipped, was down and about to refuse its log; the change stayed joint, its new
+/// voter set {n1, n3} needing the vote of n1, whose disk was then replaced: no leader for good,
+/// which Raft cannot survive. The control client now takes no node out while a flipped bit is
+/// pending, as it already did while a lost disk was not caught up.
+#[test]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+fn regression_seed_6364_no_removal_while_a_flipped_bit_is_pending() {
+    let (ok, out) = run(&["--seed", "6364", "--history"]);
+    assert!(ok, "seed 6364 failed:\n{out}");
+    assert!(out.contains("rotten disks replaced") && out.contains("n1: flipped a bit"), "{out}");
+}
+
 /// Runs swarm seed `seed` (the default plan, membership changes on) as it was found, before
 /// stream deletes and wipes (`--no-deletes --no-wipe`: the same plan and run); asserts it passed.
 fn must_pass_swarm(seed: u64) {

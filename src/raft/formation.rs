@@ -25,7 +25,7 @@ use std::time::Duration;
 use openraft::error::{InitializeError, RaftError};
 use openraft::BasicNode;
 
-use super::vote_gate::{VoteGate, VoterSets};
+use super::vote_gate::{ReportedMembership, VoteGate};
 use super::{NodeId, Raft};
 use crate::limits::{FORMATION_PROBE_MS, PEER_PROBE_BYTES_MAX, PEER_PROBE_MS};
 use crate::net::HttpClient;
@@ -43,12 +43,12 @@ enum Peer {
     Fresh,
     /// Holds Raft state but no membership: not counted.
     Joining,
-    /// Part of a formed cluster, at this term; `formed`: that peer initialised it; `voters`:
-    /// its effective membership, when it said ([`FormationAnswer::Member`]).
+    /// Part of a formed cluster, at this term; `formed`: that peer initialised it;
+    /// `membership`: its effective membership, when it said ([`FormationAnswer::Member`]).
     InCluster {
         term: u64,
         formed: bool,
-        voters: Option<VoterSets>,
+        membership: Option<ReportedMembership>,
     },
 }
 
@@ -60,7 +60,10 @@ async fn probe(http: &HttpClient, addr: &str, from: NodeId) -> Peer {
     match answer.and_then(|(_, body)| serde_json::from_slice::<FormationAnswer>(&body).ok()) {
         Some(FormationAnswer::Fresh) => Peer::Fresh,
         Some(FormationAnswer::Joining) => Peer::Joining,
-        Some(FormationAnswer::Member { term, formed, voters }) => Peer::InCluster { term, formed, voters },
+        Some(FormationAnswer::Member { term, formed, voters, committed }) => {
+            let membership = voters.map(|voters| ReportedMembership { voters, committed });
+            Peer::InCluster { term, formed, membership }
+        }
         None => Peer::Down,
     }
 }
@@ -79,8 +82,15 @@ pub fn answer_probe(
     let m = raft.metrics().borrow().clone();
     let membership = m.membership_config.membership();
     if membership.nodes().next().is_some() {
+        // The durable term, not the metrics': a peer whose vote gate is closed counts this
+        // answer as a term this node will never go below (simulation seed 6177: a vote for term
+        // 27 refused by a full disk was reported, the node restarted at 26, and the peer never
+        // counted it again).
+        let term = store.saved_vote()?.map_or(0, |v| v.leader_id().term);
         let voters = Some(membership.get_joint_config().clone());
-        return Ok(FormationAnswer::Member { term: m.current_term, formed: store.formed()?, voters });
+        let applied = m.last_applied.map(|l| l.index);
+        let committed = m.membership_config.log_id().is_none_or(|l| applied.is_some_and(|a| a >= l.index));
+        return Ok(FormationAnswer::Member { term, formed: store.formed()?, voters, committed });
     }
     if !store.is_pristine()? {
         return Ok(FormationAnswer::Joining);
@@ -253,8 +263,9 @@ pub async fn learn_peer_terms(
     while gate.closed().is_some() {
         for (id, addr) in peers.iter().filter(|(id, _)| **id != self_id) {
             let answer = probe(&http, addr, self_id).await;
-            if let Peer::InCluster { term, voters, .. } = &answer {
-                gate.heard(*id, *term, voters.clone());
+            tracing::debug!(peer = id, ?answer, "formation probe while the vote gate is closed");
+            if let Peer::InCluster { term, membership, .. } = &answer {
+                gate.heard(*id, *term, membership.clone());
                 if gate.closed() == Some(super::vote_gate::Closed::Unsure)
                     && proves_new_async(&store, *id, answer).await
                 {
@@ -383,7 +394,7 @@ mod tests {
     fn only_the_peer_that_counted_this_node_and_formed_the_cluster_proves_it_new() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let member = |formed| Peer::InCluster { term: 3, formed, voters: None };
+        let member = |formed| Peer::InCluster { term: 3, formed, membership: None };
         assert!(!proves_new(&store, 1, &member(true)).unwrap(), "never counted");
         store.mark_counted_fresh_by(1).unwrap();
         assert!(!proves_new(&store, 1, &member(false)).unwrap(), "counted by n1, but n1 did not form it");
@@ -399,9 +410,11 @@ mod tests {
     #[test]
     fn a_member_answer_without_formed_reads_as_not_formed() {
         let old: FormationAnswer = serde_json::from_str(r#"{"state":"member","term":3}"#).unwrap();
-        assert_eq!(old, FormationAnswer::Member { term: 3, formed: false, voters: None });
+        assert_eq!(old, FormationAnswer::Member { term: 3, formed: false, voters: None, committed: false });
         let voters = Some(vec![std::collections::BTreeSet::from([1, 2]), std::collections::BTreeSet::from([2])]);
-        let new = serde_json::to_string(&FormationAnswer::Member { term: 3, formed: true, voters }).unwrap();
-        assert_eq!(new, r#"{"state":"member","term":3,"formed":true,"voters":[[1,2],[2]]}"#);
+        let new = FormationAnswer::Member { term: 3, formed: true, voters, committed: true };
+        let json = serde_json::to_string(&new).unwrap();
+        assert_eq!(json, r#"{"state":"member","term":3,"formed":true,"voters":[[1,2],[2]],"committed":true}"#);
+        assert_eq!(serde_json::from_str::<FormationAnswer>(&json).unwrap(), new);
     }
 }

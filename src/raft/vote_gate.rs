@@ -32,20 +32,21 @@
 //! `voters`, probed by [`super::formation::learn_peer_terms`]): a leader elected past `T` needs
 //! a majority of each voter set of that membership, whether it kept it, finished a change the
 //! leader had started, or went on to a change the leader's voters acknowledged (Raft paper §6:
-//! every change passes through a joint configuration that needs both majorities). So for each
-//! voter set `V` it must know the terms of `⌈|V|/2⌉` of its members other than itself (the
-//! leader counts). A leader whose membership at `T` it has not heard is judged by `--peers`
+//! every change passes through a joint configuration that needs both majorities); of a joint
+//! membership whose entry is committed, a majority of the new set
+//! ([`ReportedMembership::binding_sets`]). So for each such voter set `V` it must know the terms
+//! of `⌈|V|/2⌉` of its members other than itself (the leader counts). A leader whose membership at `T` it has not heard is judged by `--peers`
 //! instead: `⌈n/2⌉` of the other peers, none past `T`. Until then it answers the leader `503
 //! not_ready`, as if down. A single voter left (simulation seed 5039) is a leader nobody can
 //! depose without its vote: its own term is enough.
 //!
 //! A closed gate grants one kind of vote ([`VoteGate::may_vote_for`]): for a candidate whose
-//! reported membership makes it part of every majority (each voter set is the candidate alone, or
-//! the candidate and one other). Every entry ever committed then needed the candidate's
-//! acknowledgement, or precedes the committed joint entry that made that membership, so the
-//! candidate holds it: this node's vote cannot elect a leader lacking what its lost disk
-//! acknowledged. Without it, two voters of which one lost its disk elect no leader for good
-//! (simulation seed 5281).
+//! reported membership makes it part of every majority of each binding voter set (the
+//! candidate alone, or the candidate and one other). Every entry ever committed then needed the
+//! candidate's acknowledgement, or precedes the committed joint entry that made that membership
+//! (which the candidate holds), so the candidate holds it: this node's vote cannot elect a
+//! leader lacking what its lost disk acknowledged. Without it, two voters of which one lost its
+//! disk elect no leader for good (simulation seeds 5281 and 6364).
 //!
 //! Must never: open for a node that may hold less than it acknowledged, or let a closed one
 //! follow a leader whose term a peer it heard from is past; decide anything else about Raft (the
@@ -57,9 +58,31 @@ use std::sync::Mutex;
 
 use super::NodeId;
 
-/// A membership as a peer reports it: its voter sets, one for a uniform configuration, two for
-/// a joint one (Raft paper §6; openraft's `Membership::get_joint_config`).
-pub type VoterSets = Vec<BTreeSet<NodeId>>;
+/// A membership as a peer reports it (`GET /raft/formation`): its voter sets, one for a uniform
+/// configuration, two (`[old, new]`, openraft's `Membership::get_joint_config`) for a joint one,
+/// and whether its entry is committed on that peer (applied there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportedMembership {
+    /// The voter sets, each a set of node ids.
+    pub voters: Vec<BTreeSet<NodeId>>,
+    /// Whether the peer had applied (so committed) the membership's log entry.
+    pub committed: bool,
+}
+
+impl ReportedMembership {
+    /// The voter sets of which every leader elected from now on needs a majority (Raft paper
+    /// §6): each set, but of a committed joint configuration only the new one. Once the joint
+    /// entry is committed every later leader holds it, and leaves it only through a majority
+    /// of the new set (finishing the change, or starting the next one from it). A uniform
+    /// configuration's entry follows its committed joint one (openraft changes membership only
+    /// from a committed one), so its one set binds whether its own entry is committed or not.
+    pub fn binding_sets(&self) -> &[BTreeSet<NodeId>] {
+        match self.voters.split_last() {
+            Some((new, _)) if self.committed && self.voters.len() > 1 => std::slice::from_ref(new),
+            _ => &self.voters,
+        }
+    }
+}
 
 /// Why a closed [`VoteGate`] refuses to vote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,7 +112,7 @@ struct Heard {
     /// The highest current term the peer reported.
     term: u64,
     /// The membership it reported with that term, when it said (earlier builds do not).
-    voters: Option<VoterSets>,
+    membership: Option<ReportedMembership>,
 }
 
 /// The gate; shared by the vote handler, the append handler and cluster formation.
@@ -130,14 +153,15 @@ impl VoteGate {
 
     /// Records that `peer` reported `term` as its current term (a formation probe), and with it
     /// the membership it reported (`None`: a build that does not say). Terms only go up (Raft
-    /// paper §5.1): an answer below the highest term heard is ignored.
-    pub fn heard(&self, peer: NodeId, term: u64, voters: Option<VoterSets>) {
+    /// paper §5.1; a peer reports its durable term): an answer below the highest term heard is
+    /// ignored.
+    pub fn heard(&self, peer: NodeId, term: u64, membership: Option<ReportedMembership>) {
         let mut heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
         let h = heard.entry(peer).or_default();
         if term >= h.term {
             // A report at the same term without a membership keeps the one heard.
-            if voters.is_some() || term > h.term {
-                h.voters = voters;
+            if membership.is_some() || term > h.term {
+                h.membership = membership;
             }
             h.term = term;
         }
@@ -153,11 +177,12 @@ impl VoteGate {
         let heard = self.heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut terms: BTreeMap<NodeId, u64> = heard.iter().map(|(id, h)| (*id, h.term)).collect();
         raise_term(&mut terms, leader, term);
-        let leader_voters = heard.get(&leader).filter(|h| h.term == term).and_then(|h| h.voters.clone());
-        if let Some(voters) = leader_voters {
+        let leader_membership = heard.get(&leader).filter(|h| h.term == term).and_then(|h| h.membership.clone());
+        if let Some(membership) = leader_membership {
             // The leader's membership at `term`: nodes above `term` do not count.
             let known: BTreeSet<NodeId> = terms.iter().filter(|(_, t)| **t <= term).map(|(id, _)| *id).collect();
-            if meets_every_majority(&voters, &known) {
+            let voters = membership.binding_sets();
+            if meets_every_majority(voters, &known) {
                 return Ok(());
             }
             return Err(format!(
@@ -190,8 +215,8 @@ impl VoteGate {
     pub fn may_vote_for(&self, candidate: NodeId) -> Result<(), String> {
         let Some(closed) = self.closed() else { return Ok(()) };
         let heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
-        let voters = heard.get(&candidate).and_then(|h| h.voters.as_ref());
-        if voters.is_some_and(|v| meets_every_majority(v, &BTreeSet::from([candidate]))) {
+        let membership = heard.get(&candidate).and_then(|h| h.membership.as_ref());
+        if membership.is_some_and(|m| meets_every_majority(m.binding_sets(), &BTreeSet::from([candidate]))) {
             return Ok(());
         }
         Err(closed.describe().to_string())
@@ -288,6 +313,16 @@ mod tests {
         ids.iter().copied().collect()
     }
 
+    /// A reported membership whose entry is committed on the peer.
+    fn m(voters: &[&[NodeId]]) -> Option<ReportedMembership> {
+        Some(ReportedMembership { voters: voters.iter().map(|v| set(v)).collect(), committed: true })
+    }
+
+    /// A reported membership whose entry is not yet committed on the peer.
+    fn m_uncommitted(voters: &[&[NodeId]]) -> Option<ReportedMembership> {
+        m(voters).map(|r| ReportedMembership { committed: false, ..r })
+    }
+
     #[test]
     fn a_voter_set_is_met_by_half_of_its_members_rounded_up() {
         let one = vec![set(&[2])];
@@ -316,12 +351,12 @@ mod tests {
         let g = VoteGate::new(true, false).for_voters(3);
         g.heard(2, 21, None);
         assert!(g.admits_leader(2, 21).is_err(), "without the membership, --peers asks for two terms");
-        g.heard(2, 21, Some(vec![set(&[2])]));
+        g.heard(2, 21, m(&[&[2]]));
         assert_eq!(g.admits_leader(2, 21), Ok(()));
         // A membership heard at another term says nothing of the leader at this one.
         assert!(g.admits_leader(2, 22).is_err());
         // A silent n3 that comes back above the leader's term is not part of the membership.
-        g.heard(3, 109, Some(vec![set(&[1, 2, 3])]));
+        g.heard(3, 109, m(&[&[1, 2, 3]]));
         assert_eq!(g.admits_leader(2, 21), Ok(()));
     }
 
@@ -331,20 +366,25 @@ mod tests {
     #[test]
     fn a_closed_gate_needs_half_of_each_voter_set_of_the_leader_s_membership() {
         let g = VoteGate::new(false, true).for_voters(3);
-        g.heard(3, 1, Some(vec![set(&[1, 2, 3])]));
+        g.heard(3, 1, m(&[&[1, 2, 3]]));
         assert!(g.admits_leader(3, 1).is_err(), "n2 is unknown: {{1, 2}} could have elected a leader past term 1");
-        g.heard(2, 2, Some(vec![set(&[1, 2, 3])]));
+        g.heard(2, 2, m(&[&[1, 2, 3]]));
         let why = g.admits_leader(3, 1).unwrap_err();
         assert!(why.contains("{3}"), "n2 is past term 1 and does not count: {why}");
-        g.heard(2, 2, Some(vec![set(&[1, 2, 3])]));
-        g.heard(3, 2, Some(vec![set(&[1, 2, 3])]));
+        g.heard(2, 2, m(&[&[1, 2, 3]]));
+        g.heard(3, 2, m(&[&[1, 2, 3]]));
         assert_eq!(g.admits_leader(2, 2), Ok(()));
-        // A joint membership: both halves.
+        // A joint membership not yet committed: a later leader may not hold it and be elected
+        // by the old set, so both halves.
         let j = VoteGate::new(true, false).for_voters(3);
-        j.heard(2, 4, Some(vec![set(&[1, 2, 3]), set(&[2])]));
+        j.heard(2, 4, m_uncommitted(&[&[1, 2, 3], &[2]]));
         assert!(j.admits_leader(2, 4).is_err());
         j.heard(3, 4, None);
         assert_eq!(j.admits_leader(2, 4), Ok(()));
+        // Committed, every later leader holds it and needs a majority of the new set.
+        let c = VoteGate::new(true, false).for_voters(3);
+        c.heard(2, 4, m(&[&[1, 2, 3], &[2]]));
+        assert_eq!(c.admits_leader(2, 4), Ok(()));
     }
 
     /// Seed 5281: voters n1 and n2, n1 wiped. Every election needs both votes, and n1 granted
@@ -356,15 +396,21 @@ mod tests {
         assert!(g.may_vote_for(2).is_err(), "nothing heard of n2");
         g.heard(2, 7, None);
         assert!(g.may_vote_for(2).is_err(), "a report without a membership");
-        g.heard(2, 7, Some(vec![set(&[1, 2])]));
+        g.heard(2, 7, m(&[&[1, 2]]));
         assert_eq!(g.may_vote_for(2), Ok(()));
-        g.heard(3, 7, Some(vec![set(&[1, 2])]));
+        g.heard(3, 7, m(&[&[1, 2]]));
         assert!(g.may_vote_for(3).is_err(), "n3 is not a voter of that membership");
-        g.heard(2, 8, Some(vec![set(&[1, 2, 3])]));
+        g.heard(2, 8, m(&[&[1, 2, 3]]));
         assert!(g.may_vote_for(2).is_err(), "three voters: {{1, 3}} is a majority without n2");
-        g.heard(2, 9, Some(vec![set(&[1, 2]), set(&[1, 2, 3])]));
-        assert!(g.may_vote_for(2).is_err(), "joint: both halves");
-        g.heard(2, 10, Some(vec![set(&[2])]));
+        g.heard(2, 9, m(&[&[1, 2], &[1, 2, 3]]));
+        assert!(g.may_vote_for(2).is_err(), "a committed joint: the new set binds, and {{1, 3}} is a majority of it");
+        // Seed 6364: a committed joint change from three voters to n1 and n3, n1 wiped; every
+        // election needs n1 and n3, and n3 holds every committed entry.
+        g.heard(3, 11, m(&[&[1, 2, 3], &[1, 3]]));
+        assert_eq!(g.may_vote_for(3), Ok(()));
+        g.heard(3, 12, m_uncommitted(&[&[1, 2, 3], &[1, 3]]));
+        assert!(g.may_vote_for(3).is_err(), "uncommitted, a leader of the old set may have committed past it");
+        g.heard(2, 10, m(&[&[2]]));
         assert_eq!(g.may_vote_for(2), Ok(()));
         g.caught_up();
         assert_eq!(g.may_vote_for(3), Ok(()), "an open gate leaves the vote to Raft");

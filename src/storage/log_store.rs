@@ -100,7 +100,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
         let store = self.store.clone();
-        blocking(move || Self::read_meta(&store, "vote")).await.map_err(|e| raft_err(e, false))
+        blocking(move || store.saved_vote()).await.map_err(|e| raft_err(e, false))
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {

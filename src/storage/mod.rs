@@ -434,6 +434,19 @@ impl Store {
         Ok(meta.get("vote")?.is_none() && meta.get("last_purged")?.is_none() && self.log().is_empty())
     }
 
+    /// The vote last saved durably (openraft's `save_vote`, or [`Store::seed_vote`]), `None`
+    /// before the first. Its term is this node's durable current term (Raft paper §5.1, Figure
+    /// 2: `currentTerm` and `votedFor` are persisted before the node answers with them), which
+    /// never goes down, unlike the term in openraft's metrics, which moves before the vote is
+    /// saved and falls back when the save fails (a full disk) and the node restarts.
+    ///
+    /// Errors: redb failures, or a stored vote that does not decode.
+    pub fn saved_vote(&self) -> Result<Option<openraft::Vote<crate::raft::NodeId>>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let meta = txn.open_table(RAFT_META)?;
+        meta.get("vote")?.map(|v| decode(v.value())).transpose()
+    }
+
     /// Durably records `vote` before Raft starts (see `raft::formation::guard_wiped_node`).
     ///
     /// Errors: redb failures.
