@@ -982,10 +982,13 @@ mod tests {
         assert!(log_tail(&d.path().join("missing"), 2).starts_with("(cannot open"));
     }
 
+    /// The port comes from below the range of outgoing connections' ports ([`free_ports`]): a
+    /// port from `bind(0)`, once released at the end, could be taken by another test's outgoing
+    /// connection before `check_port_free` binds it (a fresh-clone CI run failed so).
     #[test]
     fn a_taken_port_is_refused_naming_its_holder() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
+        let port = free_ports(1).unwrap()[0];
+        let l = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
         match check_port_free(port) {
             Err(LaunchError::PortInUse { port: p, holder }) => {
                 assert_eq!(p, port);
