@@ -46,6 +46,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use redb::StorageBackend;
@@ -348,6 +349,11 @@ struct DiskState {
     cut: Option<Cut>,
     /// A mid-write crash struck and the host has not been torn down yet.
     cut_fired: bool,
+    /// The node's data dir on the real file system (its `FORMAT` and snapshot files), which a
+    /// cut rolls back to what it held when the cut struck ([`SimDisk::set_real_dir`]).
+    real_dir: Option<PathBuf>,
+    /// The regular files of [`DiskState::real_dir`] when the last cut struck: (name, bytes).
+    real_at_cut: Option<Vec<(std::ffi::OsString, Vec<u8>)>>,
     /// Write-side operations fail with an I/O error.
     failing: bool,
     /// Write-side operations fail with `ENOSPC` (the disk is full).
@@ -390,7 +396,36 @@ impl DiskState {
         self.ghost = Some((self.epoch, self.files.clone()));
         self.crash(kind, &mut rng);
         self.cut_fired = true;
+        self.real_at_cut = self.real_dir.as_deref().map(read_regular_files);
     }
+}
+
+/// The regular files directly in `dir` (not its subdirectories), by name, with their bytes; a
+/// file that cannot be read is left out (none is expected: the run's own temporary directory).
+fn read_regular_files(dir: &Path) -> Vec<(std::ffi::OsString, Vec<u8>)> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut files: Vec<_> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter_map(|e| std::fs::read(e.path()).ok().map(|bytes| (e.file_name(), bytes)))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Puts the regular files directly in `dir` back to `files`: removes the others, writes these
+/// (creating `dir` if it is gone).
+fn restore_regular_files(dir: &Path, files: &[(std::ffi::OsString, Vec<u8>)]) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for e in std::fs::read_dir(dir)?.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_file()) && !files.iter().any(|(name, _)| *name == e.file_name()) {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    for (name, bytes) in files {
+        std::fs::write(dir.join(name), bytes)?;
+    }
+    Ok(())
 }
 
 /// One node's disk, shared by all its incarnations.
@@ -464,6 +499,7 @@ impl SimDisk {
         s.cut = None;
         s.ghost = None;
         s.cut_fired = false;
+        s.real_at_cut = None;
         s.epoch += 1;
         s.files = Files::default();
     }
@@ -483,14 +519,30 @@ impl SimDisk {
     }
 
     /// Whether an armed cut struck since the last call. The struck incarnation's ghost is
-    /// dropped: its handles fail from now on.
+    /// dropped: its handles fail from now on; and the node's data dir on the real file system
+    /// ([`SimDisk::set_real_dir`]) is put back to what it held when the cut struck, so what the
+    /// ghost wrote there (a snapshot it received or built after the cut) is gone with the rest of
+    /// what it wrote. (Without this, a snapshot the ghost installed survived while the vote it
+    /// saved before installing it did not: a restart found a snapshot of a term past its vote,
+    /// which a real crash cannot leave, since openraft saves the vote first; seed 6935.)
     pub fn take_fired_cut(&self) -> bool {
         let mut s = self.lock();
         if std::mem::take(&mut s.cut_fired) {
             s.ghost = None;
+            if let (Some(dir), Some(files)) = (s.real_dir.clone(), s.real_at_cut.take()) {
+                if let Err(e) = restore_regular_files(&dir, &files) {
+                    panic!("putting {} back as it was at the cut: {e}", dir.display());
+                }
+            }
             return true;
         }
         false
+    }
+
+    /// Names the node's data dir on the real file system (`FORMAT`, the snapshot files: what
+    /// the simulated disk does not hold), which a cut rolls back ([`SimDisk::take_fired_cut`]).
+    pub fn set_real_dir(&self, dir: PathBuf) {
+        self.lock().real_dir = Some(dir);
     }
 
     /// Makes every write-side operation fail with an I/O error (`true`), or work again.
@@ -874,6 +926,33 @@ mod tests {
         assert_eq!(read(&h2, 0, 5), vec![0; 5], "the unsynced first write was lost");
         assert_eq!(read(&h2, PAGE_BYTES as u64, 6), vec![0; 6], "the ghost's synced write never happened");
         assert!(!disk.disarm_cut());
+    }
+
+    /// Seed 6935: what the cut incarnation writes to the node's files on the real file system
+    /// after the cut (a snapshot it installs on its ghost) is gone once the host is torn down,
+    /// as its writes to the simulated disk are; what was there when the cut struck stays.
+    #[test]
+    fn a_cut_rolls_back_the_node_s_files_on_the_real_file_system() {
+        let real = tempfile::tempdir().unwrap();
+        std::fs::write(real.path().join("snapshot.bin"), b"before").unwrap();
+        std::fs::create_dir(real.path().join("sub")).unwrap();
+        let disk = SimDisk::new();
+        disk.set_real_dir(real.path().to_path_buf());
+        let h = disk.handle();
+        h.set_len(PAGE_BYTES as u64).unwrap();
+        disk.arm_cut(1, CrashKind::Kill, SimRng::new(3));
+        h.write(0, b"x").unwrap();
+        // The ghost goes on: a new snapshot replaces the old one, a temporary file appears.
+        std::fs::write(real.path().join("snapshot.bin"), b"after the cut").unwrap();
+        std::fs::write(real.path().join("snapshot.install.tmp"), b"half").unwrap();
+        assert!(disk.take_fired_cut());
+        assert_eq!(std::fs::read(real.path().join("snapshot.bin")).unwrap(), b"before");
+        assert!(!real.path().join("snapshot.install.tmp").exists());
+        assert!(real.path().join("sub").is_dir(), "directories are left alone");
+        // Without a cut, nothing is rolled back.
+        std::fs::write(real.path().join("snapshot.bin"), b"later").unwrap();
+        assert!(!disk.take_fired_cut());
+        assert_eq!(std::fs::read(real.path().join("snapshot.bin")).unwrap(), b"later");
     }
 
     #[test]

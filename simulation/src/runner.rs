@@ -873,6 +873,7 @@ pub fn run_seed(seed: u64, knobs: Knobs) -> RunReport {
     let dirs: Vec<PathBuf> = (1..=NODES).map(|id| data.path().join(format!("n{id}"))).collect();
     for id in 1..=NODES {
         let (disk, dir) = (disks[(id - 1) as usize].clone(), dirs[(id - 1) as usize].clone());
+        disk.set_real_dir(dir.clone());
         sim.host(node_host(id), nodes::node_software(shared.clone(), id, disk, dir));
     }
     for p in &plan.publishers {

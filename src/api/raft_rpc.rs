@@ -188,6 +188,12 @@ pub async fn snapshot(State(s): State<AppState>, req: Request) -> Result<Respons
         return Ok(resp);
     }
     let vote = req.vote;
+    // From the last chunk until the install has finished (openraft answers it then), the log
+    // store leaves the purge through the snapshot to the install (`LogStore::purge`).
+    let _install = match (req.done, req.meta.last_log_id) {
+        (true, Some(last)) => Some(s.store.begin_install(last.index)),
+        _ => None,
+    };
     let answer = s.raft.install_snapshot(req).await;
     if matches!(&answer, Ok(r) if r.vote <= vote) {
         s.contact.heard();

@@ -153,6 +153,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let store = self.store.clone();
         let bytes = encode(&log_id).map_err(|e| raft_err(e, true))?;
         blocking(move || -> Result<(), StoreError> {
+            // openraft 0.9 purges the log a received snapshot covers as soon as it hands the
+            // install to the state machine's worker, before the install has committed
+            // (`FollowingHandler::install_full_snapshot`). A crash in between left a purge point
+            // past the applied log id: the node restarted needing entries its log no longer held,
+            // and its Raft core stopped for good ("try to get log at index 352 but got
+            // Some(505)", simulation seed 5101 once a crash no longer kept the snapshot file the
+            // cut incarnation wrote). The install moves the purge point itself, in its own
+            // transaction, when it commits (`snapshot::install`): while one is under way, a purge
+            // past the applied state is left to it.
+            if store.install_pending_through().is_some_and(|through| through >= log_id.index)
+                && store.last_applied()?.is_none_or(|a| a.index < log_id.index)
+            {
+                tracing::debug!(upto = %log_id, "purge past the applied log id left to the snapshot install under way");
+                return Ok(());
+            }
             // The purge point is durable before any entry is dropped: recovery skips entries
             // at or below it, so a crash in between leaves no gap below the log.
             let current: Option<LogId> = Self::read_meta(&store, "last_purged")?;
@@ -243,6 +258,37 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         let read: Vec<LogId> = store.log().read(0, u64::MAX).unwrap().iter().map(|e| e.log_id).collect();
         assert_eq!(read, vec![id(18, 2, 7)]);
+    }
+
+    /// Simulation seed 5101 (once a cut rolled back the snapshot files the cut incarnation
+    /// wrote): openraft asked to purge the log through a received snapshot's last entry before
+    /// the state machine had installed it, and a crash came in between. The purge point was
+    /// durable at 504 and the state machine at 351: the restarted node needed 352, which was
+    /// gone. While an install is under way, a purge past the applied log id is left to it (the
+    /// install moves the purge point with the state it replaces).
+    #[tokio::test]
+    async fn a_purge_past_the_applied_state_is_left_to_the_snapshot_install_under_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.log().append((1..=8).map(|i| blank(1, 3, i)).collect()).unwrap().sync().unwrap();
+        StateMachine::new(store.clone()).apply((1..=3).map(|i| blank(1, 3, i)).collect::<Vec<_>>()).await.unwrap();
+        let mut log_store = LogStore::new(store.clone());
+        let install = store.begin_install(6);
+        log_store.purge(id(1, 3, 6)).await.unwrap();
+        // A crash now, before the install committed: the node restarts on what it stored.
+        drop((install, log_store, store));
+        let store = Store::open(dir.path()).unwrap();
+        let mut log_store = LogStore::new(store.clone());
+        let told = log_store.get_log_state().await.unwrap();
+        assert_eq!(told.last_purged_log_id, None, "nothing purged past the applied entry 3");
+        let read: Vec<u64> = store.log().read(4, u64::MAX).unwrap().iter().map(|e| e.log_id.index).collect();
+        assert_eq!(read, vec![4, 5, 6, 7, 8], "the entries the state machine needs next are there");
+        // With no install under way, a purge is a purge (openraft's contract, its suite).
+        log_store.purge(id(1, 3, 6)).await.unwrap();
+        assert_eq!(log_store.get_log_state().await.unwrap().last_purged_log_id, Some(id(1, 3, 6)));
+        // A purge of applied entries goes through during an install too.
+        let _install = store.begin_install(8);
+        log_store.purge(id(1, 3, 6)).await.unwrap();
     }
 
     #[test]

@@ -273,6 +273,9 @@ pub struct Store {
     committed_index: AtomicU64,
     snapshot_files: std::sync::Mutex<()>,
     disk_low: Arc<AtomicBool>,
+    /// One more than the last log index of a received snapshot being installed, 0 when none
+    /// is ([`Store::begin_install`]).
+    install_through: AtomicU64,
 }
 
 impl Store {
@@ -346,6 +349,7 @@ impl Store {
             committed_index: AtomicU64::new(0),
             snapshot_files: std::sync::Mutex::new(()),
             disk_low: Arc::default(),
+            install_through: AtomicU64::new(0),
         };
         let applied = store.last_applied()?.map(|l| l.index).unwrap_or(0);
         store.applied_tx.send_replace(applied);
@@ -432,6 +436,20 @@ impl Store {
         let txn = self.db.begin_read()?;
         let meta = txn.open_table(RAFT_META)?;
         Ok(meta.get("vote")?.is_none() && meta.get("last_purged")?.is_none() && self.log().is_empty())
+    }
+
+    /// Marks that a snapshot received from the leader, whose last entry is at log index
+    /// `last_index`, is being installed (from its last chunk until [`InstallGuard`] is
+    /// dropped): the log store leaves a purge past the applied state to it
+    /// (`log_store::LogStore::purge`).
+    pub fn begin_install(self: &Arc<Self>, last_index: u64) -> InstallGuard {
+        self.install_through.store(last_index.saturating_add(1), Ordering::Release);
+        InstallGuard(self.clone())
+    }
+
+    /// The last log index of the received snapshot being installed, if one is.
+    pub(crate) fn install_pending_through(&self) -> Option<u64> {
+        self.install_through.load(Ordering::Acquire).checked_sub(1)
     }
 
     /// The vote last saved durably (openraft's `save_vote`, or [`Store::seed_vote`]), `None`
@@ -700,6 +718,15 @@ pub struct BatchRef<'a> {
 }
 
 pub use io::blocking;
+
+/// A received snapshot's install under way ([`Store::begin_install`]); dropping it ends it.
+pub struct InstallGuard(Arc<Store>);
+
+impl Drop for InstallGuard {
+    fn drop(&mut self) {
+        self.0.install_through.store(0, Ordering::Release);
+    }
+}
 
 /// Creates every table the store uses that `db` lacks, in one durable commit (at every open: a
 /// database of an older build may lack a newer table).
