@@ -176,10 +176,11 @@ fn regression_seed_1055_a_removal_finished_after_the_heal_check() {
 #[test]
 #[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seed_98_a_second_disk_lost_before_the_first_caught_up() {
-    let (ok, out) = run(&["--seed", "98", "--history", "--no-deletes"]);
-    assert!(ok, "seed 98 failed:\n{out}");
-    assert!(out.contains("rotten disks replaced") && out.contains("disks wiped"), "{out}");
-    assert!(out.contains("n1 keeps its disk: n3 is catching up on a lost disk"), "{out}");
+    must_pass_showing(
+        "98",
+        &["--no-deletes"],
+        &["rotten disks replaced", "disks wiped", "n1 keeps its disk: n3 is catching up on a lost disk"],
+    );
 }
 
 /// Lost disks (README, "Round two: lost disks", harness): n1, wiped, restarted while its disk
@@ -190,9 +191,7 @@ fn regression_seed_98_a_second_disk_lost_before_the_first_caught_up() {
 #[test]
 #[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seed_1026_a_wiped_node_starting_on_a_full_disk_is_restarted() {
-    let (ok, out) = run(&["--seed", "1026", "--history", "--no-deletes"]);
-    assert!(ok, "seed 1026 failed:\n{out}");
-    assert!(out.contains("n1 cannot start on a full disk"), "{out}");
+    must_pass_showing("1026", &["--no-deletes"], &["n1 cannot start on a full disk"]);
 }
 
 /// Lost disks (README, "Seeds 51–400 on the merged tree"): a node whose disk was lost restarted
@@ -207,9 +206,7 @@ fn regression_seed_1026_a_wiped_node_starting_on_a_full_disk_is_restarted() {
 #[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seeds_147_279_a_lost_disk_caught_up_by_a_deposed_leader() {
     for seed in ["147", "279"] {
-        let (ok, out) = run(&["--seed", seed, "--history"]);
-        assert!(ok, "seed {seed} failed:\n{out}");
-        assert!(out.contains("rotten disks replaced"), "{out}");
+        must_pass_showing(seed, &[], &["rotten disks replaced"]);
     }
 }
 
@@ -222,9 +219,7 @@ fn regression_seeds_147_279_a_lost_disk_caught_up_by_a_deposed_leader() {
 #[test]
 #[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seed_5039_a_wiped_learner_and_the_only_voter_left() {
-    let (ok, out) = run(&["--seed", "5039", "--history"]);
-    assert!(ok, "seed 5039 failed:\n{out}");
-    assert!(out.contains("disks wiped") && out.contains("membership changes"), "{out}");
+    must_pass_showing("5039", &[], &["disks wiped", "membership changes"]);
 }
 
 /// Lost disks with membership changes, seed 5281: voters n1 and n2 (n3 taken out), n1 wiped
@@ -235,9 +230,7 @@ fn regression_seed_5039_a_wiped_learner_and_the_only_voter_left() {
 #[test]
 #[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seed_5281_a_wiped_voter_caught_up_by_snapshots() {
-    let (ok, out) = run(&["--seed", "5281", "--history"]);
-    assert!(ok, "seed 5281 failed:\n{out}");
-    assert!(out.contains("lost disks caught up") && out.contains("membership changes"), "{out}");
+    must_pass_showing("5281", &[], &["lost disks caught up", "membership changes"]);
 }
 
 /// Lost disks (README, "Round two: findings of the sweep from seed 5001", seed 5101, product): n2, wiped, restarted on an empty data dir and lost power at the fourth
@@ -250,9 +243,7 @@ fn regression_seed_5281_a_wiped_voter_caught_up_by_snapshots() {
 #[test]
 #[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seed_5101_a_crash_while_a_new_store_is_created() {
-    let (ok, out) = run(&["--seed", "5101", "--history"]);
-    assert!(ok, "seed 5101 failed:\n{out}");
-    assert!(out.contains("crash n2 mid-write (PowerLoss { keep_per_mille: 188 }, at disk operation 4)"), "{out}");
+    must_pass_showing("5101", &[], &["crash n2 mid-write (PowerLoss { keep_per_mille: 188 }, at disk operation 4)"]);
 }
 
 /// Lost disks and a full disk (README, "Round two: findings of the sweep from seed 5001", seed
@@ -263,9 +254,7 @@ fn regression_seed_5101_a_crash_while_a_new_store_is_created() {
 #[test]
 #[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seed_6177_a_term_reported_before_it_was_saved() {
-    let (ok, out) = run(&["--seed", "6177", "--history"]);
-    assert!(ok, "seed 6177 failed:\n{out}");
-    assert!(out.contains("disks wiped") && out.contains("full-disk restarts"), "{out}");
+    must_pass_showing("6177", &[], &["disks wiped", "full-disk restarts"]);
 }
 
 /// Lost disks with membership changes (README, "Round two: findings of the sweep from seed
@@ -277,9 +266,7 @@ fn regression_seed_6177_a_term_reported_before_it_was_saved() {
 #[test]
 #[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seed_6364_no_removal_while_a_flipped_bit_is_pending() {
-    let (ok, out) = run(&["--seed", "6364", "--history"]);
-    assert!(ok, "seed 6364 failed:\n{out}");
-    assert!(out.contains("rotten disks replaced") && out.contains("n1: flipped a bit"), "{out}");
+    must_pass_showing("6364", &[], &["rotten disks replaced", "n1: flipped a bit"]);
 }
 
 /// The simulation itself (README, "Round two: findings of the sweep from seed 5001", seed 6935):
@@ -290,9 +277,7 @@ fn regression_seed_6364_no_removal_while_a_flipped_bit_is_pending() {
 #[test]
 #[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seed_6935_a_snapshot_written_after_the_cut() {
-    let (ok, out) = run(&["--seed", "6935", "--history"]);
-    assert!(ok, "seed 6935 failed:\n{out}");
-    assert!(out.contains("crash n1 mid-write (PowerLoss { keep_per_mille: 0 }, at disk operation 24)"), "{out}");
+    must_pass_showing("6935", &[], &["crash n1 mid-write (PowerLoss { keep_per_mille: 0 }, at disk operation 24)"]);
 }
 
 /// Runs swarm seed `seed` (the default plan, membership changes on) as it was found, before
@@ -300,4 +285,15 @@ fn regression_seed_6935_a_snapshot_written_after_the_cut() {
 fn must_pass_swarm(seed: u64) {
     let (ok, out) = run(&["--seed", &seed.to_string(), "--no-deletes", "--no-wipe"]);
     assert!(ok, "seed {seed} failed:\n{out}");
+}
+
+/// Runs `seed` with `--history` and `flags`; asserts it passed and that its summary or fault log
+/// holds each of `shows` (what the seed was pinned for still happens).
+fn must_pass_showing(seed: &str, flags: &[&str], shows: &[&str]) {
+    let args: Vec<&str> = ["--seed", seed, "--history"].iter().chain(flags).copied().collect();
+    let (ok, out) = run(&args);
+    assert!(ok, "seed {seed} failed:\n{out}");
+    for s in shows {
+        assert!(out.contains(s), "seed {seed} no longer shows {s:?}:\n{out}");
+    }
 }
