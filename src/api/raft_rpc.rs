@@ -214,13 +214,15 @@ fn applied_in_term(s: &AppState, term: u64) -> bool {
 
 /// Records durably that a leader of `term` caught this node up, then opens its vote gate
 /// ([`crate::raft::vote_gate`]); a failed write leaves it closed (the next append tries again).
+/// Both happen in the storage call, which runs to its end even when this handler is dropped
+/// while it waits (the leader's RPC timed out on a slow disk): awaited here and then opened,
+/// the record was written and the gate left closed, a node whose disk said it votes and which
+/// refused every vote (simulation seed 8130: the other voter then lost its disk, and no leader
+/// could be elected again).
 async fn open_gate(s: &AppState, term: u64) {
-    let store = s.store.clone();
-    match crate::storage::blocking(move || store.caught_up()).await {
-        Ok(()) => {
-            s.vote_gate.caught_up();
-            tracing::info!(term, "caught up by a leader: voting again");
-        }
+    let (store, gate) = (s.store.clone(), s.vote_gate.clone());
+    match crate::storage::blocking(move || store.caught_up().map(|()| gate.caught_up())).await {
+        Ok(()) => tracing::info!(term, "caught up by a leader: voting again"),
         Err(e) => tracing::warn!(error = %e, "recording that this node caught up"),
     }
 }
