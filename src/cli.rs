@@ -51,7 +51,8 @@ impl Output {
 pub enum Exit {
     /// The command did what it was asked.
     Success = 0,
-    /// A local problem: a file that cannot be read or written, a node that cannot start.
+    /// A local problem: a file that cannot be read or written, a node that cannot start or whose
+    /// Raft core stopped (`serve` exits so for its supervisor to restart it).
     Local = 1,
     /// The command line is wrong (clap's status for its own usage errors).
     Usage = 2,
@@ -74,7 +75,7 @@ impl Exit {
     pub fn summary(self) -> &'static str {
         match self {
             Exit::Success => "success",
-            Exit::Local => "a local problem: a file that cannot be read or written, a node that cannot start",
+            Exit::Local => "a local problem: a file that cannot be read or written, a node that cannot start or whose Raft core stopped",
             Exit::Usage => "usage: an unknown command or flag, or a value that does not parse",
             Exit::Unreachable => "unreachable: no Runnev node answered at the --nodes given",
             Exit::Refused => "refused: the cluster answered with an error (its code and message are printed)",

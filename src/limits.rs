@@ -381,6 +381,13 @@ pub const PROPOSAL_COMMANDS_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0,
 /// cluster's bootstrap admin token must still be proposed, in ms.
 pub const BOOTSTRAP_TOKEN_RETRY_MS: u64 = 500;
 
+/// How long a node whose Raft core stopped for good keeps answering `503 not_ready` (and
+/// failing `/healthz`, with the reason in `/v1/cluster`) before it stops and `runnev serve`
+/// exits with status 1, for its supervisor to restart it on the same data directory: long
+/// enough for clients in flight to be told and moved to another node, short against an
+/// election timeout's worth of unavailability ([`RAFT_ELECTION_TIMEOUT_MAX_MS`]) repeated.
+pub const RAFT_STOPPED_EXIT_AFTER_DEFAULT: Duration = Duration::from_secs(2);
+
 /// Default most connections one node holds open at once (`--max-connections`); past it a new
 /// connection is answered `503 overloaded` and closed.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 4_096;

@@ -872,6 +872,7 @@ async fn run(args: Cli) -> Result<()> {
                 max_queued_proposals,
                 header_read_timeout: header_read_timeout.0,
                 body_read_timeout: body_read_timeout.0,
+                exit_after_raft_stop: runnev::limits::RAFT_STOPPED_EXIT_AFTER_DEFAULT,
             };
             let store =
                 runnev::storage::Store::open(&cfg.data_dir).map_err(|e| cli::store_open_error(&cfg.data_dir, e))?;

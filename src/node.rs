@@ -65,6 +65,11 @@ pub struct NodeConfig {
     /// Deadline for each request body, from the end of its head (`--body-read-timeout`, at
     /// least [`crate::limits::BODY_READ_TIMEOUT_MIN`]); past it `408 request_timeout`.
     pub body_read_timeout: Duration,
+    /// How long a node whose Raft core stopped for good keeps answering (`503`, `/healthz`
+    /// failing, the reason in `/v1/cluster` and its log) before [`run`] returns
+    /// [`NodeError::RaftStopped`] and the process exits for its supervisor to restart it
+    /// ([`crate::limits::RAFT_STOPPED_EXIT_AFTER_DEFAULT`]).
+    pub exit_after_raft_stop: Duration,
     /// The token of `--admin-token-file`: made the cluster's first admin token (grant
     /// `admin:*`) by whichever node first leads a cluster that has none ([`bootstrap_admin`]).
     pub admin_token: Option<crate::auth::Token>,
@@ -88,6 +93,12 @@ pub enum NodeError {
     /// The listener failed.
     #[error("serving: {0}")]
     Serve(#[from] std::io::Error),
+    /// The Raft core stopped for good while the node served (a storage error, a panic, an
+    /// internal error of openraft): the node stopped serving
+    /// [`NodeConfig::exit_after_raft_stop`] later. Its state is on disk; a new process on the
+    /// same data directory starts from it (crash-only: recovery is the restart path).
+    #[error("the raft core stopped ({0}); a restart on the same data dir recovers from what is on disk")]
+    RaftStopped(String),
 }
 
 fn raft_config(cfg: &NodeConfig) -> Result<openraft::Config, NodeError> {
@@ -211,10 +222,28 @@ where
 
     let membership_lock = Arc::new(tokio::sync::Mutex::new(()));
     let (stop_tx, stopping) = tokio::sync::watch::channel(false);
-    let shutdown = async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
+    // Stops on the caller's signal, or once the Raft core has been stopped for
+    // `exit_after_raft_stop`: nothing inside the process can restart the core (openraft 0.9
+    // ends it for good), and a node left so would stay out of service under a supervisor that
+    // restarts only processes that exit (systemd's `Restart=on-failure`, `runnev local`).
+    let raft_stopped = Arc::new(std::sync::OnceLock::<String>::new());
+    let shutdown = {
+        let (raft, raft_stopped, grace) = (raft.clone(), raft_stopped.clone(), cfg.exit_after_raft_stop);
+        async move {
+            tokio::select! {
+                () = shutdown => {}
+                why = api::raft_stops(&raft) => {
+                    tokio::time::sleep(grace).await;
+                    tracing::error!(reason = %why, "stopping the node: its raft core stopped {} ms ago", grace.as_millis());
+                    let _ = raft_stopped.set(why);
+                }
+            }
+            let _ = stop_tx.send(true);
+        }
     };
+    // When this node started, by its own clock: a supervisor's restarts show as changes
+    // (the `RunnevNodeRestarting` alert: a core that stops exits, and comes back).
+    metrics::gauge!("runnev_start_time_seconds").set(clock() as f64 / 1000.0);
     let cluster_clock = crate::clock::ClusterClock::new(clock, cfg.max_clock_offset_ms);
     let state = AppState {
         node_id: cfg.id,
@@ -258,28 +287,35 @@ where
     let app = api::router(state);
     let listener = crate::tls::PeerListener::new(listener, cfg.max_connections);
     crate::serve::serve(listener, app, cfg.header_read_timeout, shutdown).await;
-    watch.abort();
-    if let Some(w) = disk_watch {
-        w.abort();
+    // Each task ends here, not at some later poll: a supervisor in the same process (the
+    // simulation's) opens the data dir again once `run` has returned.
+    let tasks = [
+        Some(watch),
+        disk_watch,
+        bootstrap,
+        Some(formation),
+        Some(peer_terms),
+        Some(clocks),
+        Some(ticker),
+        Some(joint),
+    ];
+    for task in tasks.into_iter().flatten() {
+        task.abort();
+        let _ = task.await;
     }
-    if let Some(b) = bootstrap {
-        b.abort();
-    }
-    formation.abort();
-    peer_terms.abort();
-    clocks.abort();
-    ticker.abort();
-    joint.abort();
     if let Err(e) = raft.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown");
     }
     tracing::info!(id = cfg.id, "node stopped");
-    Ok(())
+    match raft_stopped.get() {
+        Some(why) => Err(NodeError::RaftStopped(why.clone())),
+        None => Ok(()),
+    }
 }
 
 /// Logs once, as an error, that the Raft core stopped for good while the node serves: from
-/// then on the node answers client requests `503` and `/healthz` fails, until the process is
-/// restarted (see `api`). Until then it keeps the term of the JSON log lines current
+/// then on the node answers client requests `503` and `/healthz` fails, until [`run`] stops
+/// the node ([`NodeConfig::exit_after_raft_stop`]; see `api`). Until then it keeps the term of the JSON log lines current
 /// ([`crate::logging::set_term`]).
 async fn report_raft_stop(raft: Raft) {
     let why = tokio::select! {
@@ -287,7 +323,7 @@ async fn report_raft_stop(raft: Raft) {
         why = api::raft_stops(&raft) => why,
         never = follow_term(&raft) => match never {},
     };
-    tracing::error!(reason = %why, "the raft core has stopped: this node serves no reads or writes and /healthz answers 503 until the process is restarted");
+    tracing::error!(reason = %why, "the raft core has stopped: this node serves no reads or writes and /healthz answers 503 until it stops, for its supervisor to restart it");
 }
 
 /// Sets the term of the JSON log lines ([`crate::logging::set_term`]) at every change of this
@@ -501,24 +537,27 @@ mod tests {
         }
     }
 
-    /// A node whose Raft core stops on a storage error (its log's disk fails under an append)
-    /// says so and holds nobody: `/healthz` and `/readyz` answer 503, writes and reads answer
-    /// `503 not_ready` naming the stop (a write on a stopped leader once answered `500`, a read
-    /// with `min_index` waited its 10 s, a long poll its `wait_ms`, a subscription forever), an
-    /// open subscription ends, and `/v1/cluster` reports why and no leader. Found with
-    /// simulation seed 200860 (a follower whose core quit answered reads only after the
-    /// client's deadline and looked ready).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_node_whose_raft_core_stopped_says_so_and_holds_no_request() {
-        let dir = tempfile::tempdir().unwrap();
-        let broken = Arc::new(AtomicBool::new(false));
-        let segments = Breakable { inner: FsSegments::new(dir.path().join("log")).unwrap(), broken: broken.clone() };
-        let store = Store::open_with(dir.path(), &FsDatabaseDir::new(dir.path()), Arc::new(segments)).unwrap();
+    /// A one-node cluster serving on loopback, ready.
+    struct OneNode {
+        /// The node's store, dropped once nothing of the node holds it.
+        store: std::sync::Weak<Store>,
+        addr: String,
+        stop: tokio::sync::oneshot::Sender<()>,
+        node: tokio::task::JoinHandle<Result<(), NodeError>>,
+        http: net::HttpClient,
+    }
+
+    /// Starts a one-node cluster (it forms by itself) in `dir`, on segments that fail once
+    /// `broken` is set, and waits for it to be ready.
+    async fn one_node(dir: &std::path::Path, broken: &Arc<AtomicBool>, exit_after_raft_stop: Duration) -> OneNode {
+        let segments = Breakable { inner: FsSegments::new(dir.join("log")).unwrap(), broken: broken.clone() };
+        let store = Store::open_with(dir, &FsDatabaseDir::new(dir), Arc::new(segments)).unwrap();
+        let weak = Arc::downgrade(&store);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let cfg = NodeConfig {
             id: 1,
-            data_dir: dir.path().to_path_buf(),
+            data_dir: dir.to_path_buf(),
             peers: BTreeMap::from([(1, addr.clone())]),
             max_batch_bytes: 1 << 20,
             max_append_bytes: crate::limits::APPEND_BYTES_DEFAULT,
@@ -534,20 +573,36 @@ mod tests {
             max_queued_proposals: crate::limits::PROPOSALS_QUEUED_MAX_DEFAULT,
             header_read_timeout: crate::limits::HEADER_READ_TIMEOUT_DEFAULT,
             body_read_timeout: crate::limits::BODY_READ_TIMEOUT_DEFAULT,
+            exit_after_raft_stop,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let node = tokio::spawn(run(cfg, store, listener, Environment::production(None), async {
             let _ = stopped.await;
         }));
         let http = net::http_client(Arc::new(net::TcpDialer));
-        let url = |path: &str| format!("http://{addr}{path}");
-
-        // A one-node cluster forms by itself; a publish commits.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while call(&http, "GET", &url("/readyz"), "").await.0 != 200 {
+        while call(&http, "GET", &format!("http://{addr}/readyz"), "").await.0 != 200 {
             assert!(tokio::time::Instant::now() < deadline, "the node never became ready");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        OneNode { store: weak, addr, stop, node, http }
+    }
+
+    /// A node whose Raft core stops on a storage error (its log's disk fails under an append)
+    /// says so and holds nobody: `/healthz` and `/readyz` answer 503, writes and reads answer
+    /// `503 not_ready` naming the stop (a write on a stopped leader once answered `500`, a read
+    /// with `min_index` waited its 10 s, a long poll its `wait_ms`, a subscription forever), an
+    /// open subscription ends, and `/v1/cluster` reports why and no leader. Found with
+    /// simulation seed 200860 (a follower whose core quit answered reads only after the
+    /// client's deadline and looked ready).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_whose_raft_core_stopped_says_so_and_holds_no_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let broken = Arc::new(AtomicBool::new(false));
+        let OneNode { addr, stop, node, http, .. } = one_node(dir.path(), &broken, Duration::from_secs(60)).await;
+        let url = |path: &str| format!("http://{addr}{path}");
+
+        // A one-node cluster forms by itself; a publish commits.
         let (status, body) = call(&http, "POST", &url("/v1/streams/s/batches"), "one").await;
         assert_eq!(status, 201, "{body}");
         let (status, _) = call(&http, "GET", &url("/healthz"), "").await;
@@ -588,6 +643,50 @@ mod tests {
         assert!(view["raft_stopped"].as_str().is_some_and(|why| why.contains("the disk failed")), "{view}");
         assert!(view["leader_id"].is_null(), "{view}");
 
+        let _ = stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(10), node).await;
+    }
+
+    /// A node whose Raft core stopped stops serving `exit_after_raft_stop` later and [`run`]
+    /// returns [`NodeError::RaftStopped`], so `runnev serve` exits for its supervisor to
+    /// restart it; the restart on the same data dir serves what was committed. Found with
+    /// simulation seed 8710: openraft 0.9 stopped a leader's core on an internal race (a
+    /// snapshot sent to a replication stream that had just ended on a higher vote), and the
+    /// node answered `503` for good after every fault had healed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_whose_raft_core_stopped_exits_and_a_restart_serves_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let broken = Arc::new(AtomicBool::new(false));
+        let OneNode { store, addr, stop: _stop, node, http } =
+            one_node(dir.path(), &broken, Duration::from_millis(300)).await;
+        let (status, body) = call(&http, "POST", &format!("http://{addr}/v1/streams/s/batches"), "one").await;
+        assert_eq!(status, 201, "{body}");
+        broken.store(true, Ordering::SeqCst);
+        let (status, body) = call(&http, "POST", &format!("http://{addr}/v1/streams/s/batches"), "two").await;
+        assert_eq!(status, 503, "{body}");
+        let ended = tokio::time::timeout(Duration::from_secs(20), node).await;
+        match ended {
+            Ok(Ok(Err(NodeError::RaftStopped(why)))) => assert!(why.contains("the disk failed"), "{why}"),
+            Ok(other) => panic!("the node ended otherwise: {other:?}"),
+            Err(_) => panic!("the node still runs 20 s after its raft core stopped"),
+        }
+
+        // Nothing of the stopped node holds its store once `run` has returned...
+        drop(http);
+        let released = tokio::time::Instant::now() + Duration::from_secs(10);
+        while store.strong_count() > 0 {
+            assert!(
+                tokio::time::Instant::now() < released,
+                "the stopped node's store is still held 10 s after run returned"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // ...so a supervisor can start it again on the same data dir (the disk repaired).
+        broken.store(false, Ordering::SeqCst);
+        let OneNode { addr, stop, node, http, .. } = one_node(dir.path(), &broken, Duration::from_millis(300)).await;
+        let (status, body) = call(&http, "GET", &format!("http://{addr}/v1/streams/s/batches?after=0"), "").await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("\"seq\":1"), "the committed batch is served after the restart: {body}");
         let _ = stop.send(());
         let _ = tokio::time::timeout(Duration::from_secs(10), node).await;
     }

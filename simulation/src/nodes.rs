@@ -54,8 +54,13 @@ pub fn node_config(shared: &Shared, id: NodeId, data_dir: PathBuf) -> NodeConfig
         max_queued_proposals: runnev::limits::PROPOSALS_QUEUED_MAX_DEFAULT,
         header_read_timeout: runnev::limits::HEADER_READ_TIMEOUT_DEFAULT,
         body_read_timeout: runnev::limits::BODY_READ_TIMEOUT_DEFAULT,
+        exit_after_raft_stop: runnev::limits::RAFT_STOPPED_EXIT_AFTER_DEFAULT,
     }
 }
+
+/// How long the simulated supervisor waits before it starts a node whose process exited, in
+/// ms: `RestartSec=2s` of deploy/runnev.service.
+const SUPERVISOR_RESTART_MS: u64 = 2_000;
 
 /// The host software of node `id`: each call starts one incarnation on the same disk and
 /// data directory.
@@ -105,12 +110,34 @@ pub fn node_software(
                 };
                 // openraft's election timeouts: drawn from the seed, per node and incarnation.
                 let election_seed = SimRng::derive(shared.plan.seed, "election", id << 32 | incarnation).next_u64();
+                let old_store = Arc::downgrade(&store);
                 let node = runnev::node::run(cfg, store, listener, env, std::future::pending());
                 match runnev::raft::runtime::with_seed(election_seed, node).await {
                     Err(runnev::node::NodeError::Storage(e)) if e.is_storage_full() => {
                         let line = format!("{:>7} ms n{id} cannot start on a full disk ({e}); retrying", now_ms());
                         shared.record(|h| h.fault_log.push(line));
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    }
+                    Err(runnev::node::NodeError::RaftStopped(why)) => {
+                        // The process exits; its supervisor starts it again after
+                        // `RestartSec=` (deploy/runnev.service). An exit keeps what the OS
+                        // holds for the disk, so the same incarnation goes on (no cut).
+                        let line = format!(
+                            "{:>7} ms n{id} exits, its raft core stopped ({why}); restarted in {SUPERVISOR_RESTART_MS} ms",
+                            now_ms()
+                        );
+                        shared.record(|h| h.fault_log.push(line));
+                        tokio::time::sleep(std::time::Duration::from_millis(SUPERVISOR_RESTART_MS)).await;
+                        // The exited process held nothing: no task of it may still reach its
+                        // store when the next one opens the same disk.
+                        if old_store.upgrade().is_some() {
+                            let why = format!(
+                                "n{id} incarnation {incarnation} at {} ms: the node's store outlived it",
+                                now_ms()
+                            );
+                            shared.record(|h| h.node_errors.push(why));
+                            return Ok(());
+                        }
                     }
                     Err(e) => {
                         let why = format!("n{id} incarnation {incarnation} at {} ms: node stopped: {e}", now_ms());

@@ -105,10 +105,10 @@ pub(super) async fn view(State(s): State<AppState>) -> Response {
 }
 
 /// `GET /healthz`: `200 ok` while the process can do its work, `503` once its Raft core has
-/// stopped for good (a storage failure or a panic stops it and nothing in the process restarts
-/// it: only a restart of the process does, so a supervisor's liveness probe should see it).
-/// SPEC §3 says "process is up"; this is stricter on purpose: a process up without Raft
-/// serves nothing.
+/// stopped for good (a storage failure, a panic or an internal error of openraft stops it and
+/// nothing in the process restarts it: the process exits 2 s later for its supervisor to
+/// restart it, and a liveness probe that looks first sees this). SPEC §3 says "process is
+/// up"; this is stricter on purpose: a process up without Raft serves nothing.
 #[utoipa::path(
     get,
     path = "/healthz",
@@ -117,7 +117,7 @@ pub(super) async fn view(State(s): State<AppState>) -> Response {
     tag = "node",
     responses(
         (status = 200, description = "`ok`: the process serves HTTP and its Raft core runs", content_type = "text/plain", body = String),
-        (status = 503, description = "`raft stopped: …`: restart the process", content_type = "text/plain", body = String),
+        (status = 503, description = "`raft stopped: …`: the process exits 2 s later for its supervisor to restart it", content_type = "text/plain", body = String),
     )
 )]
 pub(super) async fn health(State(s): State<AppState>) -> Response {

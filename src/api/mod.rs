@@ -8,11 +8,13 @@
 //! the HTTP request to it if that is another node) → `Raft::client_write` replicates the entry to
 //! a majority, each fsyncing it → the state machine applies it → the outcome is answered.
 //!
-//! A node whose Raft core has stopped for good ([`raft_stopped`]: a storage failure, a panic)
-//! can neither commit nor apply again until its process restarts. It then answers every client
-//! request on streams and members at once with `503 not_ready` (so clients go to another node),
-//! ends its subscriptions and waits, and fails `/healthz` and `/readyz` (so a supervisor
-//! restarts it); `/v1/cluster` and `/metrics` still describe it.
+//! A node whose Raft core has stopped for good ([`raft_stopped`]: a storage failure, a panic,
+//! an internal error of openraft) can neither commit nor apply again until its process
+//! restarts. It then answers every client request on streams and members at once with `503
+//! not_ready` (so clients go to another node), ends its subscriptions and waits, and fails
+//! `/healthz` and `/readyz`; `/v1/cluster` and `/metrics` still describe it. 2 s later
+//! (`crate::limits::RAFT_STOPPED_EXIT_AFTER_DEFAULT`) the node stops and the process exits
+//! for its supervisor to restart it (`crate::node::run`).
 
 pub mod auth;
 mod backup;
