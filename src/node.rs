@@ -315,8 +315,8 @@ where
 
 /// Logs once, as an error, that the Raft core stopped for good while the node serves: from
 /// then on the node answers client requests `503` and `/healthz` fails, until [`run`] stops
-/// the node ([`NodeConfig::exit_after_raft_stop`]; see `api`). Until then it keeps the term of the JSON log lines current
-/// ([`crate::logging::set_term`]).
+/// the node ([`NodeConfig::exit_after_raft_stop`]; see `api`). Until then it keeps the term of
+/// the JSON log lines current ([`crate::logging::set_term`]).
 async fn report_raft_stop(raft: Raft) {
     let why = tokio::select! {
         biased;
