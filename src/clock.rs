@@ -284,8 +284,15 @@ async fn probe(http: &HttpClient, addr: &str) -> Option<Sample> {
 }
 
 /// Every [`CLOCK_PROBE_MS`]: measures every other member's clock, assesses this node's, reports
-/// it (log, metrics) and takes the [`should_step_down`] decision. Runs until aborted.
-pub async fn run(clock: Arc<ClusterClock>, raft: Raft, http: HttpClient, id: NodeId) {
+/// it (log, metrics) and takes the [`should_step_down`] decision, which `candidacy` turns into
+/// openraft's switches ([`crate::raft::candidacy`]). Runs until aborted.
+pub async fn run(
+    clock: Arc<ClusterClock>,
+    raft: Raft,
+    candidacy: Arc<crate::raft::candidacy::Candidacy>,
+    http: HttpClient,
+    id: NodeId,
+) {
     let mut every = tokio::time::interval(Duration::from_millis(CLOCK_PROBE_MS));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut warned: Option<Instant> = None;
@@ -338,20 +345,11 @@ pub async fn run(clock: Arc<ClusterClock>, raft: Raft, http: HttpClient, id: Nod
         }
         if let Some(down) = step_down {
             if down != refusing {
-                lead_or_not(&raft, !down);
+                candidacy.clock_allows(!down);
                 refusing = down;
             }
         }
     }
-}
-
-/// Lets this node lead, or not: with `false` it stops standing for election and stops the
-/// heartbeats it sends as leader, so the followers' leases expire and they elect another leader
-/// (openraft 0.9 has no leadership transfer; these runtime switches are how it steps down). With
-/// `true` both come back.
-fn lead_or_not(raft: &Raft, may_lead: bool) {
-    raft.runtime_config().elect(may_lead);
-    raft.runtime_config().heartbeat(may_lead);
 }
 
 #[cfg(test)]

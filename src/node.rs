@@ -16,6 +16,7 @@ use openraft::SnapshotPolicy;
 use crate::api::{self, AppState, Clock};
 use crate::limits::*;
 use crate::net::{self, Dialer};
+use crate::raft::candidacy::Candidacy;
 use crate::raft::network::{Network, PeerDisks, RpcFaults};
 use crate::raft::{formation, Command, NodeId, Raft};
 use crate::storage::log_store::LogStore;
@@ -200,11 +201,15 @@ where
 {
     let Environment { dialer, clock, prometheus, rpc_faults, disk_guard } = env;
     let http = net::http_client(dialer);
-    let config = Arc::new(raft_config(&cfg)?);
+    let mut config = raft_config(&cfg)?;
     formation::guard_wiped_node(&store, cfg.id, &cfg.peers, &http).await?;
     // An empty data dir listed in --peers may be a wiped one: no vote until formation or a
-    // leader says otherwise (raft::vote_gate), recorded so that a restart keeps it.
+    // leader says otherwise (raft::vote_gate), recorded so that a restart keeps it; nor its own
+    // vote as a candidate (raft::candidacy), from the first election timeout on.
     let vote_gate = Arc::new(formation::gate_at_start(&store, cfg.id, &cfg.peers)?);
+    let gate_open = vote_gate.closed().is_none();
+    config.enable_elect = Candidacy::stands_at_start(gate_open);
+    let config = Arc::new(config);
     let restore = store.clone();
     crate::storage::blocking(move || crate::storage::snapshot::restore_state_machine(&restore)).await?;
     let sm = StateMachine::new(store.clone());
@@ -220,6 +225,7 @@ where
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
 
+    let candidacy = Candidacy::new(raft.clone(), gate_open);
     let membership_lock = Arc::new(tokio::sync::Mutex::new(()));
     let (stop_tx, stopping) = tokio::sync::watch::channel(false);
     // Stops on the caller's signal, or once the Raft core has been stopped for
@@ -273,9 +279,10 @@ where
         http.clone(),
         store.clone(),
     ));
+    let stand = tokio::spawn(crate::raft::candidacy::follow_gate(candidacy.clone(), vote_gate.clone()));
     let formation =
         tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http.clone(), store.clone(), vote_gate));
-    let clocks = tokio::spawn(crate::clock::run(cluster_clock.clone(), raft.clone(), http, cfg.id));
+    let clocks = tokio::spawn(crate::clock::run(cluster_clock.clone(), raft.clone(), candidacy, http, cfg.id));
     let ticker = tokio::spawn(retention_ticks(raft.clone(), store.clone(), cfg.id, cluster_clock));
     let joint = tokio::spawn(finish_joint_changes(raft.clone(), cfg.id, membership_lock));
     let watch = tokio::spawn(report_raft_stop(raft.clone()));
@@ -294,6 +301,7 @@ where
         disk_watch,
         bootstrap,
         Some(formation),
+        Some(stand),
         Some(peer_terms),
         Some(clocks),
         Some(ticker),
@@ -550,6 +558,21 @@ mod tests {
     /// Starts a one-node cluster (it forms by itself) in `dir`, on segments that fail once
     /// `broken` is set, and waits for it to be ready.
     async fn one_node(dir: &std::path::Path, broken: &Arc<AtomicBool>, exit_after_raft_stop: Duration) -> OneNode {
+        let node = start_one_node(dir, broken, exit_after_raft_stop).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while call(&node.http, "GET", &format!("http://{}/readyz", node.addr), "").await.0 != 200 {
+            assert!(tokio::time::Instant::now() < deadline, "the node never became ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        node
+    }
+
+    /// Starts [`one_node`]'s node without waiting for it.
+    async fn start_one_node(
+        dir: &std::path::Path,
+        broken: &Arc<AtomicBool>,
+        exit_after_raft_stop: Duration,
+    ) -> OneNode {
         let segments = Breakable { inner: FsSegments::new(dir.join("log")).unwrap(), broken: broken.clone() };
         let store = Store::open_with(dir, &FsDatabaseDir::new(dir), Arc::new(segments)).unwrap();
         let weak = Arc::downgrade(&store);
@@ -580,12 +603,65 @@ mod tests {
             let _ = stopped.await;
         }));
         let http = net::http_client(Arc::new(net::TcpDialer));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while call(&http, "GET", &format!("http://{addr}/readyz"), "").await.0 != 200 {
-            assert!(tokio::time::Instant::now() < deadline, "the node never became ready");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
         OneNode { store: weak, addr, stop, node, http }
+    }
+
+    /// Stops `node` and waits until nothing of it holds its store.
+    async fn stop_one_node(node: OneNode) {
+        let OneNode { store, stop, node, http, .. } = node;
+        let _ = stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(10), node).await.expect("the node stops");
+        drop(http);
+        let released = tokio::time::Instant::now() + Duration::from_secs(10);
+        while store.strong_count() > 0 {
+            assert!(tokio::time::Instant::now() < released, "the stopped node still holds its store");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The term of the vote `node` stored.
+    fn stored_term(node: &OneNode) -> u64 {
+        let store = node.store.upgrade().expect("the running node holds its store");
+        store.saved_vote().unwrap().expect("a stored vote").leader_id().term
+    }
+
+    /// A node whose vote gate is closed does not stand for election: its vote for itself is a
+    /// vote, and it may have acknowledged entries its log no longer holds (simulation seed
+    /// 16436: a wiped node, its gate closed, was elected with its own vote and that of a node
+    /// further behind, without entries committed on its lost disk). Here a one-node cluster is
+    /// restarted on its data dir with its vote held as a wiped node's is: marked as catching
+    /// up, its stored term stays where it was through ten election timeouts; unmarked (the
+    /// control), it elects itself and its term goes up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_whose_vote_gate_is_closed_does_not_stand_for_election() {
+        let wait = Duration::from_millis(10 * RAFT_ELECTION_TIMEOUT_MAX_MS);
+        for wiped in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let broken = Arc::new(AtomicBool::new(false));
+            let formed = one_node(dir.path(), &broken, RAFT_STOPPED_EXIT_AFTER_DEFAULT).await;
+            let term = stored_term(&formed);
+            stop_one_node(formed).await;
+            // Both restart on a vote not yet committed, as a wiped node's held vote is: a node
+            // restarting on a committed vote of its own, the only voter, leads again at once,
+            // without an election.
+            let store = Store::open(dir.path()).unwrap();
+            let held = openraft::Vote::new(term, 1);
+            if wiped {
+                store.seed_wiped_vote(&held).unwrap();
+            } else {
+                store.seed_vote(&held).unwrap();
+            }
+            drop(store);
+            let restarted = start_one_node(dir.path(), &broken, RAFT_STOPPED_EXIT_AFTER_DEFAULT).await;
+            tokio::time::sleep(wait).await;
+            let after = stored_term(&restarted);
+            stop_one_node(restarted).await;
+            if wiped {
+                assert_eq!(after, term, "a node with a closed vote gate stood for election");
+            } else {
+                assert!(after > term, "the control: an open gate stands and elects itself ({term} -> {after})");
+            }
+        }
     }
 
     /// A node whose Raft core stops on a storage error (its log's disk fails under an append)

@@ -4,6 +4,7 @@
 //! Owns: what is replicated and how it reaches the other nodes. Must never: decide stream rules
 //! (that is [`crate::stream`]) or touch disk (that is [`crate::storage`]).
 
+pub mod candidacy;
 pub mod formation;
 pub mod network;
 pub mod runtime;

@@ -7,8 +7,9 @@
 //! could then elect a node that lacks them. On its own it cannot tell a wiped disk from a
 //! first start.
 //!
-//! Owns: the in-memory gate that `POST /raft/vote` checks, and the rules that open it. The gate is
-//! closed for
+//! Owns: the in-memory gate that `POST /raft/vote` checks, and the rules that open it; while it is
+//! closed the node does not stand for election either ([`super::candidacy`]: a candidate's vote
+//! for itself is a vote). The gate is closed for
 //! - a node known to have lost its disk ([`crate::storage::Store::catching_up`], recorded by
 //!   [`super::formation::guard_wiped_node`]), until a leader caught it up;
 //! - a pristine node listed in `--peers` (empty data dir) until it learns it is fresh: it saw a
@@ -115,11 +116,14 @@ struct Heard {
     membership: Option<ReportedMembership>,
 }
 
-/// The gate; shared by the vote handler, the append handler and cluster formation.
-#[derive(Debug, Default)]
+/// The gate; shared by the vote handler, the append handler, cluster formation and the node's
+/// candidacy ([`super::candidacy`]: a closed gate also keeps the node from standing for election).
+#[derive(Debug)]
 pub struct VoteGate {
     wiped: AtomicBool,
     unsure: AtomicBool,
+    /// `true` once the gate is open; watched by [`super::candidacy::follow_gate`].
+    open: tokio::sync::watch::Sender<bool>,
     /// How many of the other voters' current terms a closed gate must know before it follows a
     /// leader whose membership it has not heard: `⌈n/2⌉` of the `n` voters of `--peers`
     /// ([`VoteGate::for_voters`]).
@@ -135,11 +139,30 @@ pub fn meets_every_majority(voters: &[BTreeSet<NodeId>], known: &BTreeSet<NodeId
     !voters.is_empty() && voters.iter().all(|v| v.intersection(known).count() >= v.len().div_ceil(2))
 }
 
+/// An open gate (a node with state), in a cluster of one voter.
+impl Default for VoteGate {
+    fn default() -> Self {
+        Self::new(false, false)
+    }
+}
+
 impl VoteGate {
     /// A gate closed for the given reasons (both `false`: open), in a cluster of one voter
     /// until [`VoteGate::for_voters`] says otherwise.
     pub fn new(wiped: bool, unsure: bool) -> Self {
-        Self { wiped: AtomicBool::new(wiped), unsure: AtomicBool::new(unsure), ..Self::default() }
+        Self {
+            wiped: AtomicBool::new(wiped),
+            unsure: AtomicBool::new(unsure),
+            open: tokio::sync::watch::Sender::new(!wiped && !unsure),
+            terms_needed: 0,
+            heard: Mutex::default(),
+        }
+    }
+
+    /// Follows the gate: the value is `true` once it is open (it never closes again while the
+    /// node runs; only [`VoteGate::new`] closes it, at start).
+    pub fn watch_open(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.open.subscribe()
     }
 
     /// The same gate in a cluster of `voters` voters in `--peers` (this node included): closed,
@@ -238,6 +261,7 @@ impl VoteGate {
     /// peers, or a peer it had answered as fresh formed the cluster. Leaves a wiped node closed.
     pub fn known_fresh(&self) {
         self.unsure.store(false, Ordering::Release);
+        self.open.send_replace(self.closed().is_none());
     }
 
     /// A leader caught this node up past an entry it committed in its own term: every committed
@@ -245,6 +269,7 @@ impl VoteGate {
     pub fn caught_up(&self) {
         self.wiped.store(false, Ordering::Release);
         self.unsure.store(false, Ordering::Release);
+        self.open.send_replace(true);
     }
 }
 
@@ -269,10 +294,23 @@ mod tests {
     #[test]
     fn a_wiped_node_stays_closed_when_formation_says_fresh_and_opens_when_caught_up() {
         let g = VoteGate::new(true, true);
+        let open = g.watch_open();
         g.known_fresh();
         assert_eq!(g.closed(), Some(Closed::Wiped));
+        assert!(!*open.borrow(), "the watch stays closed with the gate");
         g.caught_up();
         assert_eq!(g.closed(), None);
+        assert!(*open.borrow(), "the watch opens with the gate");
+    }
+
+    #[test]
+    fn the_open_watch_starts_as_the_gate_and_follows_formation() {
+        assert!(*VoteGate::new(false, false).watch_open().borrow());
+        let g = VoteGate::new(false, true);
+        let open = g.watch_open();
+        assert!(!*open.borrow());
+        g.known_fresh();
+        assert!(*open.borrow());
     }
 
     /// Seeds 147 and 279: a node that lost its disk (its vote gate closed) was caught up by a
