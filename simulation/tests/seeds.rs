@@ -186,15 +186,16 @@ fn regression_seed_98_a_second_disk_lost_before_the_first_caught_up() {
 /// Seed 8710 (README, "Seed 8710"): openraft 0.9 stopped leader n1's Raft core on an internal
 /// race (a snapshot request sent to a replication stream that had just ended on a higher
 /// vote), and n1 answered `503` for good after every fault had healed, its peers one vote
-/// short of it. A node whose core stopped now exits for its supervisor to restart it.
+/// short of it. A node whose core stopped now exits for its supervisor to restart it. Since
+/// seed 16436's fix (a node with a closed vote gate does not stand for election: one more task
+/// per node, so another schedule) the race no longer arises in this seed; it still makes
+/// membership changes under slow fsyncs and clock jumps, and must pass. The unit test
+/// `node::tests::a_node_whose_raft_core_stopped_exits_and_a_restart_serves_again` guards the
+/// exit.
 #[test]
 #[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seed_8710_a_node_whose_raft_core_stopped_is_restarted() {
-    must_pass_showing(
-        "8710",
-        &[],
-        &["n1 exits, its raft core stopped (when Read Snapshot(None): replication channel closed)"],
-    );
+    must_pass_showing("8710", &[], &["membership changes 2", "slow fsyncs", "clock jumps 3"]);
 }
 
 /// Seed 16436 (README, "Seed 16436"): n2 lost its disk, was caught up by leader n1 (term 13)
