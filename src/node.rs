@@ -612,9 +612,17 @@ mod tests {
         let _ = stop.send(());
         let _ = tokio::time::timeout(Duration::from_secs(10), node).await.expect("the node stops");
         drop(http);
+        wait_released(&store).await;
+    }
+
+    /// Waits until nothing of a node that has stopped holds its store (at most 10 s).
+    async fn wait_released(store: &std::sync::Weak<Store>) {
         let released = tokio::time::Instant::now() + Duration::from_secs(10);
         while store.strong_count() > 0 {
-            assert!(tokio::time::Instant::now() < released, "the stopped node still holds its store");
+            assert!(
+                tokio::time::Instant::now() < released,
+                "the stopped node's store is still held 10 s after run returned"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -749,14 +757,7 @@ mod tests {
 
         // Nothing of the stopped node holds its store once `run` has returned...
         drop(http);
-        let released = tokio::time::Instant::now() + Duration::from_secs(10);
-        while store.strong_count() > 0 {
-            assert!(
-                tokio::time::Instant::now() < released,
-                "the stopped node's store is still held 10 s after run returned"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_released(&store).await;
         // ...so a supervisor can start it again on the same data dir (the disk repaired).
         broken.store(false, Ordering::SeqCst);
         let OneNode { addr, stop, node, http, .. } = one_node(dir.path(), &broken, Duration::from_millis(300)).await;

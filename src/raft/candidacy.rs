@@ -71,11 +71,6 @@ impl Candidacy {
         self.set(|a| a.clock = fit);
     }
 
-    /// Whether the node stands for election now.
-    pub fn stands(&self) -> bool {
-        self.allows.lock().unwrap_or_else(|p| p.into_inner()).stands()
-    }
-
     /// Changes the inputs and sets both switches from them under one lock, so two rules
     /// changing at once cannot leave a switch as only one of them said.
     fn set(&self, change: impl FnOnce(&mut Allows)) {
@@ -83,7 +78,6 @@ impl Candidacy {
         change(&mut allows);
         self.raft.runtime_config().elect(allows.stands());
         self.raft.runtime_config().heartbeat(allows.clock);
-        debug_assert!(allows.gate || !allows.stands(), "a node with a closed vote gate stands for election");
     }
 }
 
