@@ -414,6 +414,13 @@ pub struct ClusterView {
     pub raft_stopped: Option<String>,
     /// The members of the configuration it knows (empty before the cluster formed).
     pub members: Vec<Member>,
+    /// The voter sets of that configuration, each a list of node ids in ascending order: one
+    /// set, or two while a joint configuration is in effect (Raft paper §6: the old voters, then
+    /// the new), when a leader needs a majority of each and a node in only one of them is not
+    /// yet (or no longer) a full voter. `members[].voter` is true for a node in either set.
+    /// Empty before the cluster formed, and from nodes of older builds.
+    #[serde(default)]
+    pub voter_sets: Vec<Vec<u64>>,
     /// Its wall clock against the cluster's (absent from nodes of older builds).
     #[serde(default)]
     pub clock: Option<ClockView>,

@@ -138,6 +138,7 @@ async fn grow_to_five_and_shrink_to_three_under_load() {
     }
     let view = c.cluster_info(c.leader().await).await.expect("view");
     assert_eq!(view.voters(), vec![1, 2, 3, 4, 5], "{view}");
+    assert_eq!(view.voter_sets, vec![vec![1, 2, 3, 4, 5]], "a finished change leaves one voter set: {view}");
     for id in [4, 5] {
         let r = remove(&c, 1, id).await;
         assert_eq!(r.status, 200, "remove {id}: {}", r.describe());
@@ -146,6 +147,7 @@ async fn grow_to_five_and_shrink_to_three_under_load() {
     let (acked, longest) = load.finish().await;
     let view = c.cluster_info(c.leader().await).await.expect("view");
     assert_eq!(view.voters(), vec![1, 2, 3], "{view}");
+    assert_eq!(view.voter_sets, vec![vec![1, 2, 3]], "{view}");
     eprintln!("membership changes: {} publishes acknowledged, longest pause {longest:?} (a figure)", acked.len());
     for id in [1, 2, 3] {
         assert_holds(&c, id, "m", &acked).await;

@@ -665,14 +665,18 @@ async fn resend_across_delete(shared: &Shared, client: &Client, d: &Deletion) {
 /// a joint configuration left by a change cut short.
 const MEMBERSHIP_SETTLE_MS: u64 = 3 * runnev::limits::JOINT_REPAIR_MS;
 
-/// The leader's view of the voters: (leader, voters), from the first node that names itself
-/// leader; `None` when none does (no leader, or none reachable).
-async fn leader_voters() -> Option<(NodeId, BTreeSet<NodeId>)> {
+/// The leader's view of the voters: (leader, voters, full voters), from the first node that
+/// names itself leader; `None` when none does (no leader, or none reachable). `voters` holds
+/// every node of either voter set; `full` only those in each (they differ while a joint
+/// configuration is in effect, Raft paper §6: a node being added or removed is in one set).
+async fn leader_voters() -> Option<(NodeId, BTreeSet<NodeId>, BTreeSet<NodeId>)> {
     let policy = RetryPolicy { request_timeout: Duration::from_millis(500), ..workload_policy() };
     for n in 1..=NODES {
         let Ok(v) = client_for(&[n], policy).cluster_view(&node_url(n)).await else { continue };
         if v.leader_id == Some(n) {
-            return Some((n, v.members.iter().filter(|m| m.voter).map(|m| m.id).collect()));
+            let voters: BTreeSet<NodeId> = v.members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+            let full = voters.iter().copied().filter(|id| v.voter_sets.iter().all(|set| set.contains(id))).collect();
+            return Some((n, voters, full));
         }
     }
     None
@@ -687,10 +691,13 @@ async fn leader_voters() -> Option<(NodeId, BTreeSet<NodeId>)> {
 /// node is retired. Sends the change to the leader first. Returns whether every serving node
 /// is a voter. A change that fails is tried again next time.
 async fn change_membership(shared: &Shared, heal: bool) -> bool {
-    let Some((leader, voters)) = leader_voters().await else { return false };
+    let Some((leader, voters, full)) = leader_voters().await else { return false };
     let serving = shared.serving_nodes();
+    // A node in only one half of a joint configuration counts as outside the voters: the other
+    // half may be two voters, and a disk lost by either then leaves a voter set without a live
+    // majority (seed 40331: n2 being added back to {n1, n3}, n1's disk lost).
     for n in 1..=NODES {
-        shared.not_voter[n as usize].store(!voters.contains(&n), Ordering::SeqCst);
+        shared.not_voter[n as usize].store(!full.contains(&n), Ordering::SeqCst);
     }
     // No node goes out while a lost disk may not be caught up, or a flipped bit will lose one
     // at its node's restart: the two voters left would include one that grants no vote until a

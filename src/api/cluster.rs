@@ -80,12 +80,20 @@ pub(super) fn view_of(s: &AppState) -> ClusterView {
         purged_index: m.purged.map(|l| l.index),
         raft_stopped,
         members,
+        voter_sets: voter_sets(membership),
         clock: Some(clock),
         disk: Some({
             let d = s.disk.last();
             crate::wire::DiskView { free_bytes: d.free_bytes, min_free_bytes: d.min_free_bytes, low: d.low }
         }),
     }
+}
+
+/// The voter sets of `membership`, each in ascending id order: one, or two while a joint
+/// configuration is in effect (Raft paper §6: the old voters, then the new; openraft's
+/// `Membership::get_joint_config`).
+fn voter_sets(membership: &openraft::Membership<NodeId, openraft::BasicNode>) -> Vec<Vec<u64>> {
+    membership.get_joint_config().iter().map(|set| set.iter().copied().collect()).collect()
 }
 
 /// `GET /v1/cluster`.
@@ -215,4 +223,25 @@ pub(super) async fn metrics(State(s): State<AppState>) -> Response {
     record_follower_lag(&v);
     let body = s.prometheus.as_ref().map(|p| p.render()).unwrap_or_default();
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::voter_sets;
+    use openraft::{BasicNode, Membership};
+    use std::collections::{BTreeMap, BTreeSet};
+
+    fn membership(configs: &[&[u64]]) -> Membership<u64, BasicNode> {
+        let nodes: BTreeMap<u64, BasicNode> =
+            (1..=3).map(|id| (id, BasicNode { addr: format!("127.0.0.1:700{id}") })).collect();
+        Membership::new(configs.iter().map(|c| c.iter().copied().collect::<BTreeSet<u64>>()).collect(), nodes)
+    }
+
+    #[test]
+    fn a_joint_configuration_shows_both_voter_sets() {
+        assert_eq!(voter_sets(&membership(&[&[3, 1, 2]])), vec![vec![1, 2, 3]]);
+        // Node 2 being added back to voters 1 and 3 (simulation seed 40331): every leader needs
+        // a majority of {1, 3}, both of them, which `members[].voter` alone does not show.
+        assert_eq!(voter_sets(&membership(&[&[1, 3], &[1, 2, 3]])), vec![vec![1, 3], vec![1, 2, 3]]);
+    }
 }
