@@ -15,6 +15,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::mpsc;
 use std::time::Instant;
 
 use simulation::runner::LIVELOCK_EXIT;
@@ -220,40 +221,65 @@ fn spawn(seed: u64, args: &Args) -> std::io::Result<Child> {
     cmd.stdout(Stdio::piped()).spawn()
 }
 
-/// Runs every seed in a child process, `args.jobs` at a time.
+/// What one child process of a sweep left: its seed, the lines it printed (the `RESULT` line
+/// apart), that line's fields, and its exit status (`None`: killed by a signal or not waited for).
+struct Finished {
+    seed: u64,
+    lines: Vec<String>,
+    result: Option<Vec<String>>,
+    status: Option<i32>,
+}
+
+/// Reads a child's output to its end and waits for it, on its own thread, so a sweep collects
+/// children in the order they finish: one slow seed no longer holds the other job slots idle.
+fn collect(seed: u64, mut child: Child, done: mpsc::Sender<Finished>) {
+    std::thread::spawn(move || {
+        let (mut lines, mut result) = (Vec::new(), None);
+        if let Some(out) = child.stdout.take() {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                match line.strip_prefix("RESULT ") {
+                    Some(rest) => result = Some(rest.split(' ').map(str::to_string).collect()),
+                    None => lines.push(line),
+                }
+            }
+        }
+        let status = child.wait().map(|s| s.code()).unwrap_or(None);
+        // The receiver outlives every sender (the sweep waits for each child it started).
+        let _ = done.send(Finished { seed, lines, result, status });
+    });
+}
+
+/// Runs every seed in a child process, `args.jobs` at a time, collecting each as it finishes
+/// (its lines are printed whole, in the order the seeds finish).
 fn sweep(args: &Args) -> ExitCode {
     let started = Instant::now();
     let (mut failed, mut livelocked, mut differed) = (Vec::new(), Vec::new(), Vec::new());
     let mut sim_total_ms = 0u64;
     let mut pending = args.seeds.iter().copied();
-    let mut running: Vec<(u64, Child)> = Vec::new();
+    let (done_tx, done_rx) = mpsc::channel();
+    let mut running = 0usize;
     loop {
-        while running.len() < args.jobs {
+        while running < args.jobs {
             let Some(seed) = pending.next() else { break };
             match spawn(seed, args) {
-                Ok(c) => running.push((seed, c)),
+                Ok(c) => {
+                    collect(seed, c, done_tx.clone());
+                    running += 1;
+                }
                 Err(e) => {
                     eprintln!("seed {seed}: could not start a child process: {e}");
                     failed.push(seed);
                 }
             }
         }
-        if running.is_empty() {
+        if running == 0 {
             break;
         }
-        // Children are collected in start order; with --jobs > 1 the others keep running.
-        let (seed, mut child) = running.remove(0);
-        let mut result = None;
-        if let Some(out) = child.stdout.take() {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if let Some(rest) = line.strip_prefix("RESULT ") {
-                    result = Some(rest.split(' ').map(str::to_string).collect::<Vec<_>>());
-                } else {
-                    println!("{line}");
-                }
-            }
+        let Ok(Finished { seed, lines, result, status }) = done_rx.recv() else { break };
+        running -= 1;
+        for line in lines {
+            println!("{line}");
         }
-        let status = child.wait().map(|s| s.code()).unwrap_or(None);
         match (status, &result) {
             (Some(0), Some(r)) | (Some(1), Some(r)) => {
                 sim_total_ms += r.get(2).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
@@ -274,6 +300,9 @@ fn sweep(args: &Args) -> ExitCode {
             }
         }
     }
+    failed.sort_unstable();
+    livelocked.sort_unstable();
+    differed.sort_unstable();
     println!(
         "{} seeds: {} failed, {} livelocked; {:.1} simulated s in {:.1} wall s",
         args.seeds.len(),
