@@ -1,15 +1,19 @@
 //! `runnev local`: a whole cluster on one machine, as child processes on 127.0.0.1.
 //!
 //! Owns: the command's options, its output and its watch over the children, which
-//! [`crate::launcher`] starts and stops. Must never: leave a child running after it returns or
+//! [`crate::launcher`] starts and stops, and their restarts: a node that exits uncleanly (a crash,
+//! `kill -9`, or a node whose Raft core stopped for good and exited with status 1, the recovery
+//! path `node::run` relies on) is started again on its data, as systemd's `Restart=on-failure`
+//! does for `deploy/runnev.service` ([`Restarts`]). Must never: leave a child running after it returns or
 //! after it dies (children get SIGTERM on a clean stop and, through `PR_SET_PDEATHSIG`, when
 //! this process is killed); start beside a process that holds one of its ports (a node left from
 //! an earlier run would take a node's place and could lead the others); or exit 0 when its
 //! nodes could not run. A node started by hand beside it is not its business: it neither stops
 //! nor watches one.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -119,8 +123,9 @@ pub enum LocalError {
         /// Its log file.
         log: PathBuf,
     },
-    /// Every node exited on its own.
-    #[error("every node has exited on its own; their logs are under {0}")]
+    /// Every node exited on its own, and none is to be started again (each stopped cleanly or
+    /// failed [`RESTART_BURST`] starts within [`RESTART_WINDOW_MS`]).
+    #[error("every node has exited on its own and none is started again; their logs are under {0}")]
     AllExited(PathBuf),
     /// The nodes could not be started, signalled or watched.
     #[error(transparent)]
@@ -159,6 +164,75 @@ const STOP_MS_MAX: u64 = 10_000;
 const WATCH_MS: u64 = 500;
 /// How long a node may take to answer `/healthz` after it was started, in ms.
 const START_MS_MAX: u64 = 60_000;
+/// How long after an unclean exit a node is started again, in ms (`RestartSec=2s` of
+/// `deploy/runnev.service`).
+pub const RESTART_MS: u64 = 2_000;
+/// A node that exits uncleanly after this many starts within [`RESTART_WINDOW_MS`] is not started
+/// again (systemd's start limit, `StartLimitBurst=`): a node that cannot run (a damaged data dir,
+/// a disk that refuses writes) is reported once instead of restarted every 2 s for ever.
+pub const RESTART_BURST: usize = 5;
+/// The window of [`RESTART_BURST`], in ms.
+pub const RESTART_WINDOW_MS: u64 = 60_000;
+
+/// What becomes of a node that exited ([`Restarts::exited`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterExit {
+    /// It is started again at this instant.
+    Restart(Instant),
+    /// It started [`RESTART_BURST`] times within [`RESTART_WINDOW_MS`]: it is left down.
+    GiveUp,
+    /// It exited cleanly (SIGTERM or Ctrl-C sent to it): it is left down, as systemd's
+    /// `Restart=on-failure` leaves a unit that stopped with status 0.
+    Leave,
+}
+
+/// One node's restarts: the rule of systemd's `Restart=on-failure`, `RestartSec=` and start
+/// limit, kept per node by [`run`]. Pure bookkeeping over instants the caller passes, so it is
+/// tested without processes or clocks.
+#[derive(Debug, Default)]
+struct Restarts {
+    /// The instants of its starts within the last [`RESTART_WINDOW_MS`] (older ones are dropped
+    /// at each exit), oldest first.
+    starts: VecDeque<Instant>,
+    /// When it is to be started again, if it is.
+    due: Option<Instant>,
+}
+
+impl Restarts {
+    /// Records a start at `at`.
+    fn started(&mut self, at: Instant) {
+        self.starts.push_back(at);
+        self.due = None;
+    }
+
+    /// Decides what follows an exit at `now`, clean (status 0) or not.
+    fn exited(&mut self, clean: bool, now: Instant) -> AfterExit {
+        self.due = None;
+        if clean {
+            return AfterExit::Leave;
+        }
+        let window = Duration::from_millis(RESTART_WINDOW_MS);
+        while self.starts.front().is_some_and(|&s| now.saturating_duration_since(s) > window) {
+            self.starts.pop_front();
+        }
+        if self.starts.len() >= RESTART_BURST {
+            return AfterExit::GiveUp;
+        }
+        let at = now + Duration::from_millis(RESTART_MS);
+        self.due = Some(at);
+        AfterExit::Restart(at)
+    }
+
+    /// Whether it is to be started again at or before `now`.
+    fn due(&self, now: Instant) -> bool {
+        self.due.is_some_and(|at| at <= now)
+    }
+
+    /// Whether a restart is pending.
+    fn pending(&self) -> bool {
+        self.due.is_some()
+    }
+}
 
 /// A node's last words: the last line its `runnev serve` printed as an error (`runnev: …`, the
 /// reason it stopped), else its log's last line, said to be only that (a node killed by a signal
@@ -278,27 +352,54 @@ pub async fn run(opts: LocalOptions) -> Result<(), LocalError> {
     }
     out!("Ctrl-C stops the cluster.");
 
+    let mut restarts: std::collections::BTreeMap<u64, Restarts> =
+        cluster.ids().into_iter().map(|id| (id, Restarts::default())).collect();
+    let spawned = Instant::now();
+    restarts.values_mut().for_each(|r| r.started(spawned));
     let mut watch = tokio::time::interval(Duration::from_millis(WATCH_MS));
     loop {
         tokio::select! {
             _ = interrupt.recv() => break,
             _ = term.recv() => break,
             _ = watch.tick() => {
+                let now = Instant::now();
                 for id in cluster.running_ids() {
-                    if let Some(status) = cluster.exited(id) {
-                        let node = cluster.node(id)?;
-                        let cause = if status.success() {
-                            "it was stopped (SIGTERM or Ctrl-C)".to_string()
-                        } else {
-                            cause_from_log(&node.log_path, node.port)
-                        };
-                        note!(
-                            "runnev local: node {id} exited ({status}): {cause}; it is not restarted (log: {})",
-                            node.log_path.display()
-                        );
+                    let Some(status) = cluster.exited(id) else { continue };
+                    let node = cluster.node(id)?;
+                    let cause = if status.success() {
+                        "it was stopped (SIGTERM or Ctrl-C)".to_string()
+                    } else {
+                        cause_from_log(&node.log_path, node.port)
+                    };
+                    let then = match restarts.entry(id).or_default().exited(status.success(), now) {
+                        AfterExit::Restart(_) => format!("starting it again in {} s", RESTART_MS / 1000),
+                        AfterExit::GiveUp => format!(
+                            "it started {RESTART_BURST} times within {} s, so it is not started again",
+                            RESTART_WINDOW_MS / 1000
+                        ),
+                        AfterExit::Leave => "it is not started again (it stopped cleanly)".to_string(),
+                    };
+                    note!("runnev local: node {id} exited ({status}): {cause}; {then} (log: {})", node.log_path.display());
+                }
+                for (&id, r) in restarts.iter_mut() {
+                    if !r.due(now) {
+                        continue;
+                    }
+                    match cluster.start_node(id) {
+                        Ok(at) => {
+                            r.started(at);
+                            note!("runnev local: node {id} started again on its data");
+                        }
+                        Err(e) => {
+                            let then = match r.exited(false, now) {
+                                AfterExit::GiveUp => "it is not started again".to_string(),
+                                _ => format!("trying again in {} s", RESTART_MS / 1000),
+                            };
+                            note!("runnev local: node {id} could not be started again: {e}; {then}");
+                        }
                     }
                 }
-                if cluster.running_ids().is_empty() {
+                if cluster.running_ids().is_empty() && !restarts.values().any(Restarts::pending) {
                     return Err(LocalError::AllExited(opts.dir.clone()));
                 }
             }
@@ -319,6 +420,48 @@ async fn stop(cluster: &mut LocalCluster) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The rule of `Restart=on-failure` with its start limit: an unclean exit restarts the node
+    /// 2 s later; a clean one leaves it down; the sixth unclean exit within a minute of five
+    /// starts leaves it down too, and starts older than the window no longer count.
+    #[test]
+    fn a_node_that_crashed_is_restarted_until_it_crashes_five_times_in_a_minute() {
+        let t0 = Instant::now();
+        let s = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut r = Restarts::default();
+        r.started(s(0));
+        assert_eq!(r.exited(true, s(1_000)), AfterExit::Leave, "a clean stop is not restarted");
+        assert!(!r.pending());
+
+        let mut r = Restarts::default();
+        r.started(s(0));
+        assert_eq!(r.exited(false, s(100)), AfterExit::Restart(s(2_100)));
+        assert!(r.pending() && !r.due(s(2_099)) && r.due(s(2_100)));
+        // Four more starts, each crashing at once: five starts within the window, then no more.
+        for k in 1..RESTART_BURST as u64 {
+            let at = s(2_100 * k);
+            r.started(at);
+            assert!(!r.pending());
+            let after = r.exited(false, at + Duration::from_millis(100));
+            if k + 1 < RESTART_BURST as u64 {
+                assert_eq!(after, AfterExit::Restart(at + Duration::from_millis(2_100)), "start {}", k + 1);
+            } else {
+                assert_eq!(after, AfterExit::GiveUp, "the fifth start crashed within the window");
+                assert!(!r.pending());
+            }
+        }
+
+        // A node that crashes once every two minutes is restarted for ever.
+        let mut r = Restarts::default();
+        for k in 0..10u64 {
+            let at = s(120_000 * k);
+            r.started(at);
+            assert_eq!(
+                r.exited(false, at + Duration::from_millis(110_000)),
+                AfterExit::Restart(at + Duration::from_millis(112_000))
+            );
+        }
+    }
 
     /// A node killed by a signal writes no reason: its log's last line is named as only that
     /// (a user read `token created` as the reason node 3 died); a `runnev: …` line is the reason.

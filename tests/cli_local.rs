@@ -1,6 +1,7 @@
 //! `runnev serve` and `runnev local` as a user starts them: refusals at start say what is wrong
 //! in one sentence and exit non-zero; `runnev local` never starts beside a node it did not
-//! start, and never exits 0 when its nodes could not run.
+//! start, starts a crashed node again (not one stopped cleanly, nor one that keeps failing), and
+//! never exits 0 when its nodes could not run.
 
 mod common;
 
@@ -33,13 +34,34 @@ async fn start_local(dir: &std::path::Path, base: u16) -> tokio::process::Child 
     start_local_with(dir, base, &[]).await
 }
 
+/// Stops `runnev local` with SIGTERM and checks that it stops cleanly (exit 0) within 30 s.
+async fn stop_local(local: &mut tokio::process::Child) {
+    signal(local.id().unwrap(), libc::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(30), local.wait()).await.expect("local stops").unwrap();
+    assert_eq!(status.code(), Some(0), "a clean stop");
+}
+
 /// [`start_local`] with `extra` arguments after `local`.
 async fn start_local_with(dir: &std::path::Path, base: u16, extra: &[&str]) -> tokio::process::Child {
+    start_local_to(dir, base, extra, None).await
+}
+
+/// [`start_local_with`], its stderr written to `stderr` when given (else dropped).
+async fn start_local_to(
+    dir: &std::path::Path,
+    base: u16,
+    extra: &[&str],
+    stderr: Option<&std::path::Path>,
+) -> tokio::process::Child {
+    let stderr = match stderr {
+        Some(path) => std::process::Stdio::from(std::fs::File::create(path).unwrap()),
+        None => std::process::Stdio::null(),
+    };
     let mut local = tokio::process::Command::new(BIN)
         .args(["local", "--base-port", &base.to_string(), "--dir", dir.to_str().unwrap()])
         .args(extra)
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
         .unwrap();
@@ -106,33 +128,64 @@ async fn serve_refuses_id_0_and_a_data_dir_in_use_in_one_sentence() {
     assert_eq!(r.stderr.lines().count(), 1, "one sentence: {r:#?}");
 }
 
-/// The first hour's trap: a node started by hand beside `runnev local` survives its stop (it is
-/// not `runnev local`'s), and the next `runnev local` must refuse to start beside it, naming it
-/// and how to stop it, rather than let it lead. A clean stop exits 0; nodes that all died exit 1.
+/// `runnev local` supervises its nodes as systemd's `Restart=on-failure` does: a node killed
+/// (`kill -9`, a crash) is started again on its data 2 s later and serves; a node stopped
+/// cleanly (SIGTERM sent to it) stays down. A clean stop of `runnev local` exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn local_refuses_a_stray_node_and_exits_non_zero_when_its_nodes_die() {
+async fn local_restarts_a_crashed_node_but_not_one_stopped_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("local");
+    let base = free_base(3);
+    let mut local = start_local(&root, base).await;
+
+    let killed = port_holder(base + 1).expect("node 2 listens").pid;
+    signal(killed, libc::SIGKILL);
+    let restarted = wait_for("node 2 started again", Duration::from_secs(30), Duration::from_millis(100), || async {
+        match port_holder(base + 1) {
+            Some(h) if h.pid != killed && h.is_runnev_node() => Ok(h.pid),
+            other => Err(format!("port held by {other:?}")),
+        }
+    })
+    .await;
+    // `runnev local` without --secure serves plain HTTP, whatever the harness's security.
+    let http = Http::insecure(Duration::from_secs(5));
+    wait_for("the restarted node 2 ready", Duration::from_secs(30), Duration::from_millis(100), || async {
+        match http.get(&format!("http://127.0.0.1:{}/readyz", base + 1)).await {
+            Ok(r) if r.status == 200 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    signal(port_holder(base + 2).expect("node 3 listens").pid, libc::SIGTERM);
+    wait_for("node 3's port free", Duration::from_secs(20), Duration::from_millis(50), || async {
+        port_holder(base + 2).map_or(Ok(()), |h| Err(format!("held by {h:?}")))
+    })
+    .await;
+    // Past the restart delay and two watch ticks: a node stopped cleanly is left down.
+    tokio::time::sleep(Duration::from_millis(runnev::local::RESTART_MS + 1_500)).await;
+    assert!(port_holder(base + 2).is_none(), "node 3 stopped cleanly and was not started again");
+    assert_eq!(port_holder(base + 1).map(|h| h.pid), Some(restarted), "node 2 still runs");
+
+    stop_local(&mut local).await;
+}
+
+/// The first hour's trap: a node started by hand beside an earlier `runnev local` survives
+/// its stop (it is not `runnev local`'s), and the next `runnev local` must refuse to start
+/// beside it, naming it and how to stop it, rather than let it lead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_refuses_a_stray_node() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("local");
     let base = free_base(3);
 
     let mut local = start_local(&root, base).await;
-    // Node 2 dies, and is started again by hand, as the README's tour does.
-    let node2 = port_holder(base + 1).expect("node 2 listens");
-    signal(node2.pid, libc::SIGKILL);
-    wait_for("node 2's port to be free", Duration::from_secs(20), Duration::from_millis(50), || async {
-        port_holder(base + 1).map_or(Ok(()), |h| Err(format!("held by {h:?}")))
-    })
-    .await;
+    stop_local(&mut local).await;
     let mut stray = stray_node(&root, base, base + 1);
     wait_for("the hand-started node 2", Duration::from_secs(20), Duration::from_millis(50), || async {
         port_holder(base + 1).map(|_| ()).ok_or_else(|| "not listening yet".to_string())
     })
     .await;
-
-    signal(local.id().unwrap(), libc::SIGTERM);
-    let status = tokio::time::timeout(Duration::from_secs(30), local.wait()).await.expect("local stops").unwrap();
-    assert_eq!(status.code(), Some(0), "a clean stop");
-    assert!(stray.try_wait().unwrap().is_none(), "the node started by hand is not runnev local's to stop");
 
     let stray_pid = stray.id().unwrap();
     let r = cli(&["local", "--base-port", &base.to_string(), "--dir", root.to_str().unwrap()], &[]).await;
@@ -142,14 +195,36 @@ async fn local_refuses_a_stray_node_and_exits_non_zero_when_its_nodes_die() {
     assert!(port_holder(base).is_none(), "nothing of its own was started");
     stray.kill().await.unwrap();
     stray.wait().await.unwrap();
+}
 
-    // Every node dies: runnev local says so and exits 1.
-    let mut local = start_local(&root, base).await;
-    for i in 0..3 {
+/// A node that cannot run again is not restarted for ever: after five starts within a minute
+/// `runnev local` says so and leaves it down, and once no node runs nor is to be started again
+/// it exits 1. (Each node's data dir is marked with another data format while it runs, so every
+/// restart is refused at once.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_gives_up_on_nodes_that_cannot_run_and_exits_non_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("local");
+    let base = free_base(3);
+    let stderr = dir.path().join("local.stderr");
+    let mut local = start_local_to(&root, base, &[], Some(&stderr)).await;
+    for i in 0..3u16 {
+        std::fs::write(root.join(format!("node-{}", i + 1)).join("FORMAT"), "runnev data format 9\n").unwrap();
         signal(port_holder(base + i).expect("a node listens").pid, libc::SIGKILL);
     }
-    let status = tokio::time::timeout(Duration::from_secs(30), local.wait()).await.expect("local ends").unwrap();
-    assert_eq!(status.code(), Some(1), "every node died");
+    let status = tokio::time::timeout(Duration::from_secs(90), local.wait()).await.expect("local ends").unwrap();
+    assert_eq!(status.code(), Some(1), "no node can run");
+    let said = std::fs::read_to_string(&stderr).unwrap();
+    for id in 1..=3 {
+        assert!(
+            said.contains(&format!("runnev local: node {id} exited"))
+                && said.contains(&format!("runnev local: node {id} started again")),
+            "{said}"
+        );
+    }
+    assert_eq!(said.matches("so it is not started again").count(), 3, "each node given up once: {said}");
+    assert!(said.contains("data format 9"), "the cause, from the node's own words: {said}");
+    assert!(said.contains("none is started again"), "{said}");
 }
 
 /// `runnev local --log-format json` runs its nodes with the same log format: every line a node
@@ -186,9 +261,7 @@ async fn local_passes_its_log_format_to_its_nodes() {
             assert_eq!(v["node"], id, "node {id}: {l}");
         }
     }
-    signal(local.id().unwrap(), libc::SIGTERM);
-    let status = tokio::time::timeout(Duration::from_secs(30), local.wait()).await.expect("local stops").unwrap();
-    assert_eq!(status.code(), Some(0), "a clean stop");
+    stop_local(&mut local).await;
 }
 
 /// A SIGTERM while the nodes are still starting stops them and `runnev local` cleanly (exit 0).
