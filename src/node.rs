@@ -432,20 +432,29 @@ async fn retention_ticks(raft: Raft, store: Arc<Store>, id: NodeId, clock: Arc<c
 /// While leader, completes a membership change that a previous leader left in its joint
 /// configuration (openraft commits a joint config, then the final one; a leader lost between the
 /// two leaves the cluster joint until someone finishes it — Raft paper §6).
+///
+/// The configuration is read under the membership lock, from the Raft core
+/// (`api::members::membership_to_change`): read before the lock, it could be the joint config of
+/// a change the API was making under the lock, and once that change had finished (removing this
+/// leader, say) the finisher proposed its stale target from a node no longer in the cluster
+/// (simulation seed 40939).
 async fn finish_joint_changes(raft: Raft, id: NodeId, lock: Arc<tokio::sync::Mutex<()>>) {
     let mut every = tokio::time::interval(Duration::from_millis(JOINT_REPAIR_MS));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        let target = {
-            let m = raft.metrics().borrow().clone();
-            let configs = m.membership_config.membership().get_joint_config().clone();
-            if crate::api::known_leader(&m, id) != Some(id) || configs.len() < 2 {
-                continue;
-            }
-            configs.last().cloned().unwrap_or_default()
+        let joint = {
+            let metrics = raft.metrics();
+            let m = metrics.borrow();
+            crate::api::known_leader(&m, id) == Some(id)
+                && m.membership_config.membership().get_joint_config().len() > 1
         };
+        if !joint {
+            continue;
+        }
         let _serial = lock.lock().await;
+        let membership = crate::api::members::membership_to_change(&raft, id).await;
+        let Some(target) = membership.as_ref().and_then(crate::api::members::joint_target) else { continue };
         tracing::info!(voters = ?target, "finishing a membership change left in a joint config");
         if let Err(e) = raft.change_membership(openraft::ChangeMembers::ReplaceAllVoters(target), false).await {
             tracing::warn!(error = %e, "finishing the joint config failed; will retry");

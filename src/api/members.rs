@@ -3,7 +3,8 @@
 //! Owns: adding a node as a learner and promoting it once caught up, removing nodes through
 //! openraft's joint consensus (Raft paper §6), and refusing changes that would strand the
 //! cluster. Must never: run two membership changes at once on this leader (they are serialised
-//! by a lock), or remove a voter when the voters left could not form a live quorum.
+//! by a lock), propose one from a node that is not both leader and member ([`membership_to_change`]),
+//! or remove a voter when the voters left could not form a live quorum.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -14,13 +15,53 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use http_body_util::BodyExt;
-use openraft::{BasicNode, ChangeMembers};
+use openraft::{BasicNode, ChangeMembers, Membership, ServerState};
 
 use super::write::{on_leader, op_error, Forwardable, Led, OpError};
 use super::{cluster, json, read_body, AppState};
 use crate::error::ApiError;
 use crate::limits::{ADMIN_BODY_BYTES_MAX, MEMBER_CATCHUP_MS, PEER_PROBE_BYTES_MAX, PEER_PROBE_MS};
-use crate::raft::NodeId;
+use crate::raft::{NodeId, Raft};
+
+/// The effective membership (the newest appended, committed or not) if this node may propose a
+/// change to it now, else `None`: it must lead and still be a member, voter or learner
+/// ([`leads_as_member`]). openraft 0.9 keeps a leader that a committed change removed in the
+/// leader state until another is elected, but a membership entry proposed there would come from
+/// outside the cluster, and openraft asserts against it (`append_membership`'s `debug_assert!`;
+/// simulation seed 40939: the joint-config finisher, its target read before it waited for the
+/// membership lock, proposed on a leader that the change holding the lock had just removed).
+///
+/// Read inside the Raft core (`Raft::with_raft_state`: the engine's own state, where the metrics
+/// lag it). Callers hold the membership lock, so no change of this node's comes between this
+/// read and their proposal; a change by another leader needs a newer vote, which ends this
+/// node's leadership first (openraft then answers the proposal `ForwardToLeader`). `None` also
+/// when the Raft core has stopped.
+pub(crate) async fn membership_to_change(raft: &Raft, me: NodeId) -> Option<Membership<NodeId, BasicNode>> {
+    raft.with_raft_state(move |st| {
+        let m = st.membership_state.effective().membership();
+        leads_as_member(st.server_state, m, me).then(|| m.clone())
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Whether a node in `state` with effective membership `m` may propose a membership change as
+/// node `me`: it is the leader and a member (voter or learner) of `m`.
+fn leads_as_member(state: ServerState, m: &Membership<NodeId, BasicNode>, me: NodeId) -> bool {
+    state == ServerState::Leader && m.get_node(&me).is_some()
+}
+
+/// The voters a joint configuration `m` is moving to (its last voter set), if `m` is joint: the
+/// change a leader finishes when the leader that began it was lost between its two steps
+/// (`node::finish_joint_changes`).
+pub(crate) fn joint_target(m: &Membership<NodeId, BasicNode>) -> Option<BTreeSet<NodeId>> {
+    let configs = m.get_joint_config();
+    if configs.len() < 2 {
+        return None;
+    }
+    configs.last().cloned()
+}
 
 fn answer(s: &AppState, led: Led<()>) -> Response {
     match led {
@@ -88,7 +129,7 @@ pub(super) async fn add(
     let req = Forwardable::new(method, &uri, headers, bytes);
     let led = on_leader(&s, &req, || async {
         let _serial = s.membership_lock.lock().await;
-        let membership = s.raft.metrics().borrow().membership_config.membership().clone();
+        let membership = membership_to_change(&s.raft, s.node_id).await.ok_or(OpError::NotLeader)?;
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let known = membership.get_node(&b.id).map(|n| n.addr.clone());
         if voters.contains(&b.id) {
@@ -169,7 +210,7 @@ pub(super) async fn remove(
     let req = Forwardable::new(method, &uri, headers, bytes::Bytes::new());
     let led = on_leader(&s, &req, || async {
         let _serial = s.membership_lock.lock().await;
-        let membership = s.raft.metrics().borrow().membership_config.membership().clone();
+        let membership = membership_to_change(&s.raft, s.node_id).await.ok_or(OpError::NotLeader)?;
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         if membership.get_node(&id).is_none() {
             return Err(OpError::Fail(ApiError::NotFound(format!("node {id} is not a member"))));
@@ -198,4 +239,43 @@ pub(super) async fn remove(
     })
     .await?;
     Ok(answer(&s, led))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn membership(configs: Vec<Vec<NodeId>>, learners: &[NodeId]) -> Membership<NodeId, BasicNode> {
+        let configs: Vec<BTreeSet<NodeId>> = configs.into_iter().map(|c| c.into_iter().collect()).collect();
+        let mut ids: BTreeSet<NodeId> = configs.iter().flatten().copied().collect();
+        ids.extend(learners);
+        let nodes = ids
+            .into_iter()
+            .map(|id| (id, BasicNode { addr: format!("n{id}:7000") }))
+            .collect::<std::collections::BTreeMap<_, _>>();
+        Membership::new(configs, nodes)
+    }
+
+    /// Only a leader that is still a member proposes a membership change (seed 40939: a leader
+    /// its own change had just removed proposed another, which openraft asserts against).
+    #[test]
+    fn only_a_leader_that_is_still_a_member_proposes_a_membership_change() {
+        let three = membership(vec![vec![1, 2, 3]], &[]);
+        assert!(leads_as_member(ServerState::Leader, &three, 2));
+        assert!(!leads_as_member(ServerState::Follower, &three, 2), "a follower");
+        assert!(!leads_as_member(ServerState::Candidate, &three, 2), "a candidate");
+        let without_2 = membership(vec![vec![1, 3]], &[]);
+        assert!(!leads_as_member(ServerState::Leader, &without_2, 2), "a leader its change removed");
+        let learner_2 = membership(vec![vec![1, 3]], &[2]);
+        assert!(leads_as_member(ServerState::Leader, &learner_2, 2), "a leader kept as learner still leads the change");
+        let joint = membership(vec![vec![1, 2, 3], vec![1, 3]], &[]);
+        assert!(leads_as_member(ServerState::Leader, &joint, 2), "in the old half of a joint config");
+    }
+
+    /// A joint configuration is finished towards its last voter set; a uniform one needs nothing.
+    #[test]
+    fn a_joint_configuration_is_finished_towards_its_last_voter_set() {
+        assert_eq!(joint_target(&membership(vec![vec![1, 2, 3], vec![1, 3]], &[])), Some(BTreeSet::from([1, 3])));
+        assert_eq!(joint_target(&membership(vec![vec![1, 3]], &[2])), None);
+    }
 }

@@ -20,7 +20,7 @@ pub mod auth;
 mod backup;
 mod cluster;
 pub mod contact;
-mod members;
+pub(crate) mod members;
 pub mod openapi;
 pub mod proposer;
 pub mod raft_rpc;
