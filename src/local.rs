@@ -234,6 +234,22 @@ impl Restarts {
     }
 }
 
+impl AfterExit {
+    /// What `runnev local` says follows an exit.
+    fn describe(self) -> String {
+        match self {
+            AfterExit::Restart(_) => format!("starting it again in {} s", RESTART_MS / 1000),
+            AfterExit::GiveUp => {
+                format!(
+                    "it started {RESTART_BURST} times within {} s, so it is not started again",
+                    RESTART_WINDOW_MS / 1000
+                )
+            }
+            AfterExit::Leave => "it is not started again (it stopped cleanly)".to_string(),
+        }
+    }
+}
+
 /// A node's last words: the last line its `runnev serve` printed as an error (`runnev: …`, the
 /// reason it stopped), else its log's last line, said to be only that (a node killed by a signal
 /// writes no reason, and its last line may be any event: it read as the cause); with the process
@@ -371,14 +387,7 @@ pub async fn run(opts: LocalOptions) -> Result<(), LocalError> {
                     } else {
                         cause_from_log(&node.log_path, node.port)
                     };
-                    let then = match restarts.entry(id).or_default().exited(status.success(), now) {
-                        AfterExit::Restart(_) => format!("starting it again in {} s", RESTART_MS / 1000),
-                        AfterExit::GiveUp => format!(
-                            "it started {RESTART_BURST} times within {} s, so it is not started again",
-                            RESTART_WINDOW_MS / 1000
-                        ),
-                        AfterExit::Leave => "it is not started again (it stopped cleanly)".to_string(),
-                    };
+                    let then = restarts.entry(id).or_default().exited(status.success(), now).describe();
                     note!("runnev local: node {id} exited ({status}): {cause}; {then} (log: {})", node.log_path.display());
                 }
                 for (&id, r) in restarts.iter_mut() {
@@ -391,10 +400,10 @@ pub async fn run(opts: LocalOptions) -> Result<(), LocalError> {
                             note!("runnev local: node {id} started again on its data");
                         }
                         Err(e) => {
-                            let then = match r.exited(false, now) {
-                                AfterExit::GiveUp => "it is not started again".to_string(),
-                                _ => format!("trying again in {} s", RESTART_MS / 1000),
-                            };
+                            // A start that failed counts towards the start limit, as systemd
+                            // counts it: a node that can never be spawned is not retried for ever.
+                            r.started(now);
+                            let then = r.exited(false, now).describe();
                             note!("runnev local: node {id} could not be started again: {e}; {then}");
                         }
                     }
