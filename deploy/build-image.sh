@@ -23,8 +23,11 @@ docker info >/dev/null 2>&1 || { echo "build-image.sh: no Docker engine reachabl
 if [[ -n "${RUNNEV_BIN:-}" ]]; then
   BIN=$RUNNEV_BIN
 else
-  log "cargo build --release --locked --bin runnev"
-  cargo build --release --locked --bin runnev
+  # With the simulation selected too, cargo resolves dependency features as the simulation's
+  # release tests do (`scripts/test` runs them first), so those builds are reused: runnev alone
+  # enables fewer features of rand and num-traits and rebuilds openraft and runnev for them.
+  log "cargo build --release --locked -p runnev -p simulation --bin runnev"
+  cargo build --release --locked -p runnev -p simulation --bin runnev
   BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/runnev
 fi
 [[ -x "$BIN" ]] || { echo "build-image.sh: no executable at $BIN" >&2; exit 1; }
