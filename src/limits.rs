@@ -365,6 +365,11 @@ pub const PEER_DISK_LOW_RETRY_MS: u64 = 1_000;
 /// [`crate::storage::segments::SEGMENT_BYTES`]: a fresh node needs no 64 MiB at once.
 pub const SEGMENT_BYTES_MIN: u64 = 1024 * 1024;
 
+/// A stream's payload segment ([`crate::storage::payloads`]) is closed, and the next batch
+/// starts a new one, once it holds this many bytes: the granularity at which retention frees
+/// disk (a stream keeps up to this much past its retention limit), and nothing is preallocated.
+pub const PAYLOAD_SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
+
 /// One repeated warning or error line of openraft's replication is logged at most once per
 /// call site in this many ms; the rest are counted in `runnev_log_lines_suppressed_total`.
 pub const LOG_REPEAT_MS: u64 = 10_000;

@@ -51,6 +51,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use redb::StorageBackend;
 use runnev::storage::db_dir::DatabaseDir;
+use runnev::storage::payloads::{PayloadDir, SegmentKey};
 use runnev::storage::segments::{SegmentDir, SegmentFile};
 
 use crate::rng::SimRng;
@@ -481,6 +482,11 @@ impl SimDisk {
         Arc::new(SimSegments { access: self.access() })
     }
 
+    /// The payload segments' directory for the incarnation starting now.
+    pub fn payloads(&self) -> Arc<dyn PayloadDir> {
+        Arc::new(SimPayloads { access: self.access() })
+    }
+
     /// The node crashed: the current incarnation's handles are dead from now on, and unsynced
     /// writes survive or not according to `kind` (`rng` draws the torn pages).
     pub fn crash(&self, kind: CrashKind, rng: &mut SimRng) {
@@ -826,6 +832,94 @@ impl SegmentDir for SimSegments {
         let mut out = vec![0u8; HINT_BYTES as usize];
         self.access.on(false, ino, |i| i.read(0, &mut out))?;
         Ok(Some(out))
+    }
+}
+
+/// Payload segments' directory of one incarnation (`payloads/` on the simulated disk), as
+/// `runnev::storage::payloads::FsPayloads` keeps them: files that grow as records are appended
+/// (nothing preallocated), so a write past a file's end extends it first, in the same counted
+/// operation (a `pwrite` past the end does both). Creation and removal are durable at once (the
+/// module doc's simplification); `truncate` is a resize and a sync, two counted operations.
+#[derive(Debug)]
+pub struct SimPayloads {
+    access: Access,
+}
+
+/// The name of payload segment `key` on the simulated disk.
+pub fn payload_name(key: SegmentKey) -> String {
+    format!("{PAYLOADS_DIR}{}", key.file_name())
+}
+
+const PAYLOADS_DIR: &str = "payloads/";
+
+/// One open payload segment of one incarnation.
+#[derive(Debug)]
+pub struct SimPayloadFile {
+    access: Access,
+    ino: u64,
+}
+
+impl PayloadDir for SimPayloads {
+    fn list(&self) -> io::Result<Vec<SegmentKey>> {
+        self.access.with(false, |files| {
+            Ok(files.names.keys().filter_map(|n| SegmentKey::parse(n.strip_prefix(PAYLOADS_DIR)?)).collect())
+        })
+    }
+
+    fn open(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>> {
+        let ino = self.access.with(false, |files| files.lookup(&payload_name(key)))?;
+        Ok(Arc::new(SimPayloadFile { access: self.access.clone(), ino }))
+    }
+
+    fn create(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>> {
+        let ino = self.access.with(true, |files| Ok(files.create(&payload_name(key), 0)))?;
+        Ok(Arc::new(SimPayloadFile { access: self.access.clone(), ino }))
+    }
+
+    fn remove(&self, key: SegmentKey) -> io::Result<()> {
+        let name = payload_name(key);
+        self.access.with(true, |files| files.names.remove(&name).map(|_| ()).ok_or_else(|| not_found(&name)))
+    }
+
+    fn truncate(&self, key: SegmentKey, len: u64) -> io::Result<()> {
+        let ino = self.access.with(false, |files| files.lookup(&payload_name(key)))?;
+        self.access.on(true, ino, |i| {
+            i.set_len(len);
+            Ok(())
+        })?;
+        self.access.sync(ino)
+    }
+}
+
+impl SegmentFile for SimPayloadFile {
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.access.on(false, self.ino, |i| i.read(offset, out))
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.access.on(true, self.ino, |i| {
+            let end = offset.saturating_add(data.len() as u64);
+            if end > i.len {
+                i.set_len(end);
+            }
+            i.write(offset, data)
+        })
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.access.sync(self.ino)
+    }
+
+    fn zero_from(&self, offset: u64) -> io::Result<()> {
+        self.access.on(true, self.ino, |i| {
+            i.set_len(offset);
+            Ok(())
+        })?;
+        self.access.sync(self.ino)
+    }
+
+    fn capacity(&self) -> io::Result<u64> {
+        self.access.on(false, self.ino, |i| Ok(i.len))
     }
 }
 

@@ -20,6 +20,7 @@ pub mod db_dir;
 pub mod format;
 pub mod io;
 pub mod log_store;
+pub mod payloads;
 pub mod segments;
 pub mod snapshot;
 pub mod state_machine;

@@ -1,0 +1,744 @@
+//! Payload segments: every stream's batch payloads in append-only files, written once when the
+//! state machine applies a publish and deleted whole by retention.
+//!
+//! Owns: the byte layout of payload segments, appending a batch's record, reading records back
+//! by their location, making appended records durable ([`PayloadStore::sync`], which the state
+//! machine calls before each durable commit of the rows that point at them), and recovery after
+//! a crash ([`PayloadStore::open`]: cut each stream's newest segment back to what the durable
+//! state refers to, remove segments it no longer refers to). Must never: let a durable state
+//! refer to bytes that were not fsynced first; remove a segment that a durable state, or a
+//! reader that started before the removal was decided, still refers to; or hand out a record
+//! that fails its checksum or is not the one its location names.
+//!
+//! The idea is Kafka's and Redpanda's log segments (and WiscKey's split of keys from values,
+//! FAST '16): the B-tree keeps the index, seq → [`Location`] (a few dozen bytes a batch), and
+//! the payload bytes are written once, in seq order, to a file of their stream; retention
+//! deletes whole files instead of rewriting B-tree pages, and a read of consecutive batches is
+//! one sequential read. The Raft log still holds each payload until a snapshot lets it be
+//! purged, so a payload is on disk twice only between a publish and the next snapshot.
+//!
+//! Layout (`payloads/` of the data directory, one directory per Raft group): a segment is named
+//! by its stream's id and the seq of its first record, `<stream:016x>-<first seq:020>.seg`. A
+//! record is a 32-byte header, then the payload: payload length (`u32` LE, bytes), CRC-32 (IEEE,
+//! `u32` LE) of the stream id, seq, `ts`, log index and payload, the seq (`u64` LE), `ts` (ms
+//! since the Unix epoch, `u64` LE), the log index of the entry that applied it (`u64` LE).
+//! Records follow each other from offset 0 in seq order; a stream starts a new segment once its
+//! current one holds [`crate::limits::PAYLOAD_SEGMENT_BYTES`]. Nothing is preallocated: a stream
+//! with one small batch takes one small file.
+//!
+//! Durability: appends are written to the page cache only. [`PayloadStore::sync`] fsyncs every
+//! segment appended to since the last sync; the state machine calls it before each durable
+//! commit, so a durable state never points past the durable bytes. After a crash the database
+//! opens at its last durable commit, which may be older than the files' tails:
+//! [`PayloadStore::open`] cuts each stream's newest segment back to the end of the newest record
+//! the database refers to and removes newer segments, and replaying the Raft log writes those
+//! records again at the same offsets. Removal is deferred the same way
+//! ([`PayloadStore::retire`], [`PayloadStore::durable`]): a segment leaves the disk only once the
+//! state that stopped referring to it is durable, and only when no reader holds a
+//! [`ReadGate`] taken before that.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+
+use super::segments::SegmentFile;
+use super::StoreError;
+
+/// Bytes of a record's header before its payload.
+pub const HEADER_BYTES: u64 = 32;
+
+/// Segment handles kept open besides those of segments appended to since the last sync; past
+/// this many, the least recently used are closed (a node may hold many streams; the open-file
+/// limit is often 1,024).
+pub const OPEN_SEGMENTS_MAX: usize = 256;
+
+/// A payload segment's name: its stream's id and the seq of its first record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SegmentKey {
+    /// The stream's id (assigned by the state machine when the stream is created; never reused).
+    pub stream: u64,
+    /// The seq of the segment's first record.
+    pub first: u64,
+}
+
+impl SegmentKey {
+    /// The file name of this segment, `<stream:016x>-<first:020>.seg`.
+    pub fn file_name(&self) -> String {
+        format!("{:016x}-{:020}.seg", self.stream, self.first)
+    }
+
+    /// The key a file name made by [`SegmentKey::file_name`] names, or `None` for any other name.
+    pub fn parse(name: &str) -> Option<SegmentKey> {
+        let (stream, first) = name.strip_suffix(".seg")?.split_once('-')?;
+        if stream.len() != 16 || first.len() != 20 {
+            return None;
+        }
+        Some(SegmentKey { stream: u64::from_str_radix(stream, 16).ok()?, first: first.parse().ok()? })
+    }
+}
+
+/// The directory of payload segments: the seam between [`PayloadStore`] and a file system (the
+/// real one, [`FsPayloads`]; the simulation's, which loses unsynced writes on a crash).
+pub trait PayloadDir: Send + Sync {
+    /// Every segment present, in any order.
+    fn list(&self) -> io::Result<Vec<SegmentKey>>;
+    /// Opens segment `key` for reading and writing.
+    fn open(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>>;
+    /// Creates segment `key` empty, replacing any file of that name; durable (file and
+    /// directory entry) when it returns.
+    fn create(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>>;
+    /// Removes segment `key`; durable when it returns.
+    fn remove(&self, key: SegmentKey) -> io::Result<()>;
+    /// Sets segment `key`'s length to `len` bytes, durably (recovery cuts a tail that the
+    /// durable state does not refer to).
+    fn truncate(&self, key: SegmentKey, len: u64) -> io::Result<()>;
+}
+
+/// Payload segments as files in a directory of the real file system.
+pub struct FsPayloads {
+    dir: PathBuf,
+}
+
+impl FsPayloads {
+    /// Segments under `dir`, which is created if missing.
+    ///
+    /// Errors: the directory cannot be created.
+    pub fn new(dir: PathBuf) -> io::Result<FsPayloads> {
+        std::fs::create_dir_all(&dir)?;
+        Ok(FsPayloads { dir })
+    }
+
+    fn path(&self, key: SegmentKey) -> PathBuf {
+        self.dir.join(key.file_name())
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        std::fs::File::open(&self.dir)?.sync_all()
+    }
+}
+
+/// One payload segment file.
+struct FsSegment(std::fs::File);
+
+impl SegmentFile for FsSegment {
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.0, out, offset)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(&self.0, data, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn zero_from(&self, offset: u64) -> io::Result<()> {
+        self.0.set_len(offset)?;
+        self.0.sync_all()
+    }
+    fn capacity(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+}
+
+impl PayloadDir for FsPayloads {
+    fn list(&self) -> io::Result<Vec<SegmentKey>> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(&self.dir)? {
+            if let Some(key) = SegmentKey::parse(&e?.file_name().to_string_lossy()) {
+                out.push(key);
+            }
+        }
+        Ok(out)
+    }
+    fn open(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>> {
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(self.path(key))?;
+        Ok(Arc::new(FsSegment(f)))
+    }
+    fn create(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>> {
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(self.path(key))?;
+        f.sync_all()?;
+        self.sync_dir()?;
+        Ok(Arc::new(FsSegment(f)))
+    }
+    fn remove(&self, key: SegmentKey) -> io::Result<()> {
+        std::fs::remove_file(self.path(key))?;
+        self.sync_dir()
+    }
+    fn truncate(&self, key: SegmentKey, len: u64) -> io::Result<()> {
+        let f = std::fs::OpenOptions::new().write(true).open(self.path(key))?;
+        f.set_len(len)?;
+        f.sync_all()
+    }
+}
+
+/// Where a batch's record lives: the part of the state machine's row for (stream, seq) that
+/// names its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    /// The seq of the first record of the segment holding it (the segment's name).
+    pub segment: u64,
+    /// Offset of the record's header in the segment, in bytes.
+    pub offset: u64,
+    /// The payload's length, in bytes (the record takes [`HEADER_BYTES`] more).
+    pub len: u32,
+}
+
+impl Location {
+    /// Bytes of [`Location::encode`]'s output.
+    pub const ENCODED_BYTES: usize = 20;
+
+    /// Fixed-width little-endian encoding: segment, offset, len.
+    pub fn encode(&self) -> [u8; Self::ENCODED_BYTES] {
+        let mut out = [0u8; Self::ENCODED_BYTES];
+        out[..8].copy_from_slice(&self.segment.to_le_bytes());
+        out[8..16].copy_from_slice(&self.offset.to_le_bytes());
+        out[16..].copy_from_slice(&self.len.to_le_bytes());
+        out
+    }
+
+    /// Decodes [`Location::encode`]'s output; `None` when `b` is not [`Location::ENCODED_BYTES`]
+    /// long.
+    pub fn decode(b: &[u8]) -> Option<Location> {
+        if b.len() != Self::ENCODED_BYTES {
+            return None;
+        }
+        Some(Location { segment: le_u64(&b[..8]), offset: le_u64(&b[8..16]), len: le_u32(&b[16..]) })
+    }
+
+    /// The offset just past the record, in bytes (saturating: a location read from disk is not
+    /// trusted to be sane).
+    pub fn end(&self) -> u64 {
+        self.offset.saturating_add(HEADER_BYTES).saturating_add(u64::from(self.len))
+    }
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    b.iter().rev().fold(0u64, |v, x| (v << 8) | u64::from(*x))
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    b.iter().rev().fold(0u32, |v, x| (v << 8) | u32::from(*x))
+}
+
+/// One record as read back, borrowing its payload from the read buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record<'a> {
+    /// The batch's seq.
+    pub seq: u64,
+    /// The batch's `ts`, ms since the Unix epoch.
+    pub ts: u64,
+    /// The log index of the entry that applied it.
+    pub index: u64,
+    /// The payload, byte for byte.
+    pub payload: &'a [u8],
+}
+
+fn checksum(stream: u64, seq: u64, ts: u64, index: u64, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    for word in [stream, seq, ts, index] {
+        h.update(&word.to_le_bytes());
+    }
+    h.update(payload);
+    h.finalize()
+}
+
+fn encode_header(stream: u64, seq: u64, ts: u64, index: u64, payload: &[u8]) -> Result<[u8; 32], StoreError> {
+    let len = u32::try_from(payload.len()).map_err(|_| {
+        StoreError::Corrupt(format!("a payload of {} bytes is over the 4 GiB a record frames", payload.len()))
+    })?;
+    let mut h = [0u8; HEADER_BYTES as usize];
+    h[..4].copy_from_slice(&len.to_le_bytes());
+    h[4..8].copy_from_slice(&checksum(stream, seq, ts, index, payload).to_le_bytes());
+    h[8..16].copy_from_slice(&seq.to_le_bytes());
+    h[16..24].copy_from_slice(&ts.to_le_bytes());
+    h[24..32].copy_from_slice(&index.to_le_bytes());
+    Ok(h)
+}
+
+/// Checks the record at the start of `buf` against what its row says (`seq`, `len`) and its
+/// checksum, and returns it.
+///
+/// Errors: [`StoreError::Corrupt`] when `buf` is shorter than the record, or the record is not
+/// the one the row names, or its bytes changed since they were written.
+pub fn parse_record(stream: u64, seq: u64, len: u32, buf: &[u8]) -> Result<Record<'_>, StoreError> {
+    let total = HEADER_BYTES as usize + len as usize;
+    let Some(rec) = buf.get(..total) else {
+        return Err(StoreError::Corrupt(format!(
+            "payload {stream:x}/{seq}: {} bytes read, the record takes {total}",
+            buf.len()
+        )));
+    };
+    let (stored_len, sum) = (le_u32(&rec[..4]), le_u32(&rec[4..8]));
+    let (rec_seq, ts, index) = (le_u64(&rec[8..16]), le_u64(&rec[16..24]), le_u64(&rec[24..32]));
+    let payload = &rec[HEADER_BYTES as usize..];
+    if stored_len != len || rec_seq != seq {
+        return Err(StoreError::Corrupt(format!(
+            "payload {stream:x}/{seq}: the record there is seq {rec_seq} of {stored_len} bytes, not seq {seq} of {len}"
+        )));
+    }
+    let computed = checksum(stream, seq, ts, index, payload);
+    if computed != sum {
+        return Err(StoreError::Corrupt(format!(
+            "payload {stream:x}/{seq} fails its checksum (stored {sum:08x}, computed {computed:08x}): \
+             its bytes changed since they were written"
+        )));
+    }
+    Ok(Record { seq, ts, index, payload })
+}
+
+/// What the durable state says of one stream's payloads, for [`PayloadStore::open`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// The stream's id.
+    pub stream: u64,
+    /// The segment of its oldest retained batch.
+    pub first_segment: u64,
+    /// The location of its newest batch.
+    pub last: Location,
+}
+
+/// The segment a stream appends to.
+struct Active {
+    first: u64,
+    file: Arc<dyn SegmentFile>,
+    /// Offset just past its last record, in bytes.
+    end: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Every segment on disk that is not retired.
+    live: BTreeSet<SegmentKey>,
+    /// Each stream's newest segment, once appended to or recovered.
+    active: HashMap<u64, Active>,
+    /// Segments appended to since the last [`PayloadStore::sync`].
+    dirty: BTreeMap<SegmentKey, Arc<dyn SegmentFile>>,
+    /// Retired segments that a state not yet durable may still refer to.
+    retired: BTreeSet<SegmentKey>,
+    /// Retired segments that no durable state refers to: removed once no reader is in.
+    removable: BTreeSet<SegmentKey>,
+    /// Open handles of sealed segments, with the tick of their last use.
+    handles: HashMap<SegmentKey, (Arc<dyn SegmentFile>, u64)>,
+    tick: u64,
+}
+
+/// The payload segments of one Raft group.
+pub struct PayloadStore {
+    dir: Arc<dyn PayloadDir>,
+    /// A stream starts a new segment once its current one holds this many bytes.
+    segment_bytes: u64,
+    inner: Mutex<Inner>,
+    /// Readers hold it shared from before their database read until their last file read;
+    /// removing segments takes it exclusively, without waiting.
+    gate: RwLock<()>,
+}
+
+/// Held by a reader from before it opens its database read until it has read the records that
+/// read named: no segment is removed meanwhile ([`PayloadStore::read_gate`]).
+pub struct ReadGate<'a>(#[allow(dead_code)] RwLockReadGuard<'a, ()>);
+
+impl PayloadStore {
+    /// Opens the segments in `dir` against the durable state's `extents` (one per stream that
+    /// holds at least one batch): for each stream, its newest segment is cut back to the end of
+    /// its newest record; segments of streams with no extent, and segments before an extent's
+    /// first or after its last, are removed (the durable state does not refer to them: they
+    /// were retired, or written after its commit and will be written again by the log's replay).
+    /// New segments are started once they hold `segment_bytes`.
+    ///
+    /// Errors: I/O on the directory; [`StoreError::Corrupt`] when a segment an extent refers to
+    /// is missing, or shorter than the extent's last record (the durable state refers to bytes
+    /// that are gone).
+    pub fn open(dir: Arc<dyn PayloadDir>, segment_bytes: u64, extents: &[Extent]) -> Result<PayloadStore, StoreError> {
+        let by_stream: HashMap<u64, &Extent> = extents.iter().map(|e| (e.stream, e)).collect();
+        let mut inner = Inner::default();
+        for key in dir.list()? {
+            let keep =
+                by_stream.get(&key.stream).is_some_and(|e| (e.first_segment..=e.last.segment).contains(&key.first));
+            if keep {
+                inner.live.insert(key);
+            } else {
+                tracing::debug!(segment = %key.file_name(), "removing a payload segment the durable state does not refer to");
+                dir.remove(key)?;
+            }
+        }
+        for e in extents {
+            for first in [e.first_segment, e.last.segment] {
+                if !inner.live.contains(&SegmentKey { stream: e.stream, first }) {
+                    return Err(StoreError::Corrupt(format!(
+                        "payload segment {} is missing; the state machine refers to it",
+                        SegmentKey { stream: e.stream, first }.file_name()
+                    )));
+                }
+            }
+            let key = SegmentKey { stream: e.stream, first: e.last.segment };
+            let end = e.last.end();
+            let file = dir.open(key)?;
+            let len = file.capacity()?;
+            if len < end {
+                return Err(StoreError::Corrupt(format!(
+                    "payload segment {} holds {len} bytes; the state machine refers to {end}",
+                    key.file_name()
+                )));
+            }
+            if len > end {
+                dir.truncate(key, end)?;
+            }
+            inner.active.insert(e.stream, Active { first: key.first, file, end });
+        }
+        Ok(PayloadStore { dir, segment_bytes: segment_bytes.max(1), inner: Mutex::new(inner), gate: RwLock::new(()) })
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends the record of batch `seq` of `stream` to the stream's newest segment (a new one
+    /// when there is none or it is full) and returns its location. Written to the page cache
+    /// only: durable after the next [`PayloadStore::sync`]. Seqs of a stream must be appended in
+    /// increasing order (the state machine applies them so).
+    ///
+    /// Errors: I/O; [`StoreError::Corrupt`] for a payload over 4 GiB (the state machine's limits
+    /// keep payloads far smaller).
+    pub fn append(&self, stream: u64, seq: u64, ts: u64, index: u64, payload: &[u8]) -> Result<Location, StoreError> {
+        let header = encode_header(stream, seq, ts, index, payload)?;
+        let mut inner = self.inner();
+        let roll = match inner.active.get(&stream) {
+            None => true,
+            Some(a) => a.end > 0 && a.end.saturating_add(HEADER_BYTES + payload.len() as u64) > self.segment_bytes,
+        };
+        if roll {
+            let key = SegmentKey { stream, first: seq };
+            debug_assert!(
+                inner.active.get(&stream).is_none_or(|a| a.first < seq),
+                "a stream's segments start at increasing seqs"
+            );
+            let file = self.dir.create(key)?;
+            inner.live.insert(key);
+            inner.active.insert(stream, Active { first: seq, file, end: 0 });
+        }
+        let Some(active) = inner.active.get_mut(&stream) else {
+            return Err(StoreError::Corrupt(format!("payload stream {stream:x} has no segment after one was made")));
+        };
+        let (offset, file, first) = (active.end, active.file.clone(), active.first);
+        let mut record = Vec::with_capacity(HEADER_BYTES as usize + payload.len());
+        record.extend_from_slice(&header);
+        record.extend_from_slice(payload);
+        file.write_at(offset, &record)?;
+        active.end = offset.saturating_add(record.len() as u64);
+        inner.dirty.insert(SegmentKey { stream, first }, file);
+        Ok(Location { segment: first, offset, len: payload.len() as u32 })
+    }
+
+    /// Makes every record appended so far durable (`fdatasync` of each segment appended to since
+    /// the last call). Call it before a durable commit of rows that point at those records.
+    ///
+    /// Errors: I/O; the segments not yet synced stay dirty and the next call tries them again.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        let dirty = std::mem::take(&mut self.inner().dirty);
+        let mut failed = None;
+        let mut left = BTreeMap::new();
+        for (key, file) in dirty {
+            if failed.is_some() {
+                left.insert(key, file);
+                continue;
+            }
+            if let Err(e) = file.sync_data() {
+                failed = Some(e);
+                left.insert(key, file);
+            }
+        }
+        if let Some(e) = failed {
+            self.inner().dirty.extend(left);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Retires every segment of `stream` before the one whose first seq is `keep_from` (`None`:
+    /// every segment, for a stream deleted or left with no batch). A retired segment is removed
+    /// once the state that no longer refers to it is durable ([`PayloadStore::durable`]).
+    pub fn retire(&self, stream: u64, keep_from: Option<u64>) {
+        let mut inner = self.inner();
+        let end = keep_from.unwrap_or(u64::MAX);
+        let doomed: Vec<SegmentKey> = inner
+            .live
+            .range(SegmentKey { stream, first: 0 }..=SegmentKey { stream, first: u64::MAX })
+            .filter(|k| k.first < end || keep_from.is_none())
+            .copied()
+            .collect();
+        for key in doomed {
+            inner.live.remove(&key);
+            inner.handles.remove(&key);
+            if inner.active.get(&stream).is_some_and(|a| a.first == key.first) {
+                inner.active.remove(&stream);
+            }
+            inner.retired.insert(key);
+        }
+    }
+
+    /// Tells the store that the state machine's latest commit is durable: segments retired
+    /// before it may go, and are removed now unless a reader is in (then at a later call).
+    ///
+    /// Errors: I/O removing a segment; it is tried again at the next call.
+    pub fn durable(&self) -> Result<(), StoreError> {
+        {
+            let mut inner = self.inner();
+            let retired = std::mem::take(&mut inner.retired);
+            inner.removable.extend(retired);
+            if inner.removable.is_empty() {
+                return Ok(());
+            }
+        }
+        let Ok(_excl) = self.gate.try_write() else { return Ok(()) };
+        let removable = std::mem::take(&mut self.inner().removable);
+        let mut keys = removable.into_iter();
+        while let Some(key) = keys.next() {
+            match self.dir.remove(key) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    let mut inner = self.inner();
+                    inner.removable.insert(key);
+                    inner.removable.extend(keys);
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the read gate: hold it from before the database read whose locations the caller
+    /// will read until the last [`PayloadStore::read`] of them.
+    pub fn read_gate(&self) -> ReadGate<'_> {
+        ReadGate(self.gate.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Reads `bytes` bytes of segment `segment` of `stream` from `offset` (the records of
+    /// consecutive batches are adjacent, so one call reads a run of them; split them with
+    /// [`parse_record`]).
+    ///
+    /// Errors: I/O, or [`StoreError::Corrupt`] when the segment is missing or shorter.
+    pub fn read(
+        &self,
+        _gate: &ReadGate<'_>,
+        stream: u64,
+        segment: u64,
+        offset: u64,
+        bytes: usize,
+    ) -> Result<Vec<u8>, StoreError> {
+        let key = SegmentKey { stream, first: segment };
+        let file = self.handle(key)?;
+        let mut out = vec![0u8; bytes];
+        file.read_at(offset, &mut out).map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof => StoreError::Corrupt(format!(
+                "payload segment {} ends before offset {offset} + {bytes} bytes",
+                key.file_name()
+            )),
+            _ => e.into(),
+        })?;
+        Ok(out)
+    }
+
+    /// An open handle of segment `key`: the active one, one cached, or newly opened (closing the
+    /// least recently used past [`OPEN_SEGMENTS_MAX`]).
+    fn handle(&self, key: SegmentKey) -> Result<Arc<dyn SegmentFile>, StoreError> {
+        let mut inner = self.inner();
+        if let Some(a) = inner.active.get(&key.stream).filter(|a| a.first == key.first) {
+            return Ok(a.file.clone());
+        }
+        inner.tick += 1;
+        let tick = inner.tick;
+        if let Some((file, used)) = inner.handles.get_mut(&key) {
+            *used = tick;
+            return Ok(file.clone());
+        }
+        if !inner.live.contains(&key) {
+            return Err(StoreError::Corrupt(format!("payload segment {} is not on this node", key.file_name())));
+        }
+        let file = self.dir.open(key)?;
+        if inner.handles.len() >= OPEN_SEGMENTS_MAX {
+            let mut by_use: Vec<(u64, SegmentKey)> = inner.handles.iter().map(|(k, (_, used))| (*used, *k)).collect();
+            by_use.sort_unstable();
+            for (_, k) in by_use.into_iter().take(OPEN_SEGMENTS_MAX / 2) {
+                inner.handles.remove(&k);
+            }
+        }
+        inner.handles.insert(key, (file.clone(), tick));
+        Ok(file)
+    }
+
+    /// The segments on disk that no state retired, in (stream, first seq) order: what a snapshot
+    /// of the current state refers to.
+    pub fn live_segments(&self) -> Vec<SegmentKey> {
+        self.inner().live.iter().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(dir: &tempfile::TempDir, segment_bytes: u64, extents: &[Extent]) -> PayloadStore {
+        let fs = Arc::new(FsPayloads::new(dir.path().join("payloads")).unwrap());
+        PayloadStore::open(fs, segment_bytes, extents).unwrap()
+    }
+
+    fn read_one(s: &PayloadStore, stream: u64, seq: u64, loc: Location) -> (u64, u64, Vec<u8>) {
+        let gate = s.read_gate();
+        let buf = s.read(&gate, stream, loc.segment, loc.offset, (HEADER_BYTES + u64::from(loc.len)) as usize).unwrap();
+        let r = parse_record(stream, seq, loc.len, &buf).unwrap();
+        (r.ts, r.index, r.payload.to_vec())
+    }
+
+    fn files(dir: &tempfile::TempDir) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir.path().join("payloads"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn segment_names_round_trip_and_other_names_are_ignored() {
+        let k = SegmentKey { stream: 0xab, first: u64::MAX };
+        assert_eq!(k.file_name(), "00000000000000ab-18446744073709551615.seg");
+        assert_eq!(SegmentKey::parse(&k.file_name()), Some(k));
+        for other in ["committed", "ab-1.seg", "00000000000000ab-1.seg", "00000000000000zz-00000000000000000001.seg"] {
+            assert_eq!(SegmentKey::parse(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn appended_records_read_back_and_consecutive_ones_are_adjacent() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(&dir, 1 << 20, &[]);
+        let a = s.append(7, 1, 100, 10, b"first").unwrap();
+        let b = s.append(7, 3, 101, 11, b"").unwrap();
+        let c = s.append(9, 3, 102, 11, &[0xff; 300]).unwrap();
+        assert_eq!(a, Location { segment: 1, offset: 0, len: 5 });
+        assert_eq!(b.offset, a.end(), "records follow each other");
+        assert_eq!(c, Location { segment: 3, offset: 0, len: 300 }, "another stream, another segment");
+        assert_eq!(read_one(&s, 7, 1, a), (100, 10, b"first".to_vec()));
+        assert_eq!(read_one(&s, 7, 3, b), (101, 11, Vec::new()));
+        assert_eq!(read_one(&s, 9, 3, c), (102, 11, vec![0xff; 300]));
+        // One read of the run of stream 7, split record by record.
+        let gate = s.read_gate();
+        let run = s.read(&gate, 7, 1, 0, b.end() as usize).unwrap();
+        assert_eq!(parse_record(7, 1, 5, &run).unwrap().payload, b"first");
+        assert_eq!(parse_record(7, 3, 0, &run[a.end() as usize..]).unwrap().ts, 101);
+        assert_eq!(
+            files(&dir),
+            ["0000000000000007-00000000000000000001.seg", "0000000000000009-00000000000000000003.seg"]
+        );
+    }
+
+    #[test]
+    fn a_record_is_refused_under_another_key_or_with_any_bit_flipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(&dir, 1 << 20, &[]);
+        let loc = s.append(7, 5, 100, 10, &[1, 2, 3, 4]).unwrap();
+        let gate = s.read_gate();
+        let buf = s.read(&gate, 7, loc.segment, 0, loc.end() as usize).unwrap();
+        assert!(parse_record(7, 5, 4, &buf).is_ok());
+        assert!(matches!(parse_record(8, 5, 4, &buf), Err(StoreError::Corrupt(_))), "another stream");
+        assert!(matches!(parse_record(7, 6, 4, &buf), Err(StoreError::Corrupt(_))), "another seq");
+        assert!(matches!(parse_record(7, 5, 3, &buf), Err(StoreError::Corrupt(_))), "another length");
+        assert!(matches!(parse_record(7, 5, 4, &buf[..30]), Err(StoreError::Corrupt(_))), "short read");
+        for bit in 0..buf.len() * 8 {
+            let mut flipped = buf.clone();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            assert!(matches!(parse_record(7, 5, 4, &flipped), Err(StoreError::Corrupt(_))), "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn a_stream_starts_a_new_segment_once_its_segment_is_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(&dir, 100, &[]);
+        let a = s.append(1, 10, 0, 1, &[0; 50]).unwrap();
+        let b = s.append(1, 11, 0, 2, &[0; 10]).unwrap();
+        // 82 + 42 > 100: a new segment, named by its first seq.
+        assert_eq!((a.segment, b.segment, b.offset), (10, 11, 0));
+        // A record larger than a segment still gets one, of its own.
+        let c = s.append(1, 12, 0, 3, &[0; 500]).unwrap();
+        assert_eq!((c.segment, c.offset), (12, 0));
+        assert_eq!(s.live_segments().len(), 3);
+    }
+
+    #[test]
+    fn open_cuts_the_tail_the_durable_state_does_not_refer_to_and_removes_what_it_does_not_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b);
+        {
+            // Records of 92, 52, 42 and 92 bytes in segments of 100.
+            let s = store(&dir, 100, &[]);
+            s.append(1, 1, 0, 1, &[1; 60]).unwrap(); // segment 1, retired below
+            a = s.append(1, 2, 0, 2, &[2; 20]).unwrap(); // segment 2
+            b = s.append(1, 3, 0, 3, &[3; 10]).unwrap(); // segment 2, after the durable state
+            s.append(1, 4, 0, 4, &[4; 60]).unwrap(); // segment 4, after the durable state
+            s.append(2, 1, 0, 1, &[5; 10]).unwrap(); // a stream the durable state does not hold
+            s.sync().unwrap();
+        }
+        assert_eq!(a.segment, 2);
+        assert_eq!(b.segment, 2);
+        // The durable state: stream 1 retains seq 2 only.
+        let s = store(&dir, 100, &[Extent { stream: 1, first_segment: 2, last: a }]);
+        assert_eq!(files(&dir), ["0000000000000001-00000000000000000002.seg"]);
+        assert_eq!(std::fs::metadata(dir.path().join("payloads").join(files(&dir)[0].clone())).unwrap().len(), a.end());
+        assert_eq!(read_one(&s, 1, 2, a), (0, 2, vec![2; 20]));
+        // The log's replay writes seq 3 again where it was.
+        assert_eq!(s.append(1, 3, 0, 3, &[3; 10]).unwrap(), b);
+    }
+
+    #[test]
+    fn open_refuses_a_durable_state_that_refers_to_missing_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = {
+            let s = store(&dir, 1 << 20, &[]);
+            s.append(1, 1, 0, 1, &[1; 40]).unwrap()
+        };
+        let fs = Arc::new(FsPayloads::new(dir.path().join("payloads")).unwrap());
+        let longer = Location { len: 41, ..a };
+        let e = PayloadStore::open(fs.clone(), 1 << 20, &[Extent { stream: 1, first_segment: 1, last: longer }]);
+        assert!(matches!(e, Err(StoreError::Corrupt(m)) if m.contains("holds 72 bytes")));
+        let elsewhere = Location { segment: 5, ..a };
+        let e = PayloadStore::open(fs, 1 << 20, &[Extent { stream: 1, first_segment: 1, last: elsewhere }]);
+        assert!(matches!(e, Err(StoreError::Corrupt(m)) if m.contains("missing")));
+    }
+
+    #[test]
+    fn a_retired_segment_goes_only_once_durable_and_no_reader_is_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(&dir, 50, &[]);
+        let a = s.append(1, 1, 0, 1, &[1; 40]).unwrap();
+        s.append(1, 2, 0, 2, &[2; 40]).unwrap();
+        s.retire(1, Some(2));
+        assert_eq!(files(&dir).len(), 2, "not before the state is durable");
+        let gate = s.read_gate();
+        s.durable().unwrap();
+        assert_eq!(files(&dir).len(), 2, "not while a reader that may still refer to it is in");
+        assert!(s.read(&gate, 1, a.segment, 0, 8).is_err(), "a reader that starts after retire does not find it");
+        drop(gate);
+        s.durable().unwrap();
+        assert_eq!(files(&dir), ["0000000000000001-00000000000000000002.seg"]);
+        // Retiring every segment of a stream: its next append starts a new segment.
+        s.retire(1, None);
+        s.durable().unwrap();
+        assert!(files(&dir).is_empty());
+        assert_eq!(s.append(1, 9, 0, 3, b"x").unwrap(), Location { segment: 9, offset: 0, len: 1 });
+    }
+
+    #[test]
+    fn many_sealed_segments_are_read_with_a_bounded_number_of_open_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(&dir, 1, &[]);
+        let locs: Vec<(u64, Location)> = (1..=(OPEN_SEGMENTS_MAX as u64 * 2))
+            .map(|seq| (seq, s.append(3, seq, 0, seq, &seq.to_le_bytes()).unwrap()))
+            .collect();
+        for (seq, loc) in &locs {
+            assert_eq!(read_one(&s, 3, *seq, *loc).2, seq.to_le_bytes());
+        }
+        assert!(s.inner().handles.len() <= OPEN_SEGMENTS_MAX);
+    }
+}
