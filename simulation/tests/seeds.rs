@@ -240,6 +240,17 @@ fn regression_seed_40939_a_removed_leader_proposes_no_membership_change() {
     must_pass_showing("40939", &[], &["membership changes 2", "clock jumps 3"]);
 }
 
+/// Seed 60360 (README): a leader in only the old half of a committed joint configuration
+/// `[{1, 2, 3}, {2, 3}]` took an API removal of node 3, which openraft starts from the new half
+/// (`[{2, 3}, {2}]`): its second step was proposed by node 1 from outside the cluster and
+/// openraft's `debug_assert!` stopped its Raft core. The API now refuses a change while the
+/// membership is joint (`api::members::refuse_while_joint`).
+#[test]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+fn regression_seed_60360_no_membership_change_begins_from_a_joint_configuration() {
+    must_pass_showing("60360", &[], &["membership changes 3"]);
+}
+
 /// Lost disks (README, "Round two: lost disks", harness): n1, wiped, restarted while its disk
 /// was full; `guard_wiped_node`'s first write (its held vote) failed with ENOSPC and
 /// `node::run` returned the error, which the simulated supervisor took for a node that stopped

@@ -63,6 +63,20 @@ pub(crate) fn joint_target(m: &Membership<NodeId, BasicNode>) -> Option<BTreeSet
     configs.last().cloned()
 }
 
+/// Refuses a change while `m` is a joint configuration: one membership change at a time. A
+/// change begun from a joint configuration `[old, new]` starts from `new`, so a leader that is
+/// only in `old` would propose openraft's second step from outside the cluster (simulation seed
+/// 60360; openraft asserts against it); `node::finish_joint_changes` completes the change in
+/// progress within [`crate::limits::JOINT_REPAIR_MS`], and the client retries (`503`).
+fn refuse_while_joint(m: &Membership<NodeId, BasicNode>) -> Result<(), OpError> {
+    match joint_target(m) {
+        Some(target) => Err(OpError::Fail(ApiError::NotReady(format!(
+            "a membership change to voters {target:?} is still in progress; retry once it has finished"
+        )))),
+        None => Ok(()),
+    }
+}
+
 fn answer(s: &AppState, led: Led<()>) -> Response {
     match led {
         Led::Here(()) => json(StatusCode::OK, &cluster::view_of(s)),
@@ -130,6 +144,7 @@ pub(super) async fn add(
     let led = on_leader(&s, &req, || async {
         let _serial = s.membership_lock.lock().await;
         let membership = membership_to_change(&s.raft, s.node_id).await.ok_or(OpError::NotLeader)?;
+        refuse_while_joint(&membership)?;
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let known = membership.get_node(&b.id).map(|n| n.addr.clone());
         if voters.contains(&b.id) {
@@ -211,6 +226,7 @@ pub(super) async fn remove(
     let led = on_leader(&s, &req, || async {
         let _serial = s.membership_lock.lock().await;
         let membership = membership_to_change(&s.raft, s.node_id).await.ok_or(OpError::NotLeader)?;
+        refuse_while_joint(&membership)?;
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         if membership.get_node(&id).is_none() {
             return Err(OpError::Fail(ApiError::NotFound(format!("node {id} is not a member"))));
@@ -277,5 +293,17 @@ mod tests {
     fn a_joint_configuration_is_finished_towards_its_last_voter_set() {
         assert_eq!(joint_target(&membership(vec![vec![1, 2, 3], vec![1, 3]], &[])), Some(BTreeSet::from([1, 3])));
         assert_eq!(joint_target(&membership(vec![vec![1, 3]], &[2])), None);
+    }
+
+    /// A change is refused (`503`, retried by the client) while another is in progress: begun
+    /// from `[{1, 2, 3}, {2, 3}]`, a removal of 3 would start from `{2, 3}`, and its second step
+    /// would be proposed by leader 1 from outside the cluster (simulation seed 60360).
+    #[test]
+    fn a_change_waits_while_another_is_in_progress() {
+        let joint = membership(vec![vec![1, 2, 3], vec![2, 3]], &[]);
+        assert!(
+            matches!(refuse_while_joint(&joint), Err(OpError::Fail(ApiError::NotReady(m))) if m.contains("in progress"))
+        );
+        assert!(refuse_while_joint(&membership(vec![vec![1, 2, 3]], &[4])).is_ok());
     }
 }
