@@ -583,7 +583,8 @@ mod tests {
         exit_after_raft_stop: Duration,
     ) -> OneNode {
         let segments = Breakable { inner: FsSegments::new(dir.join("log")).unwrap(), broken: broken.clone() };
-        let store = Store::open_with(dir, &FsDatabaseDir::new(dir), Arc::new(segments)).unwrap();
+        let payloads = Arc::new(crate::storage::payloads::FsPayloads::new(dir.join("payloads")).unwrap());
+        let store = Store::open_with(dir, &FsDatabaseDir::new(dir), Arc::new(segments), payloads).unwrap();
         let weak = Arc::downgrade(&store);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();

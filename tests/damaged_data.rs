@@ -1,7 +1,7 @@
-//! A bit flipped on disk in a stored batch is detected and never served (data format 2: every
-//! batch value carries a CRC-32 of its key and content; redb checks its own page checksums only
-//! in `check_integrity`, not on reads). A real three-node cluster; one follower is stopped, a bit
-//! of a stored payload is flipped in its `runnev.redb`, and it is started again.
+//! A bit flipped on disk in a stored batch is detected and never served (data format 3: every
+//! payload record in a payload segment carries a CRC-32 of its stream, seq, `ts`, log index and
+//! payload). A real three-node cluster; one follower is stopped, a bit of a stored payload is
+//! flipped in its payload segment, and it is started again.
 
 mod common;
 
@@ -49,21 +49,24 @@ async fn a_bit_flipped_in_a_stored_batch_is_refused_never_served() {
     .await;
     c.stop(follower).await;
 
-    // Flip one bit in the middle of every copy of marked batch 3's payload in the follower's
-    // database (copy-on-write may have left more than one).
-    let db = c.node(follower).data_dir.join("runnev.redb");
-    let mut bytes = std::fs::read(&db).expect("read runnev.redb");
+    // Flip one bit in the middle of marked batch 3's payload in the follower's payload
+    // segments (each payload is written there once).
+    let payloads = c.node(follower).data_dir.join("payloads");
     let needle = marker(3);
     let mut flipped = 0;
-    let mut at = 0;
-    while let Some(pos) = bytes[at..].windows(needle.len()).position(|w| w == needle.as_slice()) {
-        let hit = at + pos;
-        bytes[hit + needle.len() / 2] ^= 0x04;
-        flipped += 1;
-        at = hit + needle.len();
+    for entry in std::fs::read_dir(&payloads).expect("read the payloads directory") {
+        let path = entry.expect("a directory entry").path();
+        let mut bytes = std::fs::read(&path).expect("read a payload segment");
+        let mut at = 0;
+        while let Some(pos) = bytes[at..].windows(needle.len()).position(|w| w == needle.as_slice()) {
+            let hit = at + pos;
+            bytes[hit + needle.len() / 2] ^= 0x04;
+            flipped += 1;
+            at = hit + needle.len();
+        }
+        std::fs::write(&path, &bytes).expect("write a payload segment");
     }
-    assert!(flipped > 0, "marked batch 3 not found in {}", db.display());
-    std::fs::write(&db, &bytes).expect("write runnev.redb");
+    assert_eq!(flipped, 1, "marked batch 3 once in {}", payloads.display());
     let mut damaged = marker(3);
     let mid = damaged.len() / 2;
     damaged[mid] ^= 0x04;
@@ -93,7 +96,7 @@ async fn a_bit_flipped_in_a_stored_batch_is_refused_never_served() {
         panic!("the page holding the damaged batch was served: {}", truncate(&r.text(), 400));
     }
     assert_eq!(r.status, 500, "{}", r.describe());
-    assert!(r.text().contains("damaged/3 fails its checksum"), "{}", r.describe());
+    assert!(r.text().contains("stream damaged, seq 3:") && r.text().contains("fails its checksum"), "{}", r.describe());
     // Below the damage the node still serves; the other nodes serve the batch intact.
     let r = http.get(&format!("{base}/v1/streams/damaged/batches?after=0&limit=2")).await.expect("read 1..=2");
     assert_eq!(r.status, 200, "{}", r.describe());

@@ -81,7 +81,7 @@ pub fn node_software(
             loop {
                 let cfg = node_config(&shared, id, data_dir.clone());
                 let opened = loop {
-                    match Store::open_with(&cfg.data_dir, &disk.db_dir(), disk.segments()) {
+                    match Store::open_with(&cfg.data_dir, &disk.db_dir(), disk.segments(), disk.payloads()) {
                         Err(e) if e.is_storage_full() => {
                             let line = format!("{:>7} ms n{id} cannot start on a full disk ({e}); retrying", now_ms());
                             shared.record(|h| h.fault_log.push(line));

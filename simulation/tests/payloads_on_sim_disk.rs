@@ -129,10 +129,11 @@ fn run(db: &Database, payloads: &PayloadStore, steps: &[Step], from: usize) -> B
         // appends of this very step too.
         if durable {
             payloads.sync().unwrap();
-        }
-        txn.commit().unwrap();
-        if durable {
-            payloads.durable().unwrap();
+            let sealed = payloads.seal();
+            txn.commit().unwrap();
+            payloads.durable(sealed).unwrap();
+        } else {
+            txn.commit().unwrap();
         }
     }
     placed

@@ -18,7 +18,7 @@ use simulation::rng::SimRng;
 
 /// Opens the store on `disk` (its `FORMAT` and snapshots under `data`), as a node does.
 fn open(data: &Path, disk: &SimDisk) -> Result<Arc<Store>, StoreError> {
-    Store::open_with(data, &disk.db_dir(), disk.segments())
+    Store::open_with(data, &disk.db_dir(), disk.segments(), disk.payloads())
 }
 
 /// The crashes tried at each operation: a kill, power losses that keep none, some and all of

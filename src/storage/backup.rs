@@ -104,11 +104,13 @@ impl<R: Read> Read for Summing<R> {
 ///
 /// Errors: redb, encoding, or `w`'s failures (a reader that went away ends the write).
 pub fn write(store: &Store, w: impl Write) -> Result<BackupInfo, StoreError> {
+    let gate = store.payloads().read_gate();
     let txn = store.db().begin_read()?;
     let mut w = Summing::new(w);
     w.write_all(MAGIC)?;
     w.write_all(&FORMAT_VERSION.to_le_bytes())?;
-    let (meta, streams, batches) = snapshot::write_state(&txn, &mut w)?;
+    let (meta, streams, batches) = snapshot::write_state(store, &txn, &gate, &mut w)?;
+    drop((txn, gate));
     let (crc, len) = (w.crc.finalize(), w.bytes);
     let mut w = w.inner;
     w.write_all(END_MAGIC)?;

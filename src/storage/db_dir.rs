@@ -197,7 +197,8 @@ mod tests {
     fn a_creation_that_fails_before_its_rename_leaves_no_database() {
         let dir = tempfile::tempdir().unwrap();
         let segments = Arc::new(FsSegments::new(dir.path().join("log")).unwrap());
-        let failed = Store::open_with(dir.path(), &RenameFails(FsDatabaseDir::new(dir.path())), segments);
+        let payloads = Arc::new(crate::storage::payloads::FsPayloads::new(dir.path().join("payloads")).unwrap());
+        let failed = Store::open_with(dir.path(), &RenameFails(FsDatabaseDir::new(dir.path())), segments, payloads);
         assert!(matches!(failed, Err(StoreError::Io(_))), "{:?}", failed.err());
         assert!(dir.path().join(DB_FILE_NEW).exists());
         assert!(!dir.path().join(DB_FILE).exists());

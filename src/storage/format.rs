@@ -12,8 +12,12 @@
 //! follows etcd's and CockroachDB's version files beside their data.
 //!
 //! Formats: 1, batch values without a checksum; 2, batch values written from then on carry a
-//! CRC-32 of their key and content, checked on every read (`storage::BatchValue`), and values
-//! of format 1 are still read as they are.
+//! CRC-32 of their key and content (`storage::BatchValue`), and values of format 1 are still
+//! read as they are; 3, payloads leave the database for per-stream payload segments
+//! (`storage::payloads`) and the database keeps a 40-byte index row per batch
+//! (`storage::IndexRow`). A directory of format 1 or 2 is marked 3 and then upgraded at its
+//! first start, in one durable transaction (`Store::migrate_inline_batches`); the snapshot
+//! format is the same in all three, so a cluster can be upgraded one node at a time.
 //!
 //! Owns: reading, checking and writing `FORMAT`. Must never: rewrite data (a format that needs
 //! its records rewritten comes with its own upgrade path) or touch any other file.
@@ -24,11 +28,11 @@ use std::path::Path;
 use super::StoreError;
 
 /// The data format this build writes.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
-/// The data formats this build reads: its own and format 1, whose batch values it reads as
-/// they are (without a checksum).
-pub const READABLE: [u32; 2] = [1, 2];
+/// The data formats this build reads: its own, and formats 1 and 2, whose inline batch values
+/// it moves to payload segments at the first start (`Store::migrate_inline_batches`).
+pub const READABLE: [u32; 3] = [1, 2, 3];
 
 /// The file's name, in the data directory.
 pub const FORMAT_FILE: &str = "FORMAT";
@@ -117,7 +121,7 @@ mod tests {
 
     #[test]
     fn another_format_is_refused_with_both_numbers_and_left_as_it_is() {
-        for other in [0, 3, 99] {
+        for other in [0, 4, 99] {
             let dir = tempfile::tempdir().unwrap();
             let text = format!("runnev data format {other}\n");
             std::fs::write(dir.path().join(FORMAT_FILE), &text).unwrap();

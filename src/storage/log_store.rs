@@ -38,8 +38,7 @@ impl LogStore {
     fn write_meta(store: &Store, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
         let txn = store.begin_durable_write()?;
         txn.open_table(RAFT_META)?.insert(key, bytes)?;
-        txn.commit()?;
-        Ok(())
+        store.commit_durably(txn)
     }
 }
 

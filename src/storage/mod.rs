@@ -7,13 +7,19 @@
 //!
 //! Layout (`--data-dir`):
 //! - `log/<index>.seg`: the Raft log (see [`segments`]);
-//! - `runnev.redb`: tables [`RAFT_META`], [`SM_META`], [`STREAMS`], [`TOMBSTONES`], [`BATCHES`],
-//!   [`TOKENS`]; created as `runnev.redb.new` and renamed once complete (see [`db_dir`]);
+//! - `payloads/<stream id>-<first seq>.seg`: batch payloads, each written once when applied,
+//!   per stream in append-only segment files (see [`payloads`]);
+//! - `runnev.redb`: tables [`RAFT_META`], [`SM_META`], [`STREAMS`], [`TOMBSTONES`],
+//!   [`STREAM_IDS`], [`BATCH_INDEX`] (seq → where the payload is, never the payload), [`TOKENS`];
+//!   created as `runnev.redb.new` and renamed once complete (see [`db_dir`]);
 //! - `snapshot.bin`: the newest snapshot (see [`snapshot`]), replaced atomically by rename.
 //!
 //! The state machine commits without fsync (the log is the durable record and replays it) and
 //! durably every [`crate::limits::SM_DURABLE_EVERY_ENTRIES`] entries or
 //! [`crate::limits::SM_DURABLE_EVERY_BYTES`] bytes, which bounds the replay after a crash.
+//! Every durable commit goes through [`Store::commit_durably`], which fsyncs the payload
+//! segments first: a durable commit also persists the non-durable ones before it, so no durable
+//! state may ever point at payload bytes that are not on disk.
 
 pub mod backup;
 pub mod db_dir;
@@ -74,8 +80,20 @@ pub(crate) const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("to
 /// The key in [`TOKENS`] recording that the bootstrap admin token was made (empty: no token
 /// can have this name).
 pub(crate) const TOKENS_BOOTSTRAPPED: &str = "";
-/// Batches: (stream, seq) → [`BatchValue`] encoding (`ts` ms, log index, CRC-32, payload).
+/// Batches of data formats 1 and 2, payloads inline: (stream, seq) → [`BatchValue`] encoding
+/// (`ts` ms, log index, CRC-32, payload). Read only by the upgrade to format 3
+/// ([`Store::migrate_inline_batches`]), which moves them to [`payloads`] and drops the table.
 pub(crate) const BATCHES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("batches");
+/// Each stream's id on this node: name → id, the name of its payload segments
+/// ([`payloads::SegmentKey`]). Local to the node (a snapshot does not carry it; an installing
+/// node numbers streams itself) and never reused: the next id is `"next_stream_id"` in
+/// [`SM_META`]. A stream gets its id with its first batch; a deleted stream loses it.
+pub(crate) const STREAM_IDS: TableDefinition<&str, u64> = TableDefinition::new("stream_ids");
+/// The batch index: (stream id, seq) → [`IndexRow`] (`ts`, log index and the payload's
+/// [`payloads::Location`]; 40 bytes a batch, whatever the payload's size).
+pub(crate) const BATCH_INDEX: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("batch_index");
+/// The key in [`SM_META`] of the next stream id to assign (absent: 0).
+pub(crate) const NEXT_STREAM_ID: &str = "next_stream_id";
 
 /// A storage failure. Never caused by client input: callers validate before reaching storage.
 /// [`StoreError::is_storage_full`] tells a full disk (the one failure a client is told about as
@@ -142,6 +160,17 @@ macro_rules! from_redb {
     ($($t:ty),*) => {$(impl From<$t> for StoreError { fn from(e: $t) -> Self { StoreError::Db(e.into()) } })*};
 }
 from_redb!(redb::DatabaseError, redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError);
+
+/// The little-endian u64 at the start of `b` (0 when `b` is shorter: callers pass slices of
+/// fixed-width encodings they have already length-checked).
+pub(crate) fn le_u64(b: &[u8]) -> u64 {
+    b.first_chunk().map_or(0, |c| u64::from_le_bytes(*c))
+}
+
+/// The little-endian u32 at the start of `b`, as [`le_u64`].
+pub(crate) fn le_u32(b: &[u8]) -> u32 {
+    b.first_chunk().map_or(0, |c| u32::from_le_bytes(*c))
+}
 
 /// Encodes a value for storage or the wire (postcard: compact, schema-less, serde-driven).
 pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
@@ -241,6 +270,63 @@ impl BatchValue {
     }
 }
 
+/// A row of [`BATCH_INDEX`]: what the state machine knows of a batch besides its payload.
+///
+/// Encoding, 40 bytes, all little-endian: `ts` ms (u64), log index (u64), the payload's
+/// [`payloads::Location`] (20 bytes), CRC-32 (IEEE, u32) of the stream id, the seq and the 36
+/// bytes before it. redb does not check page checksums on reads, so a flipped bit in a row (a
+/// `ts` that would make retention evict early, a location elsewhere) is refused as
+/// [`StoreError::Corrupt`] instead of acted on; the payload record checks its own bytes
+/// ([`payloads::parse_record`]) and must agree with the row's `ts` and log index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IndexRow {
+    /// Leader-assigned time, ms since the Unix epoch.
+    pub ts: u64,
+    /// Raft log index of the entry that stored the batch.
+    pub index: u64,
+    /// Where its payload record is.
+    pub loc: payloads::Location,
+}
+
+impl IndexRow {
+    /// Encoded length, bytes.
+    pub(crate) const BYTES: usize = 16 + payloads::Location::ENCODED_BYTES + 4;
+
+    fn checksum(stream: u64, seq: u64, body: &[u8]) -> u32 {
+        let mut h = crc32fast::Hasher::new();
+        h.update(&stream.to_le_bytes());
+        h.update(&seq.to_le_bytes());
+        h.update(body);
+        h.finalize()
+    }
+
+    /// Encodes the row of batch `seq` of stream id `stream`.
+    pub(crate) fn encode(&self, stream: u64, seq: u64) -> [u8; Self::BYTES] {
+        let mut v = [0u8; Self::BYTES];
+        v[..8].copy_from_slice(&self.ts.to_le_bytes());
+        v[8..16].copy_from_slice(&self.index.to_le_bytes());
+        v[16..36].copy_from_slice(&self.loc.encode());
+        let sum = Self::checksum(stream, seq, &v[..36]);
+        v[36..].copy_from_slice(&sum.to_le_bytes());
+        v
+    }
+
+    /// Decodes the row stored under (`stream`, `seq`).
+    ///
+    /// Errors: [`StoreError::Corrupt`] for a value of another length or one that fails its
+    /// checksum (changed on disk, or stored under another key).
+    pub(crate) fn decode(stream: u64, seq: u64, v: &[u8]) -> Result<IndexRow, StoreError> {
+        let corrupt = |what: &str| StoreError::Corrupt(format!("batch index row {stream:x}/{seq}: {what}"));
+        let v: &[u8; Self::BYTES] = v.try_into().map_err(|_| corrupt(&format!("{} bytes", v.len())))?;
+        let stored = le_u32(&v[36..]);
+        if stored != Self::checksum(stream, seq, &v[..36]) {
+            return Err(corrupt("fails its checksum: its bytes changed since they were written"));
+        }
+        let loc = payloads::Location::decode(&v[16..36]).ok_or_else(|| corrupt("a location that does not decode"))?;
+        Ok(IndexRow { ts: le_u64(&v[..8]), index: le_u64(&v[8..16]), loc })
+    }
+}
+
 /// One batch as read back for a consumer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredBatch {
@@ -269,6 +355,7 @@ pub struct BatchesView {
 pub struct Store {
     db: Database,
     log: std::sync::Mutex<segments::SegmentLog>,
+    payloads: payloads::PayloadStore,
     dir: PathBuf,
     applied_tx: watch::Sender<u64>,
     committed_index: AtomicU64,
@@ -289,44 +376,56 @@ impl Store {
     /// process holds it, or it is corrupt).
     pub fn open(dir: &Path) -> Result<Arc<Store>, StoreError> {
         Store::open_marked(dir, &db_dir::FsDatabaseDir::new(dir), || {
-            Ok(Arc::new(segments::FsSegments::new(dir.join("log"))?))
+            Ok((
+                Arc::new(segments::FsSegments::new(dir.join("log"))?),
+                Arc::new(payloads::FsPayloads::new(dir.join("payloads"))?),
+            ))
         })
     }
 
-    /// Opens the store with its database in `db` and its Raft log in `segments` (the
-    /// simulation's, which lose unsynced writes on a crash); `FORMAT` and the snapshots still
-    /// live under `dir`. A missing database is created in `db` as [`Store::open`] creates it.
+    /// Opens the store with its database in `db`, its Raft log in `segments` and its payload
+    /// segments in `payloads` (the simulation's, which lose unsynced writes on a crash);
+    /// `FORMAT` and the snapshots still live under `dir`. A missing database is created in `db`
+    /// as [`Store::open`] creates it.
     ///
     /// Errors: as [`Store::open`].
     pub fn open_with(
         dir: &Path,
         db: &impl db_dir::DatabaseDir,
         segments: Arc<dyn segments::SegmentDir>,
+        payloads: Arc<dyn payloads::PayloadDir>,
     ) -> Result<Arc<Store>, StoreError> {
-        Store::open_marked(dir, db, || Ok(segments))
+        Store::open_marked(dir, db, || Ok((segments, payloads)))
     }
 
     /// Creates `dir`, checks its `FORMAT` before the database or the log is opened (or created),
     /// and writes the marker of a new directory only once the store has opened (a failed open
     /// leaves the directory in the format it found; at most a temporary database file, which
-    /// the next start removes), before anything of this format is written (nothing is until the
-    /// store is returned).
+    /// the next start removes), before anything of this format is written: the upgrade of a
+    /// directory of format 1 or 2 ([`Store::migrate_inline_batches`]) runs after the mark.
     fn open_marked(
         dir: &Path,
         db: &impl db_dir::DatabaseDir,
-        segments: impl FnOnce() -> Result<Arc<dyn segments::SegmentDir>, StoreError>,
+        files: impl FnOnce() -> Result<(Arc<dyn segments::SegmentDir>, Arc<dyn payloads::PayloadDir>), StoreError>,
     ) -> Result<Arc<Store>, StoreError> {
         std::fs::create_dir_all(dir)?;
         let mark = format::check(dir)?;
         let db = db_dir::open_database(db, create_tables)?;
-        let store = Store::init(db, segments()?, dir)?;
+        let (segments, payloads) = files()?;
+        let store = Store::init(db, segments, payloads, dir)?;
         if mark {
             format::write(dir)?;
         }
+        store.migrate_inline_batches()?;
         Ok(store)
     }
 
-    fn init(db: Database, segments: Arc<dyn segments::SegmentDir>, dir: &Path) -> Result<Arc<Store>, StoreError> {
+    fn init(
+        db: Database,
+        segments: Arc<dyn segments::SegmentDir>,
+        payload_dir: Arc<dyn payloads::PayloadDir>,
+        dir: &Path,
+    ) -> Result<Arc<Store>, StoreError> {
         {
             let txn = db.begin_read()?;
             match txn.open_table(LEGACY_LOG) {
@@ -342,9 +441,12 @@ impl Store {
             t.get("last_purged")?.map(|v| decode(v.value())).transpose()?
         };
         let log = segments::SegmentLog::open(segments, purged)?;
+        let extents = payload_extents(&db)?;
+        let payloads = payloads::PayloadStore::open(payload_dir, crate::limits::PAYLOAD_SEGMENT_BYTES, &extents)?;
         let store = Store {
             db,
             log: std::sync::Mutex::new(log),
+            payloads,
             dir: dir.to_path_buf(),
             applied_tx: watch::Sender::new(0),
             committed_index: AtomicU64::new(0),
@@ -369,6 +471,81 @@ impl Store {
     /// Errors: redb could not start a transaction.
     pub(crate) fn begin_durable_write(&self) -> Result<redb::WriteTransaction, StoreError> {
         begin_durable_write(&self.db)
+    }
+
+    /// Commits `txn` durably, the one way any durable commit is made: first fsyncs every
+    /// payload segment appended to ([`payloads::PayloadStore::sync`]), because a durable commit
+    /// also persists every non-durable state-machine commit before it, whose index rows point at
+    /// those bytes; `txn` holds redb's only write transaction meanwhile, so no other commit
+    /// slips in between. Then lets the payload segments retired by states now durable go
+    /// ([`payloads::PayloadStore::durable`]; a failure there is logged and retried at the next
+    /// durable commit: the commit itself succeeded).
+    ///
+    /// Errors: the fsync of a payload segment (nothing is committed) or the commit.
+    pub(crate) fn commit_durably(&self, txn: redb::WriteTransaction) -> Result<(), StoreError> {
+        self.payloads.sync()?;
+        let sealed = self.payloads.seal();
+        if let Err(e) = txn.commit() {
+            self.payloads.unseal(sealed);
+            return Err(e.into());
+        }
+        if let Err(e) = self.payloads.durable(sealed) {
+            tracing::warn!(error = %e, "removing retired payload segments failed; retried at the next durable commit");
+        }
+        Ok(())
+    }
+
+    /// The payload segments.
+    pub(crate) fn payloads(&self) -> &payloads::PayloadStore {
+        &self.payloads
+    }
+
+    /// Moves the batches of a data directory of format 1 or 2, whose payloads are inline in the
+    /// `batches` table, to payload segments and the batch index, in one durable transaction that
+    /// drops the old table (a crash before its commit leaves the old table whole, and the next
+    /// start does it again; the segments it had written are removed at open, as nothing refers
+    /// to them). Logs its progress every 64 MiB. Nothing to do for a directory of format 3.
+    ///
+    /// Errors: a value that fails its checksum (the upgrade stops, the directory keeps its old
+    /// table), redb or file I/O.
+    fn migrate_inline_batches(&self) -> Result<(), StoreError> {
+        {
+            let txn = self.db.begin_read()?;
+            match txn.open_table(BATCHES) {
+                Ok(t) if t.first()?.is_some() => {}
+                Ok(_) | Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        tracing::info!(dir = %self.dir.display(), "moving batch payloads out of the database into payload segments (data format 3)");
+        let txn = self.begin_durable_write()?;
+        let (mut batches, mut bytes, mut logged) = (0u64, 0u64, 0u64);
+        {
+            let old = txn.open_table(BATCHES)?;
+            let mut ids = txn.open_table(STREAM_IDS)?;
+            let mut index = txn.open_table(BATCH_INDEX)?;
+            let mut sm = txn.open_table(SM_META)?;
+            let mut next: u64 = sm.get(NEXT_STREAM_ID)?.map(|v| decode(v.value())).transpose()?.unwrap_or(0);
+            for row in old.iter()? {
+                let (k, v) = row?;
+                let (name, seq) = k.value();
+                let (ts, log_index, payload) = BatchValue::decode(name, seq, v.value())?;
+                let id = stream_id_or_assign(&mut ids, &mut next, name)?;
+                let loc = self.payloads.append(id, seq, ts, log_index, payload)?;
+                index.insert((id, seq), IndexRow { ts, index: log_index, loc }.encode(id, seq).as_slice())?;
+                batches += 1;
+                bytes = bytes.saturating_add(payload.len() as u64);
+                if bytes - logged >= 64 << 20 {
+                    logged = bytes;
+                    tracing::info!(batches, payload_bytes = bytes, "moving batch payloads");
+                }
+            }
+            sm.insert(NEXT_STREAM_ID, encode(&next)?.as_slice())?;
+        }
+        txn.delete_table(BATCHES)?;
+        self.commit_durably(txn)?;
+        tracing::info!(batches, payload_bytes = bytes, "moved batch payloads into payload segments");
+        Ok(())
     }
 
     /// The Raft log. Held only for in-memory work and page-cache I/O, never across an fsync of
@@ -472,7 +649,7 @@ impl Store {
     pub fn seed_vote(&self, vote: &openraft::Vote<crate::raft::NodeId>) -> Result<(), StoreError> {
         let txn = self.begin_durable_write()?;
         txn.open_table(RAFT_META)?.insert("vote", encode(vote)?.as_slice())?;
-        txn.commit()?;
+        self.commit_durably(txn)?;
         Ok(())
     }
 
@@ -488,7 +665,7 @@ impl Store {
             meta.insert("vote", encode(vote)?.as_slice())?;
             meta.insert(CATCHING_UP, [1u8].as_slice())?;
         }
-        txn.commit()?;
+        self.commit_durably(txn)?;
         Ok(())
     }
 
@@ -542,7 +719,7 @@ impl Store {
                 false => drop(meta.remove(key)?),
             }
         }
-        txn.commit()?;
+        self.commit_durably(txn)?;
         Ok(())
     }
 
@@ -562,7 +739,7 @@ impl Store {
             meta.remove(CATCHING_UP)?;
             meta.remove(UNSURE)?;
         }
-        txn.commit()?;
+        self.commit_durably(txn)?;
         Ok(())
     }
 
@@ -659,16 +836,18 @@ impl Store {
         )
     }
 
-    /// The same read as [`Store::read_batches`] without copying a payload: `start` gets the
+    /// The same read as [`Store::read_batches`] without a copy per batch: `start` gets the
     /// stream's metadata and makes the accumulator, then `each` gets every batch, in seq order,
-    /// borrowed from the read transaction. Readers that turn batches into an answer body (a
-    /// read's JSON, a subscription's events) write them straight from the database pages, where
-    /// a copy per batch was a tenth of a catch-up read's server time.
+    /// borrowed from the buffer its records were read into (one read per run of adjacent
+    /// records: a stream's batches follow each other in its payload segment).
     ///
-    /// Only applied entries are in the database, so nothing here is uncommitted. `None` if the
-    /// stream does not exist.
+    /// Only applied entries are in the database, so nothing here is uncommitted. The payload
+    /// segments' read gate is held from before the database read to the last payload read, so
+    /// retention cannot remove a segment this read's index rows point at. `None` if the stream
+    /// does not exist.
     ///
-    /// Errors: redb failures or a stored value that does not decode.
+    /// Errors: redb failures, file I/O, or [`StoreError::Corrupt`] for an index row or a
+    /// payload record that fails its checksum or disagrees with the other.
     pub fn visit_batches<T>(
         &self,
         name: &str,
@@ -678,30 +857,101 @@ impl Store {
         start: impl FnOnce(&StreamMeta) -> T,
         mut each: impl FnMut(&mut T, BatchRef<'_>),
     ) -> Result<Option<T>, StoreError> {
+        let gate = self.payloads.read_gate();
         let txn = self.db.begin_read()?;
         let streams = txn.open_table(STREAMS)?;
         let Some(meta) = streams.get(name)?.map(|v| decode::<StreamMeta>(v.value())).transpose()? else {
             return Ok(None);
         };
         let mut acc = start(&meta);
-        if let Some(from) = after.checked_add(1) {
-            let table = txn.open_table(BATCHES)?;
-            let (mut bytes, mut count) = (0usize, 0usize);
-            for row in table.range((name, from)..=(name, u64::MAX))? {
-                if count >= limit {
-                    break;
-                }
-                let (k, v) = row?;
-                let (ts, index, data) = BatchValue::decode(name, k.value().1, v.value())?;
-                if count > 0 && bytes.saturating_add(data.len()) > bytes_max {
-                    break;
-                }
-                bytes = bytes.saturating_add(data.len());
-                count += 1;
-                each(&mut acc, BatchRef { seq: k.value().1, ts, index, data });
+        let Some(from) = after.checked_add(1) else { return Ok(Some(acc)) };
+        let Some(id) = txn.open_table(STREAM_IDS)?.get(name)?.map(|v| v.value()) else {
+            if meta.batches > 0 {
+                return Err(StoreError::Corrupt(format!(
+                    "stream {name} counts {} batches but has no id",
+                    meta.batches
+                )));
             }
+            return Ok(Some(acc));
+        };
+        let table = txn.open_table(BATCH_INDEX)?;
+        let (mut bytes, mut rows) = (0usize, Vec::new());
+        for row in table.range((id, from)..=(id, u64::MAX))? {
+            if rows.len() >= limit {
+                break;
+            }
+            let (k, v) = row?;
+            let seq = k.value().1;
+            let row = IndexRow::decode(id, seq, v.value())?;
+            let len = row.loc.len as usize;
+            if !rows.is_empty() && bytes.saturating_add(len) > bytes_max {
+                break;
+            }
+            bytes = bytes.saturating_add(len);
+            rows.push((seq, row));
         }
+        self.read_payloads(&gate, name, id, &rows, |b| each(&mut acc, b))?;
         Ok(Some(acc))
+    }
+
+    /// Reads the payloads of `rows` (of stream `name`, id `id`, in seq order) and lends each
+    /// batch to `each`: one read per run of records adjacent in one segment, each record
+    /// checked against its row.
+    ///
+    /// Errors: file I/O, or [`StoreError::Corrupt`] (a record that fails its checksum, is not
+    /// the batch its row names, or disagrees with the row's `ts` or log index), naming the
+    /// stream and seq.
+    pub(crate) fn read_payloads(
+        &self,
+        gate: &payloads::ReadGate<'_>,
+        name: &str,
+        id: u64,
+        rows: &[(u64, IndexRow)],
+        mut each: impl FnMut(BatchRef<'_>),
+    ) -> Result<(), StoreError> {
+        let mut rest = rows;
+        while let Some(((_, first), _)) = rest.split_first() {
+            let mut run = 1;
+            while let Some((_, next)) = rest.get(run) {
+                let prev = rest[run - 1].1.loc;
+                if next.loc.segment != prev.segment || next.loc.offset != prev.end() {
+                    break;
+                }
+                run += 1;
+            }
+            let (this, after) = rest.split_at(run);
+            let last = this[run - 1].1.loc;
+            let span = last.end().saturating_sub(first.loc.offset);
+            let span =
+                usize::try_from(span).map_err(|_| StoreError::Corrupt(format!("a payload run of {span} bytes")))?;
+            let buf = self.payloads.read(gate, id, first.loc.segment, first.loc.offset, span)?;
+            for (seq, row) in this {
+                let at = row.loc.offset.saturating_sub(first.loc.offset) as usize;
+                let record = payloads::parse_record(id, *seq, row.loc.len, &buf[at..]).map_err(|e| match e {
+                    StoreError::Corrupt(m) => StoreError::Corrupt(format!("stream {name}, seq {seq}: {m}")),
+                    e => e,
+                })?;
+                if (record.ts, record.index) != (row.ts, row.index) {
+                    return Err(StoreError::Corrupt(format!(
+                        "stream {name}, seq {seq}: its index row says ts {} index {}, its record ts {} index {}",
+                        row.ts, row.index, record.ts, record.index
+                    )));
+                }
+                each(BatchRef { seq: *seq, ts: row.ts, index: row.index, data: record.payload });
+            }
+            rest = after;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Store {
+    /// redb makes pending non-durable commits durable when the database closes: the payload
+    /// bytes their index rows point at must be on disk first ([`Store::commit_durably`]).
+    fn drop(&mut self) {
+        if let Err(e) = self.payloads.sync() {
+            tracing::error!(error = %e, "fsync of payload segments at close failed; the next start replays the log from the last durable state");
+        }
     }
 }
 
@@ -740,11 +990,57 @@ fn create_tables(db: &Database) -> Result<(), StoreError> {
         txn.open_table(SM_META)?;
         txn.open_table(STREAMS)?;
         txn.open_table(TOMBSTONES)?;
-        txn.open_table(BATCHES)?;
+        txn.open_table(STREAM_IDS)?;
+        txn.open_table(BATCH_INDEX)?;
         txn.open_table(TOKENS)?;
     }
     txn.commit()?;
     Ok(())
+}
+
+/// The id of stream `name` in [`STREAM_IDS`], assigned now from `*next` (which advances) if it
+/// has none. Ids are local to a node and never reused ([`STREAM_IDS`]).
+///
+/// Errors: redb failures; [`StoreError::Corrupt`] when the node's 2^64 ids are exhausted.
+pub(crate) fn stream_id_or_assign(
+    ids: &mut redb::Table<'_, &'static str, u64>,
+    next: &mut u64,
+    name: &str,
+) -> Result<u64, StoreError> {
+    if let Some(id) = ids.get(name)? {
+        return Ok(id.value());
+    }
+    let id = *next;
+    *next = id.checked_add(1).ok_or_else(|| StoreError::Corrupt("this node's stream ids are exhausted".into()))?;
+    ids.insert(name, id)?;
+    Ok(id)
+}
+
+/// What the durable state says of every stream's payloads ([`payloads::PayloadStore::open`]):
+/// for each stream id with a batch, the segment of its oldest and the location of its newest.
+///
+/// Errors: redb failures, or an index row that does not decode.
+fn payload_extents(db: &Database) -> Result<Vec<payloads::Extent>, StoreError> {
+    let txn = db.begin_read()?;
+    let ids = txn.open_table(STREAM_IDS)?;
+    let index = txn.open_table(BATCH_INDEX)?;
+    let mut out = Vec::new();
+    for row in ids.iter()? {
+        let id = row?.1.value();
+        let mut rows = index.range((id, 0)..=(id, u64::MAX))?;
+        let Some(first) = rows.next() else { continue };
+        let (k, v) = first?;
+        let first = IndexRow::decode(id, k.value().1, v.value())?;
+        let last = match rows.next_back() {
+            Some(r) => {
+                let (k, v) = r?;
+                IndexRow::decode(id, k.value().1, v.value())?
+            }
+            None => first,
+        };
+        out.push(payloads::Extent { stream: id, first_segment: first.loc.segment, last: last.loc });
+    }
+    Ok(out)
 }
 
 fn begin_durable_write(db: &Database) -> Result<redb::WriteTransaction, StoreError> {

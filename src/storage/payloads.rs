@@ -42,8 +42,8 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
-use super::segments::SegmentFile;
-use super::StoreError;
+use super::segments::{FsSegment, SegmentFile};
+use super::{le_u32, le_u64, StoreError};
 
 /// Bytes of a record's header before its payload.
 pub const HEADER_BYTES: u64 = 32;
@@ -118,28 +118,6 @@ impl FsPayloads {
     }
 }
 
-/// One payload segment file.
-struct FsSegment(std::fs::File);
-
-impl SegmentFile for FsSegment {
-    fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        std::os::unix::fs::FileExt::read_exact_at(&self.0, out, offset)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        std::os::unix::fs::FileExt::write_all_at(&self.0, data, offset)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.0.sync_data()
-    }
-    fn zero_from(&self, offset: u64) -> io::Result<()> {
-        self.0.set_len(offset)?;
-        self.0.sync_all()
-    }
-    fn capacity(&self) -> io::Result<u64> {
-        Ok(self.0.metadata()?.len())
-    }
-}
-
 impl PayloadDir for FsPayloads {
     fn list(&self) -> io::Result<Vec<SegmentKey>> {
         let mut out = Vec::new();
@@ -152,22 +130,20 @@ impl PayloadDir for FsPayloads {
     }
     fn open(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>> {
         let f = std::fs::OpenOptions::new().read(true).write(true).open(self.path(key))?;
-        Ok(Arc::new(FsSegment(f)))
+        Ok(Arc::new(FsSegment::payload(f)))
     }
     fn create(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>> {
         let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(self.path(key))?;
         f.sync_all()?;
         self.sync_dir()?;
-        Ok(Arc::new(FsSegment(f)))
+        Ok(Arc::new(FsSegment::payload(f)))
     }
     fn remove(&self, key: SegmentKey) -> io::Result<()> {
         std::fs::remove_file(self.path(key))?;
         self.sync_dir()
     }
     fn truncate(&self, key: SegmentKey, len: u64) -> io::Result<()> {
-        let f = std::fs::OpenOptions::new().write(true).open(self.path(key))?;
-        f.set_len(len)?;
-        f.sync_all()
+        self.open(key)?.zero_from(len)
     }
 }
 
@@ -210,14 +186,6 @@ impl Location {
     pub fn end(&self) -> u64 {
         self.offset.saturating_add(HEADER_BYTES).saturating_add(u64::from(self.len))
     }
-}
-
-fn le_u64(b: &[u8]) -> u64 {
-    b.iter().rev().fold(0u64, |v, x| (v << 8) | u64::from(*x))
-}
-
-fn le_u32(b: &[u8]) -> u32 {
-    b.iter().rev().fold(0u32, |v, x| (v << 8) | u32::from(*x))
 }
 
 /// One record as read back, borrowing its payload from the read buffer.
@@ -319,6 +287,8 @@ struct Inner {
     removable: BTreeSet<SegmentKey>,
     /// Open handles of sealed segments, with the tick of their last use.
     handles: HashMap<SegmentKey, (Arc<dyn SegmentFile>, u64)>,
+    /// An fsync failed: nothing appended since the last good sync can be trusted on disk.
+    sync_failed: bool,
     tick: u64,
 }
 
@@ -334,8 +304,27 @@ pub struct PayloadStore {
 }
 
 /// Held by a reader from before it opens its database read until it has read the records that
-/// read named: no segment is removed meanwhile ([`PayloadStore::read_gate`]).
-pub struct ReadGate<'a>(#[allow(dead_code)] RwLockReadGuard<'a, ()>);
+/// read named: no segment is removed meanwhile ([`PayloadStore::read_gate`]). The last reader
+/// out removes what became removable while readers were in.
+pub struct ReadGate<'a> {
+    guard: Option<RwLockReadGuard<'a, ()>>,
+    store: &'a PayloadStore,
+}
+
+impl Drop for ReadGate<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        if let Err(e) = self.store.remove_removable() {
+            tracing::warn!(error = %e, "removing retired payload segments failed; retried later");
+        }
+    }
+}
+
+/// The segments retired before a durable commit began ([`PayloadStore::seal`]): removable once
+/// that commit is durable ([`PayloadStore::durable`]), retired again if it fails
+/// ([`PayloadStore::unseal`]).
+#[must_use = "hand it to durable() after the commit, or to unseal() if the commit failed"]
+pub struct Sealed(BTreeSet<SegmentKey>);
 
 impl PayloadStore {
     /// Opens the segments in `dir` against the durable state's `extents` (one per stream that
@@ -432,24 +421,25 @@ impl PayloadStore {
     /// Makes every record appended so far durable (`fdatasync` of each segment appended to since
     /// the last call). Call it before a durable commit of rows that point at those records.
     ///
-    /// Errors: I/O; the segments not yet synced stay dirty and the next call tries them again.
+    /// Errors: I/O. A failed fsync poisons the store: every later call fails too, until the
+    /// node restarts and recovers from the durable state and the log. After a failed fsync the
+    /// kernel may have dropped the dirty pages and cleared the error, so a retry that succeeds
+    /// proves nothing (PostgreSQL's "fsyncgate", 2018).
     pub fn sync(&self) -> Result<(), StoreError> {
-        let dirty = std::mem::take(&mut self.inner().dirty);
-        let mut failed = None;
-        let mut left = BTreeMap::new();
-        for (key, file) in dirty {
-            if failed.is_some() {
-                left.insert(key, file);
-                continue;
+        let dirty = {
+            let mut inner = self.inner();
+            if inner.sync_failed {
+                return Err(StoreError::Io(io::Error::other(
+                    "an earlier fsync of a payload segment failed; restart the node to recover",
+                )));
             }
+            std::mem::take(&mut inner.dirty)
+        };
+        for file in dirty.values() {
             if let Err(e) = file.sync_data() {
-                failed = Some(e);
-                left.insert(key, file);
+                self.inner().sync_failed = true;
+                return Err(e.into());
             }
-        }
-        if let Some(e) = failed {
-            self.inner().dirty.extend(left);
-            return Err(e.into());
         }
         Ok(())
     }
@@ -476,18 +466,34 @@ impl PayloadStore {
         }
     }
 
-    /// Tells the store that the state machine's latest commit is durable: segments retired
-    /// before it may go, and are removed now unless a reader is in (then at a later call).
+    /// Takes the segments retired so far, to be removed once the durable commit about to be
+    /// made has committed. Call it while holding the database's write transaction: every
+    /// retirement so far followed the commit that stopped referring to its segment, so that
+    /// commit precedes the durable one and is persisted by it. (Retirements after this call wait
+    /// for the next durable commit.)
+    pub fn seal(&self) -> Sealed {
+        Sealed(std::mem::take(&mut self.inner().retired))
+    }
+
+    /// Puts back the segments of a durable commit that failed: they wait for the next one.
+    pub fn unseal(&self, sealed: Sealed) {
+        self.inner().retired.extend(sealed.0);
+    }
+
+    /// Tells the store that the durable commit `sealed` was taken for has committed: its
+    /// segments may go, and are removed now unless a reader is in (then when the last reader
+    /// leaves, or at a later call).
     ///
-    /// Errors: I/O removing a segment; it is tried again at the next call.
-    pub fn durable(&self) -> Result<(), StoreError> {
-        {
-            let mut inner = self.inner();
-            let retired = std::mem::take(&mut inner.retired);
-            inner.removable.extend(retired);
-            if inner.removable.is_empty() {
-                return Ok(());
-            }
+    /// Errors: I/O removing a segment; it is tried again later.
+    pub fn durable(&self, sealed: Sealed) -> Result<(), StoreError> {
+        self.inner().removable.extend(sealed.0);
+        self.remove_removable()
+    }
+
+    /// Removes the removable segments unless a reader is in.
+    fn remove_removable(&self) -> Result<(), StoreError> {
+        if self.inner().removable.is_empty() {
+            return Ok(());
         }
         let Ok(_excl) = self.gate.try_write() else { return Ok(()) };
         let removable = std::mem::take(&mut self.inner().removable);
@@ -510,7 +516,7 @@ impl PayloadStore {
     /// Takes the read gate: hold it from before the database read whose locations the caller
     /// will read until the last [`PayloadStore::read`] of them.
     pub fn read_gate(&self) -> ReadGate<'_> {
-        ReadGate(self.gate.read().unwrap_or_else(|p| p.into_inner()))
+        ReadGate { guard: Some(self.gate.read().unwrap_or_else(|p| p.into_inner())), store: self }
     }
 
     /// Reads `bytes` bytes of segment `segment` of `stream` from `offset` (the records of
@@ -552,10 +558,17 @@ impl PayloadStore {
             *used = tick;
             return Ok(file.clone());
         }
+        let file = self.dir.open(key).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => {
+                StoreError::Corrupt(format!("payload segment {} is not on this node", key.file_name()))
+            }
+            _ => e.into(),
+        })?;
+        // A retired segment is read only by readers whose database read began before it was
+        // retired (it stays on disk until they leave): not kept open.
         if !inner.live.contains(&key) {
-            return Err(StoreError::Corrupt(format!("payload segment {} is not on this node", key.file_name())));
+            return Ok(file);
         }
-        let file = self.dir.open(key)?;
         if inner.handles.len() >= OPEN_SEGMENTS_MAX {
             let mut by_use: Vec<(u64, SegmentKey)> = inner.handles.iter().map(|(k, (_, used))| (*used, *k)).collect();
             by_use.sort_unstable();
@@ -713,20 +726,105 @@ mod tests {
         let s = store(&dir, 50, &[]);
         let a = s.append(1, 1, 0, 1, &[1; 40]).unwrap();
         s.append(1, 2, 0, 2, &[2; 40]).unwrap();
-        s.retire(1, Some(2));
-        assert_eq!(files(&dir).len(), 2, "not before the state is durable");
+        // A reader whose database read began before the retirement still points into it.
         let gate = s.read_gate();
-        s.durable().unwrap();
+        let before = s.seal();
+        s.retire(1, Some(2));
+        s.durable(before).unwrap();
+        assert_eq!(files(&dir).len(), 2, "not when retired after the durable commit began");
+        let failed = s.seal();
+        s.unseal(failed);
+        assert_eq!(files(&dir).len(), 2, "not when the durable commit failed");
+        s.durable(s.seal()).unwrap();
         assert_eq!(files(&dir).len(), 2, "not while a reader that may still refer to it is in");
-        assert!(s.read(&gate, 1, a.segment, 0, 8).is_err(), "a reader that starts after retire does not find it");
+        let record = s.read(&gate, 1, a.segment, 0, (HEADER_BYTES + 40) as usize).unwrap();
+        assert_eq!(parse_record(1, 1, 40, &record).unwrap().payload, [1; 40], "that reader still reads it");
         drop(gate);
-        s.durable().unwrap();
-        assert_eq!(files(&dir), ["0000000000000001-00000000000000000002.seg"]);
+        assert_eq!(files(&dir), ["0000000000000001-00000000000000000002.seg"], "the last reader out removes it");
+        assert!(
+            s.read(&s.read_gate(), 1, a.segment, 0, 8).is_err(),
+            "a reader that starts after its removal does not find it"
+        );
         // Retiring every segment of a stream: its next append starts a new segment.
         s.retire(1, None);
-        s.durable().unwrap();
+        s.durable(s.seal()).unwrap();
         assert!(files(&dir).is_empty());
         assert_eq!(s.append(1, 9, 0, 3, b"x").unwrap(), Location { segment: 9, offset: 0, len: 1 });
+    }
+
+    /// Payload segments whose fsync fails while `fail` is set.
+    struct FailingSync {
+        inner: FsPayloads,
+        fail: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    struct FailingFile {
+        inner: Arc<dyn SegmentFile>,
+        fail: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl SegmentFile for FailingFile {
+        fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+            self.inner.read_at(offset, out)
+        }
+        fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+            self.inner.write_at(offset, data)
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            match self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+                true => Err(io::Error::other("injected fsync failure")),
+                false => self.inner.sync_data(),
+            }
+        }
+        fn zero_from(&self, offset: u64) -> io::Result<()> {
+            self.inner.zero_from(offset)
+        }
+        fn capacity(&self) -> io::Result<u64> {
+            self.inner.capacity()
+        }
+    }
+
+    impl PayloadDir for FailingSync {
+        fn list(&self) -> io::Result<Vec<SegmentKey>> {
+            self.inner.list()
+        }
+        fn open(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>> {
+            Ok(Arc::new(FailingFile { inner: self.inner.open(key)?, fail: self.fail.clone() }))
+        }
+        fn create(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>> {
+            Ok(Arc::new(FailingFile { inner: self.inner.create(key)?, fail: self.fail.clone() }))
+        }
+        fn remove(&self, key: SegmentKey) -> io::Result<()> {
+            self.inner.remove(key)
+        }
+        fn truncate(&self, key: SegmentKey, len: u64) -> io::Result<()> {
+            self.inner.truncate(key, len)
+        }
+    }
+
+    /// After one failed fsync no later sync succeeds: the kernel may have dropped the pages it
+    /// could not write and cleared the error, so a durable commit must not follow a retry.
+    #[test]
+    fn a_failed_fsync_fails_every_later_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let fs = FailingSync { inner: FsPayloads::new(dir.path().join("payloads")).unwrap(), fail: fail.clone() };
+        let s = PayloadStore::open(Arc::new(fs), 1 << 20, &[]).unwrap();
+        s.append(1, 1, 0, 1, b"one").unwrap();
+        s.sync().unwrap();
+        s.append(1, 2, 0, 2, b"two").unwrap();
+        fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(s.sync().is_err());
+        fail.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert!(s.sync().is_err(), "a retry after a failed fsync proves nothing");
+        s.append(1, 3, 0, 3, b"three").unwrap();
+        assert!(s.sync().is_err(), "nor does a later one");
+        // A restart recovers from the durable state (here: batch 1) and syncs again.
+        drop(s);
+        let one = Location { segment: 1, offset: 0, len: 3 };
+        let s = store(&dir, 1 << 20, &[Extent { stream: 1, first_segment: 1, last: one }]);
+        s.append(1, 2, 0, 2, b"two").unwrap();
+        s.sync().unwrap();
     }
 
     #[test]

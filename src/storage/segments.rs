@@ -136,30 +136,54 @@ fn preallocate(f: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
     }
 }
 
-struct FsSegment(std::fs::File);
+/// One segment file of the real file system: a Raft log segment (preallocated, so appends do
+/// not change the metadata an fsync must flush, and zeroed past a cut) or a payload segment
+/// ([`super::payloads`]: nothing preallocated, it grows as records are appended and is cut by
+/// shortening it).
+pub(crate) struct FsSegment {
+    file: std::fs::File,
+    preallocated: bool,
+    /// The histogram each `fdatasync` is timed into, seconds.
+    fsync_metric: &'static str,
+}
+
+impl FsSegment {
+    /// A Raft log segment, its fsyncs timed into `runnev_log_fsync_seconds`, the durability
+    /// cost of every append.
+    fn log(file: std::fs::File) -> FsSegment {
+        FsSegment { file, preallocated: true, fsync_metric: "runnev_log_fsync_seconds" }
+    }
+
+    /// A payload segment, its fsyncs timed into `runnev_payload_fsync_seconds` (one per
+    /// segment appended to, before each durable state-machine commit).
+    pub(crate) fn payload(file: std::fs::File) -> FsSegment {
+        FsSegment { file, preallocated: false, fsync_metric: "runnev_payload_fsync_seconds" }
+    }
+}
 
 impl SegmentFile for FsSegment {
     fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        std::os::unix::fs::FileExt::read_exact_at(&self.0, out, offset)
+        std::os::unix::fs::FileExt::read_exact_at(&self.file, out, offset)
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        std::os::unix::fs::FileExt::write_all_at(&self.0, data, offset)
+        std::os::unix::fs::FileExt::write_all_at(&self.file, data, offset)
     }
-    /// Timed into `runnev_log_fsync_seconds` (a histogram), the durability cost of every append.
     fn sync_data(&self) -> io::Result<()> {
         let started = std::time::Instant::now();
-        let synced = self.0.sync_data();
-        metrics::histogram!("runnev_log_fsync_seconds").record(started.elapsed().as_secs_f64());
+        let synced = self.file.sync_data();
+        metrics::histogram!(self.fsync_metric).record(started.elapsed().as_secs_f64());
         synced
     }
     fn zero_from(&self, offset: u64) -> io::Result<()> {
-        let cap = self.0.metadata()?.len();
-        self.0.set_len(offset)?;
-        preallocate(&self.0, offset, cap.saturating_sub(offset))?;
-        self.0.sync_all()
+        let cap = self.file.metadata()?.len();
+        self.file.set_len(offset)?;
+        if self.preallocated {
+            preallocate(&self.file, offset, cap.saturating_sub(offset))?;
+        }
+        self.file.sync_all()
     }
     fn capacity(&self) -> io::Result<u64> {
-        Ok(self.0.metadata()?.len())
+        Ok(self.file.metadata()?.len())
     }
 }
 
@@ -177,7 +201,7 @@ impl SegmentDir for FsSegments {
     }
     fn open(&self, first: u64) -> io::Result<Arc<dyn SegmentFile>> {
         let f = std::fs::OpenOptions::new().read(true).write(true).open(self.path(first))?;
-        Ok(Arc::new(FsSegment(f)))
+        Ok(Arc::new(FsSegment::log(f)))
     }
     fn create(&self, first: u64, bytes: u64) -> io::Result<Arc<dyn SegmentFile>> {
         let f =
@@ -185,7 +209,7 @@ impl SegmentDir for FsSegments {
         preallocate(&f, 0, bytes)?;
         f.sync_all()?;
         self.sync_dir()?;
-        Ok(Arc::new(FsSegment(f)))
+        Ok(Arc::new(FsSegment::log(f)))
     }
     fn remove(&self, first: u64) -> io::Result<()> {
         std::fs::remove_file(self.path(first))?;

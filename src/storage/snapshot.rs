@@ -9,7 +9,11 @@
 //! many bytes of a postcard-encoded [`Record`]: one `Header`, the `Clock` (the cluster clock of
 //! the state machine; a snapshot without one, from an older build, installs clock 0), then every
 //! `Stream`, every `Tombstone`, every `Token` (salted hashes, never secrets), every `Batch` in
-//! (stream, seq) order, then `End` with the counts, which detects a truncated file.
+//! (stream, seq) order, then `End` with the counts, which detects a truncated file. A `Batch`
+//! carries the batch in the checked encoding of data format 2 ([`BatchValue`], keyed by the
+//! stream's name), whatever the node keeps on disk: building reads each payload from its
+//! segment, installing appends it to the installing node's own segments (stream ids are local
+//! to a node). So nodes of data formats 2 and 3 exchange snapshots.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
@@ -18,8 +22,12 @@ use std::path::{Path, PathBuf};
 use redb::{ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
+use super::payloads::ReadGate;
 use super::state_machine::CLOCK_KEY;
-use super::{decode, encode, BatchValue, Store, StoreError, BATCHES, RAFT_META, SM_META, STREAMS, TOKENS, TOMBSTONES};
+use super::{
+    decode, encode, stream_id_or_assign, BatchValue, IndexRow, Store, StoreError, BATCH_INDEX, NEXT_STREAM_ID,
+    RAFT_META, SM_META, STREAMS, STREAM_IDS, TOKENS, TOMBSTONES,
+};
 use crate::limits::SNAPSHOT_RECORD_BYTES_MAX;
 use crate::raft::{LogId, NodeId};
 use crate::stream::StreamMeta;
@@ -114,6 +122,7 @@ fn sync_dir(dir: &Path) -> Result<(), StoreError> {
 ///
 /// Errors: redb or file I/O failures; the previous snapshot stays in place.
 pub(crate) fn build(store: &Store) -> Result<(SnapshotMeta, File), StoreError> {
+    let gate = store.payloads().read_gate();
     let txn = store.db().begin_read()?;
     // State-machine commits are not fsynced (the log is the durable record). Make everything this
     // read sees durable before a snapshot of it exists: otherwise a crash could leave the snapshot
@@ -121,7 +130,8 @@ pub(crate) fn build(store: &Store) -> Result<(SnapshotMeta, File), StoreError> {
     durable_barrier(store)?;
     let tmp = building_path(store.dir());
     let mut w = BufWriter::new(File::create(&tmp)?);
-    let (meta, streams, batches) = write_state(&txn, &mut w)?;
+    let (meta, streams, batches) = write_state(store, &txn, &gate, &mut w)?;
+    drop((txn, gate));
     let file = w.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     drop(file);
@@ -133,11 +143,14 @@ pub(crate) fn build(store: &Store) -> Result<(SnapshotMeta, File), StoreError> {
 /// Writes the state machine as `txn` sees it, in the snapshot format (magic, header, clock,
 /// streams, tombstones, tokens, batches, end), to `w`; returns its metadata and the stream and batch
 /// counts. The id is `{term}-{index}` of the last applied log id. One read transaction is one
-/// consistent cut of the applied state: what a snapshot and a backup need.
+/// consistent cut of the applied state: what a snapshot and a backup need. `gate`, taken before
+/// `txn` began, keeps the payload segments `txn` points at on disk.
 ///
-/// Errors: redb, encoding or `w`'s failures.
+/// Errors: redb, encoding, file I/O, a payload that fails its checks, or `w`'s failures.
 pub(crate) fn write_state(
+    store: &Store,
     txn: &redb::ReadTransaction,
+    gate: &ReadGate<'_>,
     w: &mut impl Write,
 ) -> Result<(SnapshotMeta, u64, u64), StoreError> {
     let sm = txn.open_table(SM_META)?;
@@ -167,24 +180,52 @@ pub(crate) fn write_state(
         let (k, v) = row?;
         write_record(w, &Record::Token { name: k.value(), value: v.value() })?;
     }
-    for row in txn.open_table(BATCHES)?.iter()? {
-        let (k, v) = row?;
-        let (stream, seq) = k.value();
-        // A value that fails its checksum is not sent on to another node.
-        BatchValue::decode(stream, seq, v.value())?;
-        write_record(w, &Record::Batch { stream, seq, value: v.value() })?;
-        batches += 1;
+    let ids = txn.open_table(STREAM_IDS)?;
+    let index = txn.open_table(BATCH_INDEX)?;
+    for row in txn.open_table(STREAMS)?.iter()? {
+        let (k, _) = row?;
+        let stream = k.value();
+        let Some(id) = ids.get(stream)?.map(|v| v.value()) else { continue };
+        let mut rows = index.range((id, 0)..=(id, u64::MAX))?;
+        loop {
+            // A run of rows at a time, their payloads read in as few reads as they allow.
+            let mut chunk = Vec::new();
+            for row in rows.by_ref().take(SNAPSHOT_READ_ROWS) {
+                let (k, v) = row?;
+                let seq = k.value().1;
+                chunk.push((seq, IndexRow::decode(id, seq, v.value())?));
+            }
+            if chunk.is_empty() {
+                break;
+            }
+            let mut failed = None;
+            // A payload that fails its checks is not sent on to another node (read_payloads).
+            store.read_payloads(gate, stream, id, &chunk, |b| {
+                if failed.is_none() {
+                    let value = BatchValue::encode(stream, b.seq, b.ts, b.index, b.data);
+                    match write_record(w, &Record::Batch { stream, seq: b.seq, value: &value }) {
+                        Ok(()) => batches += 1,
+                        Err(e) => failed = Some(e),
+                    }
+                }
+            })?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+        }
     }
     write_record(w, &Record::End { streams, batches })?;
     Ok((meta, streams, batches))
 }
 
+/// Index rows read at a time while writing a snapshot's batches.
+const SNAPSHOT_READ_ROWS: usize = 1_024;
+
 /// A durable commit: redb then persists every earlier non-durable commit too.
 fn durable_barrier(store: &Store) -> Result<(), StoreError> {
     let w = store.begin_durable_write()?;
     w.open_table(SM_META)?.insert("durable_barrier", [1u8].as_slice())?;
-    w.commit()?;
-    Ok(())
+    store.commit_durably(w)
 }
 
 /// Makes `tmp` the current snapshot: rename over the old one, then fsync the directory. Returns
@@ -242,14 +283,21 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
     let mut buf = Vec::new();
     let txn = store.begin_durable_write()?;
     let counts;
+    let retired: Vec<u64>;
     {
         let mut streams = txn.open_table(STREAMS)?;
-        let mut batches = txn.open_table(BATCHES)?;
+        let mut ids = txn.open_table(STREAM_IDS)?;
+        let mut index = txn.open_table(BATCH_INDEX)?;
         let mut tombstones = txn.open_table(TOMBSTONES)?;
         let mut tokens = txn.open_table(TOKENS)?;
+        let mut sm = txn.open_table(SM_META)?;
+        // The streams of the state replaced: their segments go once the install is durable.
+        retired = ids.iter()?.map(|r| r.map(|(_, v)| v.value())).collect::<Result<_, _>>()?;
+        let mut next_id: u64 = sm.get(NEXT_STREAM_ID)?.map(|v| decode(v.value())).transpose()?.unwrap_or(0);
         tokens.retain(|_, _| false)?;
         streams.retain(|_, _| false)?;
-        batches.retain(|_, _| false)?;
+        ids.retain(|_, _| false)?;
+        index.retain(|_, _| false)?;
         tombstones.retain(|_, _| false)?;
         let (mut n_streams, mut n_batches) = (0u64, 0u64);
         let mut clock_ms = 0u64;
@@ -263,8 +311,10 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
                 }
                 Record::Batch { stream, seq, value } => {
                     // A value damaged on its way (or on the sender's disk) is refused here.
-                    BatchValue::decode(stream, seq, value)?;
-                    batches.insert((stream, seq), value)?;
+                    let (ts, log_index, payload) = BatchValue::decode(stream, seq, value)?;
+                    let id = stream_id_or_assign(&mut ids, &mut next_id, stream)?;
+                    let loc = store.payloads().append(id, seq, ts, log_index, payload)?;
+                    index.insert((id, seq), IndexRow { ts, index: log_index, loc }.encode(id, seq).as_slice())?;
                     n_batches += 1;
                 }
                 Record::Tombstone { name, meta } => {
@@ -285,7 +335,7 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
                 }
             }
         }
-        let mut sm = txn.open_table(SM_META)?;
+        sm.insert(NEXT_STREAM_ID, encode(&next_id)?.as_slice())?;
         sm.insert("last_applied", encode(&meta.last_log_id)?.as_slice())?;
         sm.insert("membership", encode(&meta.last_membership)?.as_slice())?;
         sm.insert(CLOCK_KEY, encode(&clock_ms)?.as_slice())?;
@@ -305,7 +355,10 @@ pub(crate) fn install(store: &Store, file: File, meta: &SnapshotMeta) -> Result<
     let copy = r.to.into_inner().map_err(|e| e.into_error())?;
     copy.sync_all()?;
     drop(copy);
-    txn.commit()?;
+    store.commit_durably(txn)?;
+    for id in retired {
+        store.payloads().retire(id, None);
+    }
     if let Some(last) = meta.last_log_id {
         store.log().purge(last)?;
     }
