@@ -889,6 +889,11 @@ impl PayloadDir for SimPayloads {
         })?;
         self.access.sync(ino)
     }
+
+    /// Names on the simulated disk are durable when made: nothing to do.
+    fn sync_dir(&self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl SegmentFile for SimPayloadFile {

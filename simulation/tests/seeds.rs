@@ -189,13 +189,16 @@ fn regression_seed_98_a_second_disk_lost_before_the_first_caught_up() {
 /// short of it. A node whose core stopped now exits for its supervisor to restart it. Since
 /// seed 16436's fix (a node with a closed vote gate does not stand for election: one more task
 /// per node, so another schedule) the race no longer arises in this seed; it still makes
-/// membership changes under slow fsyncs and clock jumps, and must pass. The unit test
+/// membership changes under slow fsyncs and clock jumps, and must pass. Since the payload
+/// segments (other disk operations, so another schedule) its one membership fault meets a
+/// cluster its control client cannot reach under the slow disks and changes nothing; it still
+/// runs slow fsyncs, clock jumps and stream deletes and re-creates. The unit test
 /// `node::tests::a_node_whose_raft_core_stopped_exits_and_a_restart_serves_again` guards the
 /// exit.
 #[test]
 #[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seed_8710_a_node_whose_raft_core_stopped_is_restarted() {
-    must_pass_showing("8710", &[], &["membership changes 2", "slow fsyncs", "clock jumps 3"]);
+    must_pass_showing("8710", &[], &["slow fsyncs", "clock jumps 3", "stream deletes 2"]);
 }
 
 /// Seed 16436 (README, "Seed 16436"): n2 lost its disk, was caught up by leader n1 (term 13)
@@ -237,7 +240,7 @@ fn regression_seed_40331_no_disk_lost_while_a_joint_configuration_needs_it() {
 #[test]
 #[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
 fn regression_seed_40939_a_removed_leader_proposes_no_membership_change() {
-    must_pass_showing("40939", &[], &["membership changes 2", "clock jumps 3"]);
+    must_pass_showing("40939", &[], &["membership changes", "clock jumps 3"]);
 }
 
 /// Seed 60360 (README): a leader in only the old half of a committed joint configuration
