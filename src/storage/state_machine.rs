@@ -23,7 +23,6 @@ use openraft::{EntryPayload, RaftSnapshotBuilder, StoredMembership};
 use redb::{ReadableDatabase, ReadableTable, Table};
 
 use super::io::SnapshotFile;
-use super::payloads::PayloadStore;
 use super::snapshot::{self, SnapshotMeta};
 use super::{
     blocking, decode, encode, raft_err, Entry, IndexRow, Store, StoreError, BATCH_INDEX, NEXT_STREAM_ID, SM_META,
@@ -62,7 +61,7 @@ struct Tables<'t> {
     ids: Table<'t, &'static str, u64>,
     index: Table<'t, (u64, u64), &'static [u8]>,
     tokens: Table<'t, &'static str, &'static [u8]>,
-    payloads: &'t PayloadStore,
+    store: &'t Store,
     /// The highest `ts` applied so far, ms since the Unix epoch.
     clock_ms: u64,
     /// The next stream id to assign ([`NEXT_STREAM_ID`]).
@@ -132,18 +131,16 @@ impl Tables<'_> {
             return Ok(false);
         }
         let Some(id) = self.stream_id(name)? else { return Ok(false) };
-        let store = self.payloads;
-        let gate = store.read_gate();
-        let len = super::payloads::HEADER_BYTES as usize + row.loc.len as usize;
-        let buf = store.read(&gate, id, row.loc.segment, row.loc.offset, len)?;
-        let record = super::payloads::parse_record(id, seq, row.loc.len, &buf)?;
-        Ok(record.payload == payload)
+        let gate = self.store.payloads().read_gate();
+        let mut same = false;
+        self.store.read_payloads(&gate, name, id, &[(seq, row)], |b| same = b.data == payload)?;
+        Ok(same)
     }
 
     /// Appends batch `seq` of `name` (payload to its segment, then its index row).
     fn append(&mut self, name: &str, seq: u64, ts: u64, index: u64, payload: &[u8]) -> Result<(), StoreError> {
         let id = self.stream_id_or_assign(name)?;
-        let loc = self.payloads.append(id, seq, ts, index, payload)?;
+        let loc = self.store.payloads().append(id, seq, ts, index, payload)?;
         self.index.insert((id, seq), IndexRow { ts, index, loc }.encode(id, seq).as_slice())?;
         Ok(())
     }
@@ -422,7 +419,7 @@ fn apply_entries(
             ids: txn.open_table(STREAM_IDS)?,
             index: txn.open_table(BATCH_INDEX)?,
             tokens: txn.open_table(TOKENS)?,
-            payloads: store.payloads(),
+            store,
             clock_ms,
             next_stream_id,
             retire: Vec::new(),
