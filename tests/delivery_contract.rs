@@ -76,8 +76,9 @@ async fn idempotent_publish_holds_across_leader_failover() {
     // while the leader's measures of its peers' clocks are fresh (a leader that can no longer
     // measure a majority's clocks refuses to propose, `503 not_ready`); it is still unanswered,
     // or answered without an acknowledgement, when the leader is killed. Both outcomes are
-    // unknown to the client, and a retry with the same seq resolves them.
-    c.pause_all(&f);
+    // unknown to the client, and a retry with the same seq resolves them. Leadership may have
+    // moved since `leader` was read: the helper pauses the followers of the leader there is now.
+    let (leader, f) = c.pause_followers_of_leader().await;
     let appended = |after: u64| {
         let c = &c;
         wait_for(

@@ -413,11 +413,12 @@ async fn a_full_queue_of_proposals_refuses_writes_without_proposing_them() {
     for i in 1..=TRIES {
         create_stream(&c.http, &url, &format!("q{i}")).await;
     }
-    let followers = c.followers().await;
 
     // With the followers stopped nothing commits: the leader keeps its entries in flight (four
-    // at most), one request waits in the queue, and the next finds it full.
-    c.pause_all(&followers);
+    // at most), one request waits in the queue, and the next finds it full. Leadership may have
+    // moved since `leader` was read: the helper pauses the followers of the leader there is now.
+    let (leader, followers) = c.pause_followers_of_leader().await;
+    let url = c.url(leader);
     let http = Http::with_timeout(Duration::from_secs(30));
     let mut pending = Vec::new();
     let mut refused = None;

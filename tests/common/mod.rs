@@ -1023,6 +1023,35 @@ impl Cluster {
         }
     }
 
+    /// Pauses (SIGSTOP) every follower of the current leader and returns `(leader, followers)`
+    /// once the leader, with them paused, still reports itself leader. Leadership can move
+    /// between reading it and pausing (on a loaded machine a heartbeat can arrive later than an
+    /// election timeout), and a test that means to hold a leader without a quorum must not hold
+    /// a follower instead: that node would stand for election and append nothing (CI run of
+    /// `idempotent_publish_holds_across_leader_failover`, 2026-12-03). Otherwise resumes them and
+    /// tries again, up to 5 times. With its followers paused a leader hears no higher term, so
+    /// it stays leader (openraft 0.9 has no step-down on a lost quorum).
+    pub async fn pause_followers_of_leader(&mut self) -> (u64, Vec<u64>) {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let (leader, _) = self.wait_leader_agreed(Duration::from_secs(30)).await;
+            let followers: Vec<u64> = self.running_ids().into_iter().filter(|i| *i != leader).collect();
+            self.pause_all(&followers);
+            match self.cluster_info(leader).await {
+                Ok(v) if v.state == "Leader" && v.leader_id == Some(leader) => return (leader, followers),
+                Ok(v) => {
+                    last = format!(
+                        "node {leader} is {} (leader {:?}) once its followers were paused",
+                        v.state, v.leader_id
+                    )
+                }
+                Err(e) => last = e,
+            }
+            self.resume_all(&followers);
+        }
+        panic!("no leader stayed leader while its followers were paused, 5 tries: {last}");
+    }
+
     /// Resumes (SIGCONT) every node in `ids`.
     pub fn resume_all(&mut self, ids: &[u64]) {
         for id in ids {
