@@ -111,6 +111,12 @@ pub const SNAPSHOT_LOGS_DEFAULT: u64 = 5_000;
 /// Default number of log entries kept behind a snapshot when purging (`--snapshot-keep-logs`),
 /// so a follower slightly behind catches up from the log rather than a whole snapshot.
 pub const SNAPSHOT_KEEP_LOGS_DEFAULT: u64 = 1_000;
+/// Default payload bytes applied since the last snapshot that make the next one due
+/// (`--snapshot-log-bytes`), whatever the entry count: the log the snapshot lets the node purge
+/// holds about as many bytes, so this bounds the log's share of the disk when batches are large
+/// (5,000 entries of 1 MiB would be 5 GiB of log). A snapshot costs a record per stream (data
+/// format 4), so frequent ones are cheap.
+pub const SNAPSHOT_LOG_BYTES_DEFAULT: u64 = 64 << 20;
 /// Largest snapshot chunk sent in one install-snapshot RPC, in bytes (Raft paper §7).
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 1024 * 1024;
 

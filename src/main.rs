@@ -184,6 +184,11 @@ fn body_deadline(s: &str) -> Result<Deadline, String> {
 }
 
 /// A size in bytes for a `usize` flag ([`units::parse_bytes`]).
+/// A size in bytes (`units::parse_bytes`), as a u64.
+fn size_u64(s: &str) -> Result<u64, String> {
+    units::parse_bytes(s)
+}
+
 fn size(s: &str) -> Result<usize, String> {
     let n = units::parse_bytes(s)?;
     usize::try_from(n).map_err(|_| format!("{s:?} is too large"))
@@ -347,6 +352,11 @@ enum Cmd {
         /// Log entries kept behind a snapshot when the log is purged.
         #[arg(long, default_value_t = SNAPSHOT_KEEP_LOGS_DEFAULT)]
         snapshot_keep_logs: u64,
+        /// Also build a snapshot once the entries applied since the last one carry this many
+        /// payload bytes (bytes, or with a unit: 64MiB), whatever their count: bounds the log
+        /// a snapshot lets the node purge when batches are large.
+        #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = size_u64)]
+        snapshot_log_bytes: u64,
         /// Most a node's wall clock may differ from the median of the voters' clocks, in ms;
         /// past it the node does not lead.
         #[arg(long, default_value_t = MAX_CLOCK_OFFSET_MS_DEFAULT)]
@@ -805,6 +815,7 @@ async fn run(args: Cli) -> Result<()> {
             auto_create_streams,
             snapshot_logs,
             snapshot_keep_logs,
+            snapshot_log_bytes,
             max_clock_offset_ms,
             min_free_disk_bytes,
             max_connections,
@@ -869,6 +880,7 @@ async fn run(args: Cli) -> Result<()> {
                 auto_create_streams,
                 snapshot_logs,
                 snapshot_keep_logs,
+                snapshot_log_bytes,
                 max_clock_offset_ms,
                 min_free_disk_bytes,
                 security: node_security,

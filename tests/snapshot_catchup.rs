@@ -311,3 +311,40 @@ async fn a_paused_follower_installs_a_snapshot_while_publishes_continue() {
     let view = c.cluster_info(lagger).await.expect("view");
     assert!(view.snapshot_index.is_some(), "node {lagger} installed a snapshot: {view}");
 }
+
+/// Issue 15: snapshots by bytes, not only by entry count. With `--snapshot-logs` far out of
+/// reach, 3 MiB of payloads in a dozen entries make every node snapshot (and purge its log)
+/// once 1 MiB was applied since the last one (fails without `--snapshot-log-bytes`: no
+/// snapshot is ever taken).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_is_taken_by_bytes_applied_whatever_the_entry_count() {
+    let c =
+        Cluster::start(3, &["--snapshot-logs", "1000000", "--snapshot-keep-logs", "0", "--snapshot-log-bytes", "1MiB"])
+            .await;
+    let leader = c.leader().await;
+    create_stream(&c.http, &c.url(leader), STREAM).await;
+    let mut last = 0;
+    for i in 0..12u8 {
+        let r = c.http.post(&format!("{}/v1/streams/{STREAM}/batches", c.url(leader)), vec![i; 256 << 10]).await;
+        let r = r.expect("publish");
+        assert_eq!(r.status, 201, "{}", r.describe());
+        last = r.json()["index"].as_u64().expect("index");
+    }
+    for id in c.ids() {
+        let c = &c;
+        let snapshot = wait_for(
+            &format!("node {id} to snapshot by bytes"),
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || async move {
+                let v = c.cluster_info(id).await?;
+                match v.snapshot_index {
+                    Some(s) if s > 0 && v.purged_index.is_some() => Ok(s),
+                    other => Err(format!("snapshot index {other:?}, purged {:?}", v.purged_index)),
+                }
+            },
+        )
+        .await;
+        assert!(snapshot <= last, "node {id}: snapshot at {snapshot}, past the last entry {last}");
+    }
+}

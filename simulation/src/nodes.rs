@@ -45,6 +45,9 @@ pub fn node_config(shared: &Shared, id: NodeId, data_dir: PathBuf) -> NodeConfig
         auto_create_streams: false,
         snapshot_logs: shared.plan.snapshot_logs,
         snapshot_keep_logs: shared.plan.snapshot_keep_logs,
+        // The workload's payloads are tens of bytes: about a hundred entries' worth, so runs
+        // whose entry count is high (`snapshot_logs` 200) also snapshot by bytes.
+        snapshot_log_bytes: 2_048,
         max_clock_offset_ms: runnev::limits::MAX_CLOCK_OFFSET_MS_DEFAULT,
         min_free_disk_bytes: 0,
         security: Default::default(),

@@ -225,8 +225,10 @@ pub fn restore(
         got
     };
     snapshot::publish(&store, &tmp)?;
-    let (current, file) = snapshot::open_current(&store)?
-        .ok_or_else(|| StoreError::Backup("the restored snapshot vanished from the data directory".into()))?;
+    let (current, file) = match snapshot::open_current(&store)? {
+        Some((meta, snapshot::Current::Full(file))) => (meta, file),
+        _ => return Err(StoreError::Backup("the restored snapshot vanished from the data directory".into())),
+    };
     snapshot::install(&store, file, &current)?;
     if let Some(last) = current.last_log_id {
         store.set_applied(last.index);

@@ -16,8 +16,12 @@
 //! read as they are; 3, payloads leave the database for per-stream payload segments
 //! (`storage::payloads`) and the database keeps a 40-byte index row per batch
 //! (`storage::IndexRow`). A directory of format 1 or 2 is marked 3 and then upgraded at its
-//! first start, in one durable transaction (`Store::migrate_inline_batches`); the snapshot
-//! format is the same in all three, so a cluster can be upgraded one node at a time.
+//! first start, in one durable transaction (`Store::migrate_inline_batches`); 4, the current
+//! snapshot a node keeps is a manifest of its own payload segments (`RUNNEVM1`,
+//! `storage::snapshot`), which a build of format 3 would refuse; nothing is rewritten to go from
+//! 3 to 4 (a whole snapshot left by format 3 is read as it is until the next one replaces it).
+//! The snapshot a node sends is the same in all four (`RUNNEVS2`), so a cluster can be upgraded
+//! one node at a time.
 //!
 //! Owns: reading, checking and writing `FORMAT`. Must never: rewrite data (a format that needs
 //! its records rewritten comes with its own upgrade path) or touch any other file.
@@ -28,11 +32,12 @@ use std::path::Path;
 use super::StoreError;
 
 /// The data format this build writes.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
-/// The data formats this build reads: its own, and formats 1 and 2, whose inline batch values
-/// it moves to payload segments at the first start (`Store::migrate_inline_batches`).
-pub const READABLE: [u32; 3] = [1, 2, 3];
+/// The data formats this build reads: its own; formats 1 and 2, whose inline batch values it
+/// moves to payload segments at the first start (`Store::migrate_inline_batches`); and 3, read
+/// as it is.
+pub const READABLE: [u32; 4] = [1, 2, 3, 4];
 
 /// The file's name, in the data directory.
 pub const FORMAT_FILE: &str = "FORMAT";
@@ -121,7 +126,7 @@ mod tests {
 
     #[test]
     fn another_format_is_refused_with_both_numbers_and_left_as_it_is() {
-        for other in [0, 4, 99] {
+        for other in [0, FORMAT_VERSION + 1, 99] {
             let dir = tempfile::tempdir().unwrap();
             let text = format!("runnev data format {other}\n");
             std::fs::write(dir.path().join(FORMAT_FILE), &text).unwrap();

@@ -8,6 +8,7 @@
 //! caller wait that long in simulated time). Must never: switch modes while a node runs.
 
 use std::cell::Cell;
+use std::future::Future;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,16 +68,86 @@ where
 }
 
 /// A snapshot file as openraft reads and writes it (`SnapshotData`): a tokio file in
-/// production, a plain file used synchronously under the simulation.
+/// production, a plain file used synchronously under the simulation, or one not made yet.
 #[derive(Debug)]
 pub enum SnapshotFile {
     /// Asynchronous, through tokio's blocking pool.
     Tokio(tokio::fs::File),
     /// Synchronous, inline; the second field is the position after the last seek.
     Inline(std::fs::File, u64),
+    /// Made by the first read or seek ([`SnapshotFile::lazy`]), then one of the others.
+    Lazy(Lazy),
+}
+
+/// How a lazy [`SnapshotFile`] is made, and the seek asked of it before it was.
+pub struct Lazy {
+    make: Option<MakeFile>,
+    running: Option<tokio::task::JoinHandle<io::Result<std::fs::File>>>,
+    seek: Option<SeekFrom>,
+}
+
+/// Makes the file of a lazy [`SnapshotFile`], positioned at its start (blocking work).
+pub type MakeFile = Box<dyn FnOnce() -> io::Result<std::fs::File> + Send>;
+
+impl std::fmt::Debug for Lazy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lazy").field("made", &self.make.is_none()).field("seek", &self.seek).finish()
+    }
 }
 
 impl SnapshotFile {
+    /// A file that `make` makes on the first read or seek (on tokio's blocking pool, or inline
+    /// under the simulation), not before: openraft asks for the current snapshot at start-up and
+    /// whenever it may send it, and reads it only to send it ([`super::snapshot`] makes a whole
+    /// snapshot from the manifest it keeps). Writing to it before it is read is an error.
+    pub fn lazy(make: MakeFile) -> Self {
+        SnapshotFile::Lazy(Lazy { make: Some(make), running: None, seek: None })
+    }
+
+    /// Makes a lazy file, applying the seek asked before; `Ready(Ok(position))` once it is a
+    /// file (the position after that seek, or 0).
+    fn poll_made(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
+        let SnapshotFile::Lazy(lazy) = self else { return Poll::Ready(Ok(0)) };
+        let made = if inline() {
+            match lazy.make.take() {
+                Some(make) => make(),
+                None => Err(io::Error::other("making this snapshot failed before")),
+            }
+        } else {
+            if lazy.running.is_none() {
+                match lazy.make.take() {
+                    Some(make) => lazy.running = Some(tokio::task::spawn_blocking(make)),
+                    None => return Poll::Ready(Err(io::Error::other("making this snapshot failed before"))),
+                }
+            }
+            let Some(running) = lazy.running.as_mut() else {
+                return Poll::Ready(Err(io::Error::other("making this snapshot failed before")));
+            };
+            match Pin::new(running).poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(made)) => {
+                    lazy.running = None;
+                    made
+                }
+                Poll::Ready(Err(e)) => {
+                    lazy.running = None;
+                    Err(io::Error::other(e))
+                }
+            }
+        };
+        let seek = lazy.seek.take();
+        let mut file = made?;
+        let position = match seek {
+            Some(to) => file.seek(to)?,
+            None => 0,
+        };
+        *self = match SnapshotFile::from_std(file) {
+            SnapshotFile::Inline(f, _) => SnapshotFile::Inline(f, position),
+            other => other,
+        };
+        Poll::Ready(Ok(position))
+    }
+
     /// Wraps an open file in the mode of this process.
     pub fn from_std(f: std::fs::File) -> Self {
         if inline() {
@@ -89,7 +160,8 @@ impl SnapshotFile {
     /// Flushes written data to disk (fsync) and returns the plain file, positioned at its start.
     ///
     /// Errors: the fsync or the seek failed.
-    pub async fn into_synced_std(self) -> io::Result<std::fs::File> {
+    pub async fn into_synced_std(mut self) -> io::Result<std::fs::File> {
+        std::future::poll_fn(|cx| self.poll_made(cx)).await?;
         let mut f = match self {
             SnapshotFile::Tokio(mut t) => {
                 t.flush().await?;
@@ -100,6 +172,7 @@ impl SnapshotFile {
                 f.sync_all()?;
                 f
             }
+            SnapshotFile::Lazy(_) => return Err(io::Error::other("a snapshot not made")),
         };
         f.seek(SeekFrom::Start(0))?;
         Ok(f)
@@ -110,7 +183,12 @@ use tokio::io::AsyncWriteExt;
 
 impl AsyncRead for SnapshotFile {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
+        let this = self.get_mut();
+        if let Err(e) = std::task::ready!(this.poll_made(cx)) {
+            return Poll::Ready(Err(e));
+        }
+        match this {
+            SnapshotFile::Lazy(_) => Poll::Ready(Err(io::Error::other("a snapshot not made"))),
             SnapshotFile::Tokio(f) => Pin::new(f).poll_read(cx, buf),
             SnapshotFile::Inline(f, _) => {
                 let n = f.read(buf.initialize_unfilled())?;
@@ -126,6 +204,7 @@ impl AsyncWrite for SnapshotFile {
         match self.get_mut() {
             SnapshotFile::Tokio(f) => Pin::new(f).poll_write(cx, buf),
             SnapshotFile::Inline(f, _) => Poll::Ready(f.write(buf)),
+            SnapshotFile::Lazy(_) => Poll::Ready(Err(io::Error::other("a snapshot made from a manifest is read-only"))),
         }
     }
 
@@ -133,6 +212,7 @@ impl AsyncWrite for SnapshotFile {
         match self.get_mut() {
             SnapshotFile::Tokio(f) => Pin::new(f).poll_flush(cx),
             SnapshotFile::Inline(f, _) => Poll::Ready(f.flush()),
+            SnapshotFile::Lazy(_) => Poll::Ready(Ok(())),
         }
     }
 
@@ -140,6 +220,7 @@ impl AsyncWrite for SnapshotFile {
         match self.get_mut() {
             SnapshotFile::Tokio(f) => Pin::new(f).poll_shutdown(cx),
             SnapshotFile::Inline(f, _) => Poll::Ready(f.flush()),
+            SnapshotFile::Lazy(_) => Poll::Ready(Ok(())),
         }
     }
 }
@@ -152,13 +233,23 @@ impl AsyncSeek for SnapshotFile {
                 *pos = f.seek(position)?;
                 Ok(())
             }
+            // Applied once the file is made (`poll_complete`).
+            SnapshotFile::Lazy(lazy) => {
+                lazy.seek = Some(position);
+                Ok(())
+            }
         }
     }
 
     fn poll_complete(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
-        match self.get_mut() {
+        let this = self.get_mut();
+        if let SnapshotFile::Lazy(_) = this {
+            return this.poll_made(cx);
+        }
+        match this {
             SnapshotFile::Tokio(f) => Pin::new(f).poll_complete(cx),
             SnapshotFile::Inline(_, pos) => Poll::Ready(Ok(*pos)),
+            SnapshotFile::Lazy(_) => Poll::Ready(Err(io::Error::other("a snapshot not made"))),
         }
     }
 }
@@ -179,6 +270,38 @@ mod tests {
         let mut all = String::new();
         std::io::Read::read_to_string(&mut std, &mut all).unwrap();
         assert_eq!(all, "snapshot bytes");
+    }
+
+    /// A lazy file is made by its first seek or read, not before, and reads as the file made.
+    #[tokio::test]
+    async fn a_lazy_file_is_made_by_its_first_seek_or_read() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().unwrap();
+        let made = Arc::new(AtomicUsize::new(0));
+        let lazy = |name: &'static str| {
+            let (path, made) = (dir.path().join(name), made.clone());
+            SnapshotFile::lazy(Box::new(move || {
+                made.fetch_add(1, Ordering::SeqCst);
+                std::fs::write(&path, b"snapshot bytes")?;
+                std::fs::File::open(&path)
+            }))
+        };
+        let mut a = lazy("a");
+        tokio::task::yield_now().await;
+        assert_eq!(made.load(Ordering::SeqCst), 0, "not made before it is read");
+        assert_eq!(a.seek(std::io::SeekFrom::Start(9)).await.unwrap(), 9);
+        let mut tail = String::new();
+        a.read_to_string(&mut tail).await.unwrap();
+        assert_eq!((tail.as_str(), made.load(Ordering::SeqCst)), ("bytes", 1));
+        let mut b = lazy("b");
+        let mut all = String::new();
+        b.read_to_string(&mut all).await.unwrap();
+        assert_eq!((all.as_str(), made.load(Ordering::SeqCst)), ("snapshot bytes", 2));
+        // A failure to make it is the read's error, and every later one's.
+        let mut c = SnapshotFile::lazy(Box::new(|| Err(std::io::Error::other("no payloads"))));
+        assert!(c.read_to_string(&mut all).await.unwrap_err().to_string().contains("no payloads"));
+        assert!(c.read_to_string(&mut all).await.is_err());
     }
 
     #[tokio::test]

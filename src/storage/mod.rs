@@ -12,7 +12,8 @@
 //! - `runnev.redb`: tables [`RAFT_META`], [`SM_META`], [`STREAMS`], [`TOMBSTONES`],
 //!   [`STREAM_IDS`], [`BATCH_INDEX`] (seq → where the payload is, never the payload), [`TOKENS`];
 //!   created as `runnev.redb.new` and renamed once complete (see [`db_dir`]);
-//! - `snapshot.bin`: the newest snapshot (see [`snapshot`]), replaced atomically by rename.
+//! - `snapshot.bin`: the newest snapshot, a manifest naming the payload segments it holds
+//!   (see [`snapshot`]), replaced atomically by rename.
 //!
 //! The state machine commits without fsync (the log is the durable record and replays it) and
 //! durably every [`crate::limits::SM_DURABLE_EVERY_ENTRIES`] entries or
@@ -359,11 +360,19 @@ pub struct Store {
     dir: PathBuf,
     applied_tx: watch::Sender<u64>,
     committed_index: AtomicU64,
-    snapshot_files: std::sync::Mutex<()>,
+    /// The current snapshot's pin of its payload spans ([`snapshot`]), under the lock that
+    /// replacing the current snapshot takes.
+    snapshot_pin: std::sync::Mutex<Option<payloads::PinId>>,
     disk_low: Arc<AtomicBool>,
     /// One more than the last log index of a received snapshot being installed, 0 when none
     /// is ([`Store::begin_install`]).
     install_through: AtomicU64,
+    /// Payload bytes applied since the last snapshot began ([`Store::note_applied_bytes`]).
+    bytes_since_snapshot: AtomicU64,
+    /// Those bytes that make a snapshot due (`--snapshot-log-bytes`; `u64::MAX`: never).
+    snapshot_log_bytes: AtomicU64,
+    /// Woken when the applied bytes cross [`Store::set_snapshot_log_bytes`]'s bound.
+    snapshot_due: tokio::sync::Notify,
 }
 
 impl Store {
@@ -442,7 +451,9 @@ impl Store {
         };
         let log = segments::SegmentLog::open(segments, purged)?;
         let extents = payload_extents(&db)?;
-        let payloads = payloads::PayloadStore::open(payload_dir, crate::limits::PAYLOAD_SEGMENT_BYTES, &extents)?;
+        let spans = snapshot::current_spans(dir)?;
+        let (payloads, pin) =
+            payloads::PayloadStore::open_pinned(payload_dir, crate::limits::PAYLOAD_SEGMENT_BYTES, &extents, spans)?;
         let store = Store {
             db,
             log: std::sync::Mutex::new(log),
@@ -450,9 +461,12 @@ impl Store {
             dir: dir.to_path_buf(),
             applied_tx: watch::Sender::new(0),
             committed_index: AtomicU64::new(0),
-            snapshot_files: std::sync::Mutex::new(()),
+            snapshot_pin: std::sync::Mutex::new(Some(pin)),
             disk_low: Arc::default(),
             install_through: AtomicU64::new(0),
+            bytes_since_snapshot: AtomicU64::new(0),
+            snapshot_log_bytes: AtomicU64::new(u64::MAX),
+            snapshot_due: tokio::sync::Notify::new(),
         };
         let applied = store.last_applied()?.map(|l| l.index).unwrap_or(0);
         store.applied_tx.send_replace(applied);
@@ -566,6 +580,33 @@ impl Store {
     /// A receiver that changes whenever the applied index advances.
     pub fn watch_applied(&self) -> watch::Receiver<u64> {
         self.applied_tx.subscribe()
+    }
+
+    /// Sets the payload bytes applied since the last snapshot that make the next one due
+    /// (`--snapshot-log-bytes`); until called, never.
+    pub fn set_snapshot_log_bytes(&self, bytes: u64) {
+        self.snapshot_log_bytes.store(bytes.max(1), Ordering::Relaxed);
+    }
+
+    /// Counts `bytes` of payload applied; wakes [`Store::snapshot_due`] once the count since
+    /// the last snapshot crosses the bound.
+    pub(crate) fn note_applied_bytes(&self, bytes: u64) {
+        let limit = self.snapshot_log_bytes.load(Ordering::Relaxed);
+        let before = self.bytes_since_snapshot.fetch_add(bytes, Ordering::Relaxed);
+        if before < limit && before.saturating_add(bytes) >= limit {
+            self.snapshot_due.notify_one();
+        }
+    }
+
+    /// Restarts the count of [`Store::note_applied_bytes`]: a snapshot is being built.
+    pub(crate) fn snapshot_begun(&self) {
+        self.bytes_since_snapshot.store(0, Ordering::Relaxed);
+    }
+
+    /// Resolves once the payload bytes applied since the last snapshot reach the bound of
+    /// [`Store::set_snapshot_log_bytes`] (or at once, if they did since the last call).
+    pub async fn snapshot_due(&self) {
+        self.snapshot_due.notified().await;
     }
 
     pub(crate) fn set_applied(&self, index: u64) {

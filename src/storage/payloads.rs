@@ -110,6 +110,9 @@ pub trait PayloadDir: Send + Sync {
     fn sync_dir(&self) -> io::Result<()>;
 }
 
+/// Bytes [`PayloadStore::read_span`] reads at a time.
+pub const SPAN_READ_BYTES: u64 = 4 << 20;
+
 /// Above this many segments appended to since the last sync, [`FsPayloads`] makes them durable
 /// with one `syncfs(2)` of the payload directory's file system instead of an `fdatasync` each:
 /// with many streams a durable commit may find thousands of segments appended to, and each
@@ -186,7 +189,7 @@ impl PayloadDir for FsPayloads {
 
 /// Where a batch's record lives: the part of the state machine's row for (stream, seq) that
 /// names its bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Location {
     /// The seq of the first record of the segment holding it (the segment's name).
     pub segment: u64,
@@ -302,6 +305,42 @@ pub struct Extent {
     pub last: Location,
 }
 
+/// One stream's retained batches as a snapshot refers to them (a snapshot manifest's entry,
+/// [`super::snapshot`]): the records from `first` through `last`, adjacent in seq order across
+/// the stream's segments from `first.segment` through `last.segment`. Retention and deletion
+/// remove a stream's oldest batches only, and records are appended in seq order, so every
+/// record between the two is a retained batch and the span alone names them all, whatever their
+/// number. Its segments are pinned ([`PayloadStore::pin`]) while a snapshot refers to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Span {
+    /// The stream's id.
+    pub stream: u64,
+    /// The seq of its oldest retained batch.
+    pub first_seq: u64,
+    /// Where that batch's record is.
+    pub first: Location,
+    /// The seq of its newest batch.
+    pub last_seq: u64,
+    /// Where that batch's record is; the span's bytes end at `last.end()`.
+    pub last: Location,
+    /// How many batches the span holds (the stream's retained batches): checked on reading, so
+    /// a segment missing from the middle of a span is not taken for a gap in sparse seqs.
+    pub batches: u64,
+    /// The sum of their payload lengths, in bytes (checked likewise).
+    pub bytes: u64,
+}
+
+impl Span {
+    /// Whether segment `key` holds records of this span.
+    pub fn covers(&self, key: SegmentKey) -> bool {
+        key.stream == self.stream && (self.first.segment..=self.last.segment).contains(&key.first)
+    }
+}
+
+/// A set of pinned spans ([`PayloadStore::pin`]), to hand back to [`PayloadStore::unpin`].
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Clone, Copy)]
+pub struct PinId(u64);
+
 /// The segment a stream appends to (its handle, when open, is in the handle cache or the
 /// dirty set: a node with many streams keeps a bounded number of files open).
 struct Active {
@@ -330,6 +369,23 @@ struct Inner {
     /// durable yet.
     created: bool,
     tick: u64,
+    /// Spans that snapshots (the current one, and any being sent) refer to: their segments are
+    /// not removed, even once retired ([`PayloadStore::pin`]).
+    pins: BTreeMap<PinId, Vec<Span>>,
+    next_pin: u64,
+}
+
+impl Inner {
+    fn pinned(&self, key: SegmentKey) -> bool {
+        self.pins.values().flatten().any(|s| s.covers(key))
+    }
+
+    fn pin(&mut self, spans: Vec<Span>) -> PinId {
+        self.next_pin = self.next_pin.wrapping_add(1);
+        let id = PinId(self.next_pin);
+        self.pins.insert(id, spans);
+        id
+    }
 }
 
 /// The payload segments of one Raft group.
@@ -378,13 +434,32 @@ impl PayloadStore {
     /// is missing, or shorter than the extent's last record (the durable state refers to bytes
     /// that are gone).
     pub fn open(dir: Arc<dyn PayloadDir>, segment_bytes: u64, extents: &[Extent]) -> Result<PayloadStore, StoreError> {
+        Ok(PayloadStore::open_pinned(dir, segment_bytes, extents, Vec::new())?.0)
+    }
+
+    /// [`PayloadStore::open`], with the spans of the current snapshot pinned from the start
+    /// ([`PayloadStore::pin`]): their segments stay on disk even where the durable state no
+    /// longer refers to them (retired since the snapshot, or the state is behind it), and no
+    /// newest segment is cut below a pinned span's end. Returns the pin of `pins`.
+    ///
+    /// Errors: as [`PayloadStore::open`].
+    pub fn open_pinned(
+        dir: Arc<dyn PayloadDir>,
+        segment_bytes: u64,
+        extents: &[Extent],
+        pins: Vec<Span>,
+    ) -> Result<(PayloadStore, PinId), StoreError> {
         let by_stream: HashMap<u64, &Extent> = extents.iter().map(|e| (e.stream, e)).collect();
         let mut inner = Inner::default();
+        let pin = inner.pin(pins);
         for key in dir.list()? {
             let keep =
                 by_stream.get(&key.stream).is_some_and(|e| (e.first_segment..=e.last.segment).contains(&key.first));
             if keep {
                 inner.live.insert(key);
+            } else if inner.pinned(key) {
+                // Removed once no snapshot refers to it.
+                inner.removable.insert(key);
             } else {
                 tracing::debug!(segment = %key.file_name(), "removing a payload segment the durable state does not refer to");
                 dir.remove(key)?;
@@ -408,12 +483,41 @@ impl PayloadStore {
                     key.file_name()
                 )));
             }
-            if len > end {
-                dir.truncate(key, end)?;
+            // Never below what a snapshot refers to (a state behind its snapshot is restored
+            // from it before anything is appended: `snapshot::restore_state_machine`).
+            let pinned_end = inner
+                .pins
+                .values()
+                .flatten()
+                .filter(|s| s.stream == key.stream && s.last.segment == key.first)
+                .map(|s| s.last.end())
+                .max()
+                .unwrap_or(0);
+            let cut = end.max(pinned_end.min(len));
+            if len > cut {
+                dir.truncate(key, cut)?;
             }
             inner.active.insert(e.stream, Active { first: key.first, end });
         }
-        Ok(PayloadStore { dir, segment_bytes: segment_bytes.max(1), inner: Mutex::new(inner), gate: RwLock::new(()) })
+        let store =
+            PayloadStore { dir, segment_bytes: segment_bytes.max(1), inner: Mutex::new(inner), gate: RwLock::new(()) };
+        Ok((store, pin))
+    }
+
+    /// Pins `spans`: no segment holding their records is removed until [`PayloadStore::unpin`],
+    /// even once retired (a snapshot refers to them: the current one, or one being sent).
+    /// Returns the pin to hand back.
+    pub fn pin(&self, spans: Vec<Span>) -> PinId {
+        self.inner().pin(spans)
+    }
+
+    /// Releases a pin of [`PayloadStore::pin`]; retired segments it alone kept are removed now
+    /// (or once no reader is in).
+    ///
+    /// Errors: I/O removing a segment; it is tried again later.
+    pub fn unpin(&self, pin: PinId) -> Result<(), StoreError> {
+        self.inner().pins.remove(&pin);
+        self.remove_removable()
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -550,7 +654,13 @@ impl PayloadStore {
             return Ok(());
         }
         let Ok(_excl) = self.gate.try_write() else { return Ok(()) };
-        let removable = std::mem::take(&mut self.inner().removable);
+        let removable = {
+            let mut inner = self.inner();
+            let (pinned, free): (BTreeSet<SegmentKey>, BTreeSet<SegmentKey>) =
+                std::mem::take(&mut inner.removable).into_iter().partition(|k| inner.pinned(*k));
+            inner.removable = pinned;
+            free
+        };
         let mut keys = removable.into_iter();
         while let Some(key) = keys.next() {
             match self.dir.remove(key) {
@@ -597,6 +707,105 @@ impl PayloadStore {
             _ => e.into(),
         })?;
         Ok(out)
+    }
+
+    /// Reads every record of `span` in seq order and hands each to `each`, checking each as it
+    /// goes: its checksum, seqs strictly increasing, the first at the span's start and the last
+    /// where the span ends. Reads sequentially, [`SPAN_READ_BYTES`] at a time (a larger record
+    /// whole). Returns the number of records. Hold `_gate`, or a pin of the span, meanwhile.
+    ///
+    /// Errors: I/O; [`StoreError::Corrupt`] when a segment of the span is missing, a record fails
+    /// its checks, or the records do not run from the span's first to its last; `each`'s errors.
+    pub fn read_span(
+        &self,
+        _gate: &ReadGate<'_>,
+        span: &Span,
+        mut each: impl FnMut(Record<'_>) -> Result<(), StoreError>,
+    ) -> Result<u64, StoreError> {
+        let stream = span.stream;
+        let corrupt = |what: String| StoreError::Corrupt(format!("payload stream {stream:x}: {what}"));
+        let mut keys: Vec<SegmentKey> = self.dir.list()?.into_iter().filter(|k| span.covers(*k)).collect();
+        keys.sort_unstable();
+        if keys.first().map(|k| k.first) != Some(span.first.segment)
+            || keys.last().map(|k| k.first) != Some(span.last.segment)
+        {
+            return Err(corrupt(format!(
+                "the segments holding seqs {} through {} are not all on this node",
+                span.first_seq, span.last_seq
+            )));
+        }
+        let (mut count, mut bytes, mut prev) = (0u64, 0u64, None::<u64>);
+        let mut buf = Vec::new();
+        for key in keys {
+            let file = self.handle(key)?;
+            let last_segment = key.first == span.last.segment;
+            let mut pos = if key.first == span.first.segment { span.first.offset } else { 0 };
+            let end = if last_segment { span.last.end() } else { file.capacity()? };
+            let read_at = |pos: u64, buf: &mut [u8]| {
+                file.read_at(pos, buf).map_err(|e| match e.kind() {
+                    io::ErrorKind::UnexpectedEof => {
+                        corrupt(format!("segment {} ends before offset {pos} + {} bytes", key.file_name(), buf.len()))
+                    }
+                    _ => e.into(),
+                })
+            };
+            while pos < end {
+                buf.resize(usize::try_from((end - pos).min(SPAN_READ_BYTES)).unwrap_or(usize::MAX), 0);
+                read_at(pos, &mut buf)?;
+                let mut at = 0usize;
+                while let Some(header) = buf.get(at..at + HEADER_BYTES as usize) {
+                    let (len, seq) = (le_u32(&header[..4]), le_u64(&header[8..16]));
+                    let total = HEADER_BYTES as usize + len as usize;
+                    if buf.len() - at < total {
+                        if at > 0 {
+                            break;
+                        }
+                        // One record larger than a read: read it whole.
+                        if pos.saturating_add(total as u64) > end {
+                            return Err(corrupt(format!(
+                                "the record at offset {pos} of segment {} runs past the span's end",
+                                key.file_name()
+                            )));
+                        }
+                        buf.resize(total, 0);
+                        read_at(pos, &mut buf)?;
+                        continue;
+                    }
+                    let record = parse_record(stream, seq, len, &buf[at..])?;
+                    let offset = pos + at as u64;
+                    let expected_first = prev.is_some() || seq == span.first_seq;
+                    let at_last = last_segment && offset == span.last.offset;
+                    if !expected_first || prev.is_some_and(|p| p >= seq) || (at_last && seq != span.last_seq) {
+                        return Err(corrupt(format!(
+                            "seq {seq} at offset {offset} of segment {} is out of order (after {prev:?}; the span runs from {} to {})",
+                            key.file_name(),
+                            span.first_seq,
+                            span.last_seq
+                        )));
+                    }
+                    each(record)?;
+                    prev = Some(seq);
+                    count = count.saturating_add(1);
+                    bytes = bytes.saturating_add(u64::from(len));
+                    at += total;
+                }
+                if at == 0 {
+                    return Err(corrupt(format!(
+                        "segment {} holds {} bytes at offset {pos} that are not a whole record",
+                        key.file_name(),
+                        end - pos
+                    )));
+                }
+                pos += at as u64;
+            }
+        }
+        if prev != Some(span.last_seq) || (count, bytes) != (span.batches, span.bytes) {
+            return Err(corrupt(format!(
+                "its records run to seq {prev:?}: {count} batches of {bytes} bytes; the span says seqs {} through {}: {} batches of {} bytes (are segments missing?)",
+                span.first_seq, span.last_seq, span.batches, span.bytes
+            )));
+        }
+        Ok(count)
     }
 
     /// An open handle of segment `key`: one appended to since the last sync, one cached, or
@@ -811,6 +1020,107 @@ mod tests {
         assert_eq!(s.append(1, 9, 0, 3, b"x").unwrap(), Location { segment: 9, offset: 0, len: 1 });
     }
 
+    /// Seqs 1..=10 of stream 7, records of 82 bytes in segments of 200 (two a segment).
+    fn ten_records(dir: &tempfile::TempDir) -> (PayloadStore, Vec<Location>) {
+        let s = store(dir, 200, &[]);
+        let locs = (1..=10u64).map(|seq| s.append(7, seq, 100 + seq, seq, &[seq as u8; 50]).unwrap()).collect();
+        s.sync().unwrap();
+        (s, locs)
+    }
+
+    fn span(locs: &[Location], first_seq: u64, last_seq: u64) -> Span {
+        let at = |seq: u64| locs[seq as usize - 1];
+        let batches = last_seq - first_seq + 1;
+        Span { stream: 7, first_seq, first: at(first_seq), last_seq, last: at(last_seq), batches, bytes: batches * 50 }
+    }
+
+    /// (seq, ts, log index, payload) of each record read.
+    type Read = Vec<(u64, u64, u64, Vec<u8>)>;
+
+    fn span_seqs(s: &PayloadStore, span: &Span) -> Result<Read, StoreError> {
+        let mut out = Vec::new();
+        let gate = s.read_gate();
+        let n = s.read_span(&gate, span, |r| {
+            out.push((r.seq, r.ts, r.index, r.payload.to_vec()));
+            Ok(())
+        })?;
+        assert_eq!(n, out.len() as u64);
+        Ok(out)
+    }
+
+    /// A span names every record from its first to its last, across segments, whatever their
+    /// number (what a snapshot manifest holds instead of a row per batch).
+    #[test]
+    fn a_span_reads_every_record_from_its_first_to_its_last_across_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, locs) = ten_records(&dir);
+        assert_eq!(locs[2].segment, 3, "seq 3 starts a segment");
+        let got = span_seqs(&s, &span(&locs, 4, 9)).unwrap();
+        let want: Vec<_> = (4..=9u64).map(|q| (q, 100 + q, q, vec![q as u8; 50])).collect();
+        assert_eq!(got, want);
+        // A span that says it ends elsewhere than its records do is refused, not trusted.
+        let mut wrong = span(&locs, 4, 9);
+        wrong.last_seq = 8;
+        assert!(matches!(span_seqs(&s, &wrong), Err(StoreError::Corrupt(_))));
+        let mut wrong = span(&locs, 4, 9);
+        wrong.first_seq = 3;
+        assert!(matches!(span_seqs(&s, &wrong), Err(StoreError::Corrupt(_))));
+        // A flipped bit in a record inside the span.
+        let path = dir.path().join("payloads").join(SegmentKey { stream: 7, first: 5 }.file_name());
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[40] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(matches!(span_seqs(&s, &span(&locs, 4, 9)), Err(StoreError::Corrupt(m)) if m.contains("checksum")));
+        // A segment of the span gone.
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            matches!(span_seqs(&s, &span(&locs, 4, 9)), Err(StoreError::Corrupt(m)) if m.contains("segments missing"))
+        );
+        let path = dir.path().join("payloads").join(SegmentKey { stream: 7, first: 3 }.file_name());
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(span_seqs(&s, &span(&locs, 4, 9)), Err(StoreError::Corrupt(m)) if m.contains("not all")));
+    }
+
+    /// Pinned segments stay after retirement until unpinned, and across a restart whose durable
+    /// state no longer refers to them (a snapshot still does).
+    #[test]
+    fn pinned_segments_outlive_retirement_until_unpinned() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, locs) = ten_records(&dir);
+        let pinned = span(&locs, 4, 9);
+        let _held = s.pin(vec![pinned]);
+        s.retire(7, Some(9));
+        s.durable(s.seal()).unwrap();
+        let names: Vec<u64> = files(&dir).iter().map(|f| SegmentKey::parse(f).unwrap().first).collect();
+        assert_eq!(names, [3, 5, 7, 9], "segment 1 went; 3 to 7 stay for the pin");
+        assert_eq!(span_seqs(&s, &pinned).unwrap().len(), 6);
+        drop(s);
+        // Restart: the durable state holds seqs 9..=10; the snapshot's span is pinned at open.
+        let fs = Arc::new(FsPayloads::new(dir.path().join("payloads")).unwrap());
+        let extents = [Extent { stream: 7, first_segment: 9, last: locs[9] }];
+        let (s, pin) = PayloadStore::open_pinned(fs.clone(), 200, &extents, vec![pinned]).unwrap();
+        assert_eq!(files(&dir).len(), 4, "pinned segments outside the durable state are kept");
+        assert_eq!(span_seqs(&s, &pinned).unwrap().len(), 6);
+        s.unpin(pin).unwrap();
+        assert_eq!(files(&dir), ["0000000000000007-00000000000000000009.seg"], "unpinned, they go");
+        // Without a pin, open removes them at once.
+        drop(s);
+        let s = PayloadStore::open(fs, 200, &extents).unwrap();
+        assert_eq!(s.live_segments(), [SegmentKey { stream: 7, first: 9 }]);
+    }
+
+    /// A restart whose durable state is behind the snapshot (it will be restored from it) does
+    /// not cut the newest segment below the snapshot's span.
+    #[test]
+    fn open_does_not_cut_below_a_pinned_span() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, locs) = ten_records(&dir);
+        drop(s);
+        let fs = Arc::new(FsPayloads::new(dir.path().join("payloads")).unwrap());
+        let behind = [Extent { stream: 7, first_segment: 1, last: locs[8] }];
+        let (s, _pin) = PayloadStore::open_pinned(fs, 200, &behind, vec![span(&locs, 1, 10)]).unwrap();
+        assert_eq!(span_seqs(&s, &span(&locs, 1, 10)).unwrap().len(), 10);
+    }
     /// Payload segments whose fsync fails while `fail` is set.
     struct FailingSync {
         inner: FsPayloads,

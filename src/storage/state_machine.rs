@@ -474,8 +474,9 @@ pub struct SnapshotBuilder {
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let store = self.store.clone();
-        let (meta, file) = blocking(move || snapshot::build(&store)).await.map_err(|e| raft_err(e, true))?;
-        Ok(Snapshot { meta, snapshot: Box::new(SnapshotFile::from_std(file)) })
+        let built = store.clone();
+        let (meta, current) = blocking(move || snapshot::build(&built)).await.map_err(|e| raft_err(e, true))?;
+        Ok(Snapshot { meta, snapshot: Box::new(current.into_data(store)) })
     }
 }
 
@@ -497,6 +498,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let bytes = entries.iter().map(crate::raft::entry_payload_bytes).fold(0u64, u64::saturating_add);
         self.undurable.0 = self.undurable.0.saturating_add(entries.len() as u64);
         self.undurable.1 = self.undurable.1.saturating_add(bytes);
+        self.store.note_applied_bytes(bytes);
         // A durable commit now and then bounds how much of the log a restart replays; not while
         // the disk is low (`Store::disk_low_flag`): it would write everything since the last.
         let due = self.undurable.0 >= SM_DURABLE_EVERY_ENTRIES || self.undurable.1 >= SM_DURABLE_EVERY_BYTES;
@@ -548,8 +550,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         let store = self.store.clone();
-        let current = blocking(move || snapshot::open_current(&store)).await.map_err(|e| raft_err(e, false))?;
-        Ok(current.map(|(meta, file)| Snapshot { meta, snapshot: Box::new(SnapshotFile::from_std(file)) }))
+        let opened = store.clone();
+        let current = blocking(move || snapshot::open_current(&opened)).await.map_err(|e| raft_err(e, false))?;
+        Ok(current.map(|(meta, current)| Snapshot { meta, snapshot: Box::new(current.into_data(store)) }))
     }
 }
 
@@ -767,8 +770,99 @@ mod tests {
         assert_eq!(payload_files(&dir), ["0000000000000001-00000000000000000021.seg"]);
     }
 
+    /// The whole snapshot a state machine's current snapshot makes, read as openraft reads it
+    /// to send it, installed on a fresh store: its dump.
+    async fn send_current_to_a_new_node(sm: &mut StateMachine) -> Vec<(StreamInfo, Vec<crate::storage::StoredBatch>)> {
+        let snap = sm.get_current_snapshot().await.unwrap().expect("a current snapshot");
+        let mut bytes = Vec::new();
+        let mut data = snap.snapshot;
+        data.read_to_end(&mut bytes).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let other = Store::open(dir.path()).unwrap();
+        let mut sm_other = StateMachine::new(other.clone());
+        let mut incoming = sm_other.begin_receiving_snapshot().await.unwrap();
+        incoming.write_all(&bytes).await.unwrap();
+        sm_other.install_snapshot(&snap.meta, incoming).await.unwrap();
+        dump(&other)
+    }
+
+    /// Issue 15: a snapshot of a state does not rewrite its payloads. The current snapshot is a
+    /// manifest of a record per stream; the payload segments it names stay on disk, pinned,
+    /// after the state drops them, so the snapshot can still be sent whole; the next snapshot
+    /// releases them. A node that installs a snapshot keeps a manifest of its own segments, not
+    /// the received file.
+    #[tokio::test]
+    async fn a_snapshot_names_the_payload_segments_instead_of_copying_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut sm = StateMachine::new(store.clone());
+        let mut cmds = vec![Command::PutStream { name: "s".into(), retention: None, ts: 1 }];
+        cmds.extend((1..=64u64).map(|i| publish("s", None, 1 + i, &vec![i as u8; 16 << 10])));
+        cmds.push(Command::PutStream { name: "t".into(), retention: None, ts: 70 });
+        cmds.push(publish("t", Some(9), 71, b"tee"));
+        sm.apply(cmds.into_iter().enumerate().map(|(i, c)| entry(i as u64 + 1, c))).await.unwrap();
+        let before = dump(&store);
+        sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        let snapshot_bytes = std::fs::metadata(crate::storage::snapshot::current_path(dir.path())).unwrap().len();
+        assert!(snapshot_bytes < 2_048, "a snapshot of 1 MiB of payloads takes {snapshot_bytes} bytes");
+        let files = payload_files(&dir);
+        assert_eq!(send_current_to_a_new_node(&mut sm).await, before, "sent whole, it reproduces the state");
+
+        // The state drops every payload: the snapshot still names them, so they stay, and it
+        // is still sent whole.
+        let gone = [Command::DeleteStream { name: "s".into() }, Command::DeleteStream { name: "t".into() }];
+        sm.apply(gone.into_iter().enumerate().map(|(i, c)| entry(70 + i as u64, c))).await.unwrap();
+        durable_barrier(&store);
+        assert_eq!(payload_files(&dir), files, "segments the current snapshot names are kept");
+        assert_eq!(send_current_to_a_new_node(&mut sm).await, before);
+        // The next snapshot no longer names them: they go.
+        sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        assert!(payload_files(&dir).is_empty(), "{:?}", payload_files(&dir));
+        assert!(send_current_to_a_new_node(&mut sm).await.is_empty());
+    }
+
+    fn durable_barrier(store: &Store) {
+        let w = store.begin_durable_write().unwrap();
+        w.open_table(crate::storage::SM_META).unwrap().insert("test_barrier", [1u8].as_slice()).unwrap();
+        store.commit_durably(w).unwrap();
+    }
+
+    /// A state machine found behind its snapshot at start-up (its durable state older than the
+    /// manifest's) is restored from the manifest, whose payloads are this node's own segments:
+    /// open keeps them (pinned, not cut back to the older state) and restoring reads them.
+    #[tokio::test]
+    async fn a_state_machine_behind_its_manifest_is_restored_from_its_own_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join(crate::storage::db_dir::DB_FILE);
+        let early = dir.path().join("early.redb");
+        let cmds = |from: u64, to: u64| (from..=to).map(|i| entry(i, publish("s", None, i, &[i as u8; 3000])));
+        {
+            let store = Store::open(dir.path()).unwrap();
+            let mut sm = StateMachine::new(store.clone());
+            sm.apply([entry(1, Command::PutStream { name: "s".into(), retention: None, ts: 1 })]).await.unwrap();
+            sm.apply(cmds(2, 5)).await.unwrap();
+            durable_barrier(&store);
+        }
+        std::fs::copy(&db, &early).unwrap();
+        let later = {
+            let store = Store::open(dir.path()).unwrap();
+            let mut sm = StateMachine::new(store.clone());
+            sm.apply(cmds(6, 12)).await.unwrap();
+            sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+            dump(&store)
+        };
+        // The database as it was at log index 5; the manifest and the segments of index 12.
+        std::fs::rename(&early, &db).unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.applied_index(), 5);
+        assert_eq!(crate::storage::snapshot::restore_state_machine(&store).unwrap(), Some(12));
+        assert_eq!(dump(&store), later);
+        let mut sm = StateMachine::new(store.clone());
+        assert_eq!(send_current_to_a_new_node(&mut sm).await, later);
+    }
+
     /// A data directory of format 2 (payloads inline in the `batches` table) is upgraded at its
-    /// first start: marked format 3, every batch moved to payload segments, the old table
+    /// first start: marked format 4, every batch moved to payload segments, the old table
     /// dropped, and every stream reads back as it was and goes on from there.
     #[tokio::test]
     async fn a_format_2_directory_is_upgraded_at_its_first_start() {
@@ -812,7 +906,7 @@ mod tests {
         std::fs::write(&format_file, "runnev data format 2\n").unwrap();
 
         let store = Store::open(dir.path()).unwrap();
-        assert_eq!(std::fs::read_to_string(&format_file).unwrap(), "runnev data format 3\n");
+        assert_eq!(std::fs::read_to_string(&format_file).unwrap(), "runnev data format 4\n");
         assert_eq!(dump(&store), before);
         assert_eq!(payload_files(&dir).len(), 2, "one segment per stream with batches");
         {
