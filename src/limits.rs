@@ -111,6 +111,14 @@ pub const SNAPSHOT_LOGS_DEFAULT: u64 = 5_000;
 /// Default number of log entries kept behind a snapshot when purging (`--snapshot-keep-logs`),
 /// so a follower slightly behind catches up from the log rather than a whole snapshot.
 pub const SNAPSHOT_KEEP_LOGS_DEFAULT: u64 = 1_000;
+/// How long a free-space measurement stands for a write far from the line
+/// ([`crate::disk::DiskGuard::refusal`]), in ms.
+pub const DISK_RECHECK_MS: u64 = 250;
+/// How far above `--min-free-disk-bytes` (plus nothing of the ballast) the last measurement must
+/// be for a write to reuse it, in bytes: more than a node writes in [`DISK_RECHECK_MS`] at any
+/// rate measured here (about 400 MB/s of payload and log together).
+pub const DISK_RECHECK_MARGIN_BYTES: u64 = 256 << 20;
+
 /// Default payload bytes applied since the last snapshot that make the next one due
 /// (`--snapshot-log-bytes`), whatever the entry count: the log the snapshot lets the node purge
 /// holds about as many bytes, so this bounds the log's share of the disk when batches are large
