@@ -13,7 +13,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::PrometheusHandle;
 use openraft::SnapshotPolicy;
 
-use crate::api::{self, AppState, Clock};
+use crate::api::{self, AppState, Clock, NodeState};
 use crate::limits::*;
 use crate::net::{self, Dialer};
 use crate::raft::candidacy::Candidacy;
@@ -254,7 +254,7 @@ where
     // (the `RunnevNodeRestarting` alert: a core that stops exits, and comes back).
     metrics::gauge!("runnev_start_time_seconds").set(clock() as f64 / 1000.0);
     let cluster_clock = crate::clock::ClusterClock::new(clock, cfg.max_clock_offset_ms);
-    let state = AppState {
+    let state = AppState::new(NodeState {
         node_id: cfg.id,
         raft: raft.clone(),
         store: store.clone(),
@@ -274,7 +274,7 @@ where
         subscribers: Arc::new(tokio::sync::Semaphore::new(cfg.max_subscribers)),
         body_read_timeout: cfg.body_read_timeout,
         vote_gate: vote_gate.clone(),
-    };
+    });
     let peer_terms = tokio::spawn(formation::learn_peer_terms(
         vote_gate.clone(),
         cfg.id,
