@@ -465,6 +465,12 @@ impl PayloadStore {
                 dir.remove(key)?;
             }
         }
+        // The end of each span's last record, by its segment: looked up once per extent.
+        let mut pinned_ends: HashMap<SegmentKey, u64> = HashMap::new();
+        for s in inner.pins.values().flatten() {
+            let end = pinned_ends.entry(SegmentKey { stream: s.stream, first: s.last.segment }).or_default();
+            *end = (*end).max(s.last.end());
+        }
         for e in extents {
             for first in [e.first_segment, e.last.segment] {
                 if !inner.live.contains(&SegmentKey { stream: e.stream, first }) {
@@ -485,14 +491,7 @@ impl PayloadStore {
             }
             // Never below what a snapshot refers to (a state behind its snapshot is restored
             // from it before anything is appended: `snapshot::restore_state_machine`).
-            let pinned_end = inner
-                .pins
-                .values()
-                .flatten()
-                .filter(|s| s.stream == key.stream && s.last.segment == key.first)
-                .map(|s| s.last.end())
-                .max()
-                .unwrap_or(0);
+            let pinned_end = pinned_ends.get(&key).copied().unwrap_or(0);
             let cut = end.max(pinned_end.min(len));
             if len > cut {
                 dir.truncate(key, cut)?;

@@ -574,18 +574,12 @@ fn read_head(r: &mut impl Read) -> Result<Head, StoreError> {
     }
 }
 
-/// Reads the magic and the `Header` record that start a whole snapshot.
+/// Reads the magic and the `Header` record that start a whole snapshot ([`read_head`]; a
+/// manifest is refused).
 fn read_header(r: &mut impl Read) -> Result<SnapshotMeta, StoreError> {
-    let mut magic = [0u8; 8];
-    r.read_exact(&mut magic)?;
-    if &magic != MAGIC && &magic != MAGIC_FORMAT_1 {
-        return Err(StoreError::Snapshot("not a whole Runnev snapshot (no magic)".into()));
-    }
-    let mut buf = Vec::new();
-    read_record(r, &mut buf)?;
-    match postcard::from_bytes::<Record<'_>>(&buf)? {
-        Record::Header { meta } => Ok(meta),
-        _ => Err(StoreError::Snapshot("it does not start with a header".into())),
+    match read_head(r)? {
+        Head::Full(meta) => Ok(meta),
+        Head::Manifest(..) => Err(StoreError::Snapshot("a manifest, not a whole snapshot".into())),
     }
 }
 
