@@ -157,7 +157,9 @@ pub fn store_open_error(dir: &Path, e: runnev::storage::StoreError) -> anyhow::E
             "the data dir {} is in use: another runnev process holds the lock on its database {}; stop that \
              process, or give this node a data dir of its own",
             dir.display(),
-            dir.join("runnev.redb").display()
+            runnev::storage::layout::group_dir(dir, runnev::storage::layout::GroupId::CLUSTER)
+                .join(runnev::storage::db_dir::DB_FILE)
+                .display()
         ),
         e => anyhow::Error::new(e).context(format!("opening the data dir {}", dir.display())),
     }

@@ -216,14 +216,14 @@ where
     let restore = store.clone();
     crate::storage::blocking(move || crate::storage::snapshot::restore_state_machine(&restore)).await?;
     let sm = StateMachine::new(store.clone());
-    metrics::counter!("runnev_snapshots_installed_total").absolute(0);
+    metrics::counter!("runnev_snapshots_installed_total", "group" => store.group().to_string()).absolute(0);
     let disk = Arc::new(match disk_guard {
         true => crate::disk::DiskGuard::open(&cfg.data_dir, cfg.min_free_disk_bytes, store.disk_low_flag())
             .map_err(NodeError::Disk)?,
         false => crate::disk::DiskGuard::off(),
     });
     let peer_disks = Arc::new(PeerDisks::default());
-    let network = Network::new(http.clone(), rpc_faults, peer_disks.clone());
+    let network = Network::new(store.group(), http.clone(), rpc_faults, peer_disks.clone());
     let raft = Raft::new(cfg.id, config, network, LogStore::new(store.clone()), sm)
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
@@ -604,9 +604,10 @@ mod tests {
         broken: &Arc<AtomicBool>,
         exit_after_raft_stop: Duration,
     ) -> OneNode {
-        let segments = Breakable { inner: FsSegments::new(dir.join("log")).unwrap(), broken: broken.clone() };
-        let payloads = Arc::new(crate::storage::payloads::FsPayloads::new(dir.join("payloads")).unwrap());
-        let store = Store::open_with(dir, &FsDatabaseDir::new(dir), Arc::new(segments), payloads).unwrap();
+        let group = crate::storage::layout::group_dir(dir, crate::storage::layout::GroupId::CLUSTER);
+        let segments = Breakable { inner: FsSegments::new(group.join("log")).unwrap(), broken: broken.clone() };
+        let payloads = Arc::new(crate::storage::payloads::FsPayloads::new(group.join("payloads")).unwrap());
+        let store = Store::open_with(dir, &FsDatabaseDir::new(&group), Arc::new(segments), payloads).unwrap();
         let weak = Arc::downgrade(&store);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();

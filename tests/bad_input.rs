@@ -840,6 +840,21 @@ async fn expect_raft_refusal_with(
     code: &str,
     what: &str,
 ) {
+    expect_raft_status(f, node, path, body, headers, 400, code, what).await
+}
+
+/// POSTs `body` to `path` on a node with `headers` and checks it gets `status code`.
+#[allow(clippy::too_many_arguments)]
+async fn expect_raft_status(
+    f: &mut Fixture,
+    node: u64,
+    path: &str,
+    body: Vec<u8>,
+    headers: &[(&str, &str)],
+    status: u16,
+    code: &str,
+    what: &str,
+) {
     let url = format!("{}{path}", f.c.url(node));
     let mut all = vec![("content-type", "application/octet-stream")];
     all.extend_from_slice(headers);
@@ -847,7 +862,7 @@ async fn expect_raft_refusal_with(
     let r = f.ck.http.request(Method::POST, &url, Some(Bytes::from(body)), &all, Duration::from_secs(10)).await;
     match r {
         Ok(r) => {
-            if let Some(problem) = error_problem(&r, 400, code) {
+            if let Some(problem) = error_problem(&r, status, code) {
                 f.ck.failures.push(format!("node {node}: POST {path} ({what}): {problem}; got {}", r.describe()));
             }
         }
@@ -901,6 +916,34 @@ async fn bad_raft_rpcs_change_nothing() {
                 expect_raft_refusal(&mut f, id, path, whole[..cut].to_vec(), &what).await;
             }
         }
+    }
+    f.finish().await;
+}
+
+/// Raft RPCs addressed to a Raft group the node does not host (`/raft/groups/<id>/…`, any id
+/// but 0, or one that is not a number), or naming no RPC, are refused with `404 not_found`
+/// before their body is read: whole, they would move every node 1000 terms ahead. The
+/// cluster's group is served under the same route (a garbage body there gets `400
+/// invalid_body`, the answer of the RPC's own handler). Leader, term, members and streams are
+/// unchanged everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_rpcs_of_a_group_the_node_does_not_host_are_refused() {
+    let mut f = Fixture::start_insecure().await;
+    let term = f.before[0].raft.1;
+    let forged = raft_requests(term + 1000);
+    for id in f.c.ids() {
+        for (path, whole) in &forged {
+            let rpc = path.trim_start_matches("/raft/");
+            for group in ["7", "4294967295", "x", "00x"] {
+                let at = format!("/raft/groups/{group}/{rpc}");
+                let what = format!("group {group:?}");
+                expect_raft_status(&mut f, id, &at, whole.clone(), &[], 404, "not_found", &what).await;
+            }
+            expect_raft_refusal(&mut f, id, &format!("/raft/groups/0/{rpc}"), b"junk".to_vec(), "group 0, junk").await;
+        }
+        let (_, whole) = &forged[0];
+        expect_raft_status(&mut f, id, "/raft/groups/0/elect", whole.clone(), &[], 404, "not_found", "no such RPC")
+            .await;
     }
     f.finish().await;
 }

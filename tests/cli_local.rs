@@ -337,7 +337,7 @@ async fn serve_refuses_a_data_dir_of_another_format_and_changes_nothing() {
     let r =
         serve("1", &data, &format!("127.0.0.1:{port}"), &format!("1=127.0.0.1:{port}"), &[("RUST_LOG", "error")]).await;
     r.expect_code(1, "a data dir of format 9");
-    assert!(r.stderr.contains("data format 9; this runnev reads formats 1 to 4"), "{r:#?}");
+    assert!(r.stderr.contains("data format 9; this runnev reads formats 1 to 5"), "{r:#?}");
     let names: Vec<String> =
         std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert_eq!(names, vec!["FORMAT".to_string()], "nothing else was created");

@@ -51,7 +51,7 @@ async fn a_bit_flipped_in_a_stored_batch_is_refused_never_served() {
 
     // Flip one bit in the middle of marked batch 3's payload in the follower's payload
     // segments (each payload is written there once).
-    let payloads = c.node(follower).data_dir.join("payloads");
+    let payloads = c.node(follower).data_dir.join("groups/0/payloads");
     let needle = marker(3);
     let mut flipped = 0;
     for entry in std::fs::read_dir(&payloads).expect("read the payloads directory") {

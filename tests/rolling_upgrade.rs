@@ -92,3 +92,61 @@ async fn a_rolling_upgrade_under_load_loses_nothing() {
         assert_eq!(b.data, payload("roll", b.seq), "seq {} byte for byte", b.seq);
     }
 }
+
+/// Lays a stopped node's data directory out as a build of data format 4 left it: group 0's
+/// files at the top of the directory (no `groups/`), `FORMAT` saying 4.
+fn as_format_4(data_dir: &std::path::Path) {
+    let group = data_dir.join("groups").join("0");
+    for entry in std::fs::read_dir(&group).expect("the group's directory") {
+        let entry = entry.expect("an entry");
+        std::fs::rename(entry.path(), data_dir.join(entry.file_name())).expect("move to the top");
+    }
+    std::fs::remove_dir_all(data_dir.join("groups")).expect("remove groups/");
+    std::fs::write(data_dir.join("FORMAT"), "runnev data format 4\n").expect("write FORMAT");
+}
+
+/// Issue 15, "room for many Raft groups": a cluster whose data directories are of format 4
+/// (group 0's files at their top) is upgraded one node at a time, each started on its old
+/// directory, while the others already run on format 5: each node moves its files into
+/// `groups/0/`, marks the directory 5, and comes back with everything it held (log, state
+/// machine, snapshot); every batch published before and during the upgrade reads back the
+/// same on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_of_data_format_4_is_upgraded_one_node_at_a_time() {
+    // Snapshots every 20 entries: each directory holds a snapshot file to move as well.
+    let mut c = Cluster::start(3, &["--snapshot-logs", "20", "--snapshot-keep-logs", "5"]).await;
+    let leader = c.leader().await;
+    create_stream(&c.http, &c.url(leader), "old").await;
+    let client = c.client();
+    for seq in 1..=60 {
+        client.publish("old", Some(seq), payload("old", seq)).await.expect("publish before the upgrade");
+    }
+    let mut order = c.followers().await;
+    order.push(c.leader().await);
+    let mut next = 61;
+    for id in order {
+        c.stop(id).await;
+        let dir = c.node(id).data_dir.clone();
+        assert!(dir.join("groups/0/snapshot.bin").exists(), "node {id} took a snapshot before the upgrade");
+        as_format_4(&dir);
+        c.restart(id).await;
+        c.wait_ready(id, Duration::from_secs(60)).await.unwrap_or_else(|e| panic!("node {id} after upgrade: {e}"));
+        assert_eq!(std::fs::read_to_string(dir.join("FORMAT")).expect("FORMAT"), "runnev data format 5\n");
+        for name in ["log", "payloads", "runnev.redb", "snapshot.bin"] {
+            assert!(!dir.join(name).exists(), "node {id}: {name} is still at the top of its data directory");
+            assert!(dir.join("groups/0").join(name).exists(), "node {id}: {name} is not in groups/0");
+        }
+        for _ in 0..10 {
+            client.publish("old", Some(next), payload("old", next)).await.expect("publish during the upgrade");
+            next += 1;
+        }
+    }
+    let index = c.leader_commit_index().await;
+    let state = assert_identical(&c, &c.ids(), index, "after the upgrade from format 4").await;
+    let (gap, batches) = &state.batches["old"];
+    assert_eq!(*gap, None);
+    assert_eq!(batches.iter().map(|b| b.seq).collect::<Vec<_>>(), (1..next).collect::<Vec<_>>());
+    for b in batches {
+        assert_eq!(b.data, payload("old", b.seq), "seq {} byte for byte", b.seq);
+    }
+}

@@ -353,8 +353,9 @@ struct DiskState {
     /// The node's data dir on the real file system (its `FORMAT` and snapshot files), which a
     /// cut rolls back to what it held when the cut struck ([`SimDisk::set_real_dir`]).
     real_dir: Option<PathBuf>,
-    /// The regular files of [`DiskState::real_dir`] when the last cut struck: (name, bytes).
-    real_at_cut: Option<Vec<(std::ffi::OsString, Vec<u8>)>>,
+    /// The regular files under [`DiskState::real_dir`] when the last cut struck: (path relative
+    /// to it, bytes).
+    real_at_cut: Option<Vec<(PathBuf, Vec<u8>)>>,
     /// Write-side operations fail with an I/O error.
     failing: bool,
     /// Write-side operations fail with `ENOSPC` (the disk is full).
@@ -401,30 +402,46 @@ impl DiskState {
     }
 }
 
-/// The regular files directly in `dir` (not its subdirectories), by name, with their bytes; a
-/// file that cannot be read is left out (none is expected: the run's own temporary directory).
-fn read_regular_files(dir: &Path) -> Vec<(std::ffi::OsString, Vec<u8>)> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    let mut files: Vec<_> = entries
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-        .filter_map(|e| std::fs::read(e.path()).ok().map(|bytes| (e.file_name(), bytes)))
-        .collect();
+/// The regular files under `dir`, in it and in its subdirectories (a data dir keeps its
+/// snapshots in its group's directory, `groups/0/`), by path relative to `dir`, with their
+/// bytes; a file that cannot be read is left out (none is expected: the run's own temporary
+/// directory).
+fn read_regular_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    fn walk(dir: &Path, under: &Path, files: &mut Vec<(PathBuf, Vec<u8>)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for e in entries.flatten() {
+            let Ok(kind) = e.file_type() else { continue };
+            let rel = under.join(e.file_name());
+            if kind.is_dir() {
+                walk(&e.path(), &rel, files);
+            } else if kind.is_file() {
+                if let Ok(bytes) = std::fs::read(e.path()) {
+                    files.push((rel, bytes));
+                }
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(dir, Path::new(""), &mut files);
     files.sort();
     files
 }
 
-/// Puts the regular files directly in `dir` back to `files`: removes the others, writes these
-/// (creating `dir` if it is gone).
-fn restore_regular_files(dir: &Path, files: &[(std::ffi::OsString, Vec<u8>)]) -> io::Result<()> {
+/// Puts the regular files under `dir` back to `files` (paths relative to `dir`): removes the
+/// others, writes these (creating `dir` and their directories if they are gone).
+fn restore_regular_files(dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    for e in std::fs::read_dir(dir)?.flatten() {
-        if e.file_type().is_ok_and(|t| t.is_file()) && !files.iter().any(|(name, _)| *name == e.file_name()) {
-            std::fs::remove_file(e.path())?;
+    for (rel, _) in read_regular_files(dir) {
+        if !files.iter().any(|(name, _)| *name == rel) {
+            std::fs::remove_file(dir.join(&rel))?;
         }
     }
-    for (name, bytes) in files {
-        std::fs::write(dir.join(name), bytes)?;
+    for (rel, bytes) in files {
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(path, bytes)?;
     }
     Ok(())
 }
@@ -1029,12 +1046,16 @@ mod tests {
 
     /// Seed 6935: what the cut incarnation writes to the node's files on the real file system
     /// after the cut (a snapshot it installs on its ghost) is gone once the host is torn down,
-    /// as its writes to the simulated disk are; what was there when the cut struck stays.
+    /// as its writes to the simulated disk are; what was there when the cut struck stays. The
+    /// snapshots live in the group's directory under the data dir (`groups/0/`): the roll-back
+    /// reaches into it.
     #[test]
     fn a_cut_rolls_back_the_node_s_files_on_the_real_file_system() {
         let real = tempfile::tempdir().unwrap();
-        std::fs::write(real.path().join("snapshot.bin"), b"before").unwrap();
-        std::fs::create_dir(real.path().join("sub")).unwrap();
+        let group = real.path().join("groups").join("0");
+        std::fs::create_dir_all(&group).unwrap();
+        std::fs::write(real.path().join("FORMAT"), b"format").unwrap();
+        std::fs::write(group.join("snapshot.bin"), b"before").unwrap();
         let disk = SimDisk::new();
         disk.set_real_dir(real.path().to_path_buf());
         let h = disk.handle();
@@ -1042,16 +1063,16 @@ mod tests {
         disk.arm_cut(1, CrashKind::Kill, SimRng::new(3));
         h.write(0, b"x").unwrap();
         // The ghost goes on: a new snapshot replaces the old one, a temporary file appears.
-        std::fs::write(real.path().join("snapshot.bin"), b"after the cut").unwrap();
-        std::fs::write(real.path().join("snapshot.install.tmp"), b"half").unwrap();
+        std::fs::write(group.join("snapshot.bin"), b"after the cut").unwrap();
+        std::fs::write(group.join("snapshot.install.tmp"), b"half").unwrap();
         assert!(disk.take_fired_cut());
-        assert_eq!(std::fs::read(real.path().join("snapshot.bin")).unwrap(), b"before");
-        assert!(!real.path().join("snapshot.install.tmp").exists());
-        assert!(real.path().join("sub").is_dir(), "directories are left alone");
+        assert_eq!(std::fs::read(group.join("snapshot.bin")).unwrap(), b"before");
+        assert!(!group.join("snapshot.install.tmp").exists());
+        assert_eq!(std::fs::read(real.path().join("FORMAT")).unwrap(), b"format");
         // Without a cut, nothing is rolled back.
-        std::fs::write(real.path().join("snapshot.bin"), b"later").unwrap();
+        std::fs::write(group.join("snapshot.bin"), b"later").unwrap();
         assert!(!disk.take_fired_cut());
-        assert_eq!(std::fs::read(real.path().join("snapshot.bin")).unwrap(), b"later");
+        assert_eq!(std::fs::read(group.join("snapshot.bin")).unwrap(), b"later");
     }
 
     #[test]

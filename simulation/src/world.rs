@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use runnev::raft::network::{RpcFault, RpcFaults, SNAPSHOT_PATH};
+use runnev::raft::network::{RaftRpc, RpcFault, RpcFaults};
 use runnev::raft::NodeId;
 
 use crate::history::History;
@@ -170,12 +170,12 @@ impl SimRpcFaults {
 }
 
 impl RpcFaults for SimRpcFaults {
-    fn on_send(&self, target: NodeId, path: &'static str) -> RpcFault {
+    fn on_send(&self, target: NodeId, rpc: RaftRpc) -> RpcFault {
         if !self.shared.rpc_faults_on.load(Ordering::SeqCst) {
             return RpcFault::Deliver;
         }
         let mut r = self.rng.lock().unwrap_or_else(|p| p.into_inner());
-        if path == SNAPSHOT_PATH {
+        if rpc == RaftRpc::Snapshot {
             let t = target as usize;
             if let Some(sent) = self.shared.snapshot_chunks_to.get(t) {
                 sent.fetch_add(1, Ordering::SeqCst);

@@ -6,6 +6,7 @@
 use super::{json, AppState};
 use crate::clock::Verdict;
 use crate::raft::NodeId;
+use crate::storage::layout::GroupId;
 use crate::wire::{ClockView, ClusterView, Member};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -178,25 +179,28 @@ pub(super) async fn ready(State(s): State<AppState>) -> Response {
     }
 }
 
-/// Sets `runnev_raft_follower_lag_entries{follower}` from the view's `lag_entries`: on the
-/// leader, each follower's (and learner's) lag in log entries (Raft paper §5.3, `matchIndex`).
-/// On any other node every follower it reported while it led is set back to 0, so only the
-/// leader's figures are ever above 0.
-fn record_follower_lag(v: &ClusterView) {
+/// Sets `runnev_raft_follower_lag_entries{group, follower}` from the view's `lag_entries`: on
+/// the leader of `group`, each follower's (and learner's) lag in log entries (Raft paper §5.3,
+/// `matchIndex`). On any other node every follower it reported while it led that group is set
+/// back to 0, so only the leader's figures are ever above 0.
+fn record_follower_lag(group: GroupId, v: &ClusterView) {
     use std::collections::BTreeSet;
     use std::sync::{Mutex, OnceLock};
-    static REPORTED: OnceLock<Mutex<BTreeSet<u64>>> = OnceLock::new();
+    static REPORTED: OnceLock<Mutex<BTreeSet<(GroupId, u64)>>> = OnceLock::new();
     let lags: Vec<(u64, u64)> =
         v.members.iter().filter(|m| m.id != v.node_id).filter_map(|m| Some((m.id, m.lag_entries?))).collect();
     let mut reported = REPORTED.get_or_init(Mutex::default).lock().unwrap_or_else(|p| p.into_inner());
-    for id in reported.iter() {
+    let g = group.to_string();
+    for (_, id) in reported.iter().filter(|(of, _)| *of == group) {
         if !lags.iter().any(|(f, _)| f == id) {
-            metrics::gauge!("runnev_raft_follower_lag_entries", "follower" => id.to_string()).set(0.0);
+            metrics::gauge!("runnev_raft_follower_lag_entries", "group" => g.clone(), "follower" => id.to_string())
+                .set(0.0);
         }
     }
     for (id, lag) in &lags {
-        metrics::gauge!("runnev_raft_follower_lag_entries", "follower" => id.to_string()).set(*lag as f64);
-        reported.insert(*id);
+        metrics::gauge!("runnev_raft_follower_lag_entries", "group" => g.clone(), "follower" => id.to_string())
+            .set(*lag as f64);
+        reported.insert((group, *id));
     }
 }
 
@@ -214,13 +218,16 @@ fn record_follower_lag(v: &ClusterView) {
 )]
 pub(super) async fn metrics(State(s): State<AppState>) -> Response {
     let v = view_of(&s);
-    metrics::gauge!("runnev_raft_term").set(v.term as f64);
-    metrics::gauge!("runnev_raft_commit_index").set(v.commit_index as f64);
-    metrics::gauge!("runnev_raft_applied_index").set(v.applied_index as f64);
-    metrics::gauge!("runnev_raft_is_leader").set(if v.leader_id == Some(s.node_id) { 1.0 } else { 0.0 });
+    let group = s.store.group();
+    let g = || group.to_string();
+    metrics::gauge!("runnev_raft_term", "group" => g()).set(v.term as f64);
+    metrics::gauge!("runnev_raft_commit_index", "group" => g()).set(v.commit_index as f64);
+    metrics::gauge!("runnev_raft_applied_index", "group" => g()).set(v.applied_index as f64);
+    let leading = if v.leader_id == Some(s.node_id) { 1.0 } else { 0.0 };
+    metrics::gauge!("runnev_raft_is_leader", "group" => g()).set(leading);
     // 0 once the Raft core has stopped for good (then /healthz fails too): alert on it.
-    metrics::gauge!("runnev_raft_running").set(if v.raft_stopped.is_none() { 1.0 } else { 0.0 });
-    record_follower_lag(&v);
+    metrics::gauge!("runnev_raft_running", "group" => g()).set(if v.raft_stopped.is_none() { 1.0 } else { 0.0 });
+    record_follower_lag(group, &v);
     let body = s.prometheus.as_ref().map(|p| p.render()).unwrap_or_default();
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }

@@ -239,6 +239,7 @@ pub fn router(state: AppState) -> Router {
         .route(crate::raft::network::APPEND_PATH, post(raft_rpc::append))
         .route(crate::raft::network::VOTE_PATH, post(raft_rpc::vote))
         .route(crate::raft::network::SNAPSHOT_PATH, post(raft_rpc::snapshot))
+        .route(crate::raft::network::GROUP_RPC_ROUTE, post(raft_rpc::group))
         .route(crate::clock::CLOCK_PATH, get(raft_rpc::clock))
         .route(crate::raft::formation::FORMATION_PATH, get(raft_rpc::formation))
         .fallback(not_found)

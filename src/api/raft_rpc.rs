@@ -18,7 +18,7 @@ use super::auth::{check_any_node, check_peer};
 use super::{read_body, AppState};
 use crate::error::ApiError;
 use crate::limits::{PROTOCOL_WARN_EVERY_MS, RAFT_RPC_BYTES_MAX};
-use crate::raft::network::{DISK_LOW_HEADER, PROTOCOL_HEADER, PROTOCOL_VERSION};
+use crate::raft::network::{RaftRpc, DISK_LOW_HEADER, PROTOCOL_HEADER, PROTOCOL_VERSION};
 use axum::extract::Request;
 
 /// The node an RPC's vote names: the candidate of a vote request, the leader of an append or
@@ -224,6 +224,31 @@ async fn open_gate(s: &AppState, term: u64) {
     match crate::storage::blocking(move || store.caught_up().map(|()| gate.caught_up())).await {
         Ok(()) => tracing::info!(term, "caught up by a leader: voting again"),
         Err(e) => tracing::warn!(error = %e, "recording that this node caught up"),
+    }
+}
+
+/// `POST /raft/groups/{group}/{rpc}` ([`crate::raft::network::GROUP_RPC_ROUTE`]): the RPC `rpc`
+/// (`append`, `vote` or `snapshot`) of Raft group `group`, served as [`append`], [`vote`] and
+/// [`snapshot`] serve the cluster's group when this node hosts `group`
+/// ([`crate::storage::layout`]).
+///
+/// Errors: `404 not_found` for a group this node does not host or an RPC name it does not
+/// know, before anything else (the body is not read; no Raft state is touched); then those of
+/// the RPC.
+pub async fn group(
+    State(s): State<AppState>,
+    axum::extract::Path((group, rpc)): axum::extract::Path<(String, String)>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let hosted = s.store.group();
+    if group.parse::<u32>().ok() != Some(hosted.0) {
+        return Err(ApiError::NotFound(format!("this node hosts no Raft group {group:?} (it hosts group {hosted})")));
+    }
+    match RaftRpc::from_name(&rpc) {
+        Some(RaftRpc::Append) => append(State(s), req).await,
+        Some(RaftRpc::Vote) => vote(State(s), req).await,
+        Some(RaftRpc::Snapshot) => snapshot(State(s), req).await,
+        None => Err(ApiError::NotFound(format!("no Raft RPC {rpc:?}: append, vote or snapshot"))),
     }
 }
 

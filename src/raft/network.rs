@@ -1,11 +1,14 @@
 //! The Raft transport: append-entries, vote and install-snapshot RPCs as HTTP POSTs to the peer's
-//! one listen address (`/raft/append`, `/raft/vote`, `/raft/snapshot`), bodies postcard-encoded.
+//! one listen address, bodies postcard-encoded, each addressed to one Raft group
+//! ([`RaftRpc::path`]: `/raft/append`, `/raft/vote`, `/raft/snapshot` for the cluster's group,
+//! `/raft/groups/<id>/…` for any group).
 //!
 //! Owns: the client side (openraft's [`RaftNetworkFactory`]) and the wire encoding; the server
 //! side is [`crate::api::raft_rpc`]. Must never: wait without a deadline (every RPC carries
 //! openraft's TTL and a timed-out connection is dropped), or trust a peer's bytes (they are
 //! decoded with a size cap and a decode error is an error, not a panic).
 
+use std::borrow::Cow;
 use std::error::Error;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +30,7 @@ use serde::Serialize;
 use super::{NodeId, TypeConfig};
 use crate::limits::{PEER_DISK_LOW_FRESH_MS, PEER_DISK_LOW_RETRY_MS, RAFT_APPEND_BYTES_MAX, RAFT_RPC_BYTES_MAX};
 use crate::net::HttpClient;
+use crate::storage::layout::GroupId;
 
 /// The version of the Raft RPC protocol this build speaks: the paths, the postcard encoding of
 /// openraft's messages and of [`crate::raft::Command`]. Sent on every RPC in
@@ -41,12 +45,58 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// The header that carries [`PROTOCOL_VERSION`] on every Raft RPC.
 pub const PROTOCOL_HEADER: &str = "runnev-protocol";
 
-/// Path of the append-entries RPC (Raft paper §5.3).
+/// Path of the append-entries RPC (Raft paper §5.3) of the cluster's group
+/// ([`GroupId::CLUSTER`]).
 pub const APPEND_PATH: &str = "/raft/append";
-/// Path of the request-vote RPC (Raft paper §5.2).
+/// Path of the request-vote RPC (Raft paper §5.2) of the cluster's group.
 pub const VOTE_PATH: &str = "/raft/vote";
-/// Path of the install-snapshot RPC (Raft paper §7), one chunk per call.
+/// Path of the install-snapshot RPC (Raft paper §7) of the cluster's group, one chunk per call.
 pub const SNAPSHOT_PATH: &str = "/raft/snapshot";
+/// The route of any group's RPCs ([`RaftRpc::path`]): `/raft/groups/<group id>/<rpc>`, where
+/// `<rpc>` is `append`, `vote` or `snapshot`.
+pub const GROUP_RPC_ROUTE: &str = "/raft/groups/{group}/{rpc}";
+
+/// A Raft RPC, by kind: what the transport sends and a node serves, for one Raft group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaftRpc {
+    /// Append-entries (Raft paper §5.3), heartbeats included.
+    Append,
+    /// Request-vote (Raft paper §5.2).
+    Vote,
+    /// Install-snapshot (Raft paper §7), one chunk.
+    Snapshot,
+}
+
+impl RaftRpc {
+    /// The last segment of the RPC's path: `append`, `vote` or `snapshot`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RaftRpc::Append => "append",
+            RaftRpc::Vote => "vote",
+            RaftRpc::Snapshot => "snapshot",
+        }
+    }
+
+    /// The RPC named `name` ([`RaftRpc::name`]), if any.
+    pub fn from_name(name: &str) -> Option<RaftRpc> {
+        [RaftRpc::Append, RaftRpc::Vote, RaftRpc::Snapshot].into_iter().find(|r| r.name() == name)
+    }
+
+    /// The path a node serves this RPC of `group` on. The cluster's group keeps the paths nodes
+    /// have always served ([`APPEND_PATH`], [`VOTE_PATH`], [`SNAPSHOT_PATH`]), so a cluster whose
+    /// nodes run builds from before groups had ids upgrades one node at a time; every group is
+    /// also served under [`GROUP_RPC_ROUTE`], the path any other group's RPCs take (a node that
+    /// does not host the group answers `404 not_found`, and one of an older build `404` too:
+    /// an RPC never reaches another group's Raft state).
+    pub fn path(self, group: GroupId) -> Cow<'static, str> {
+        match (group, self) {
+            (GroupId::CLUSTER, RaftRpc::Append) => Cow::Borrowed(APPEND_PATH),
+            (GroupId::CLUSTER, RaftRpc::Vote) => Cow::Borrowed(VOTE_PATH),
+            (GroupId::CLUSTER, RaftRpc::Snapshot) => Cow::Borrowed(SNAPSHOT_PATH),
+            (group, rpc) => Cow::Owned(format!("/raft/groups/{group}/{}", rpc.name())),
+        }
+    }
+}
 
 /// Header on a node's answer to `/raft/append` or `/raft/snapshot` while its disk is low
 /// ([`crate::disk`]): it took none of the entries (it answered the append as a heartbeat), or
@@ -124,24 +174,24 @@ pub enum RpcFault {
 /// Decides the fate of outgoing Raft RPCs. Production nodes have none; the simulation injects
 /// duplicated and replayed RPCs through it (turmoil's TCP cannot duplicate segments).
 pub trait RpcFaults: Send + Sync + 'static {
-    /// Called before each RPC to `target` on `path` ([`APPEND_PATH`], [`VOTE_PATH`] or
-    /// [`SNAPSHOT_PATH`]).
-    fn on_send(&self, target: NodeId, path: &'static str) -> RpcFault;
+    /// Called before each RPC `rpc` to `target`.
+    fn on_send(&self, target: NodeId, rpc: RaftRpc) -> RpcFault;
 }
 
-/// Makes a [`PeerConnection`] per target for openraft.
+/// Makes a [`PeerConnection`] per target for openraft, for one Raft group.
 #[derive(Clone)]
 pub struct Network {
+    group: GroupId,
     http: HttpClient,
     faults: Option<Arc<dyn RpcFaults>>,
     disks: Arc<PeerDisks>,
 }
 
 impl Network {
-    /// A transport over `http`, with an optional fault injector, recording the peers' disk
-    /// reports in `disks`.
-    pub fn new(http: HttpClient, faults: Option<Arc<dyn RpcFaults>>, disks: Arc<PeerDisks>) -> Self {
-        Network { http, faults, disks }
+    /// The transport of Raft group `group` over `http`, with an optional fault injector,
+    /// recording the peers' disk reports in `disks`.
+    pub fn new(group: GroupId, http: HttpClient, faults: Option<Arc<dyn RpcFaults>>, disks: Arc<PeerDisks>) -> Self {
+        Network { group, http, faults, disks }
     }
 }
 
@@ -150,6 +200,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerConnection {
         PeerConnection {
+            group: self.group,
             target,
             addr: node.addr.clone(),
             http: self.http.clone(),
@@ -159,8 +210,9 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     }
 }
 
-/// The RPC client to one peer.
+/// The RPC client to one peer, for one Raft group.
 pub struct PeerConnection {
+    group: GroupId,
     target: NodeId,
     addr: String,
     http: HttpClient,
@@ -192,19 +244,20 @@ fn post(addr: &str, path: &str, body: Bytes) -> Result<hyper::Request<Full<Bytes
 
 impl PeerConnection {
     /// Sends a copy of an RPC now or later, ignoring its answer (fault injection).
-    fn send_copy(&self, path: &'static str, body: Bytes, after: Duration) {
+    fn send_copy(&self, path: Cow<'static, str>, body: Bytes, after: Duration) {
         let (http, addr) = (self.http.clone(), self.addr.clone());
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
-            if let Ok(req) = post(&addr, path, body) {
+            if let Ok(req) = post(&addr, &path, body) {
                 let _ = tokio::time::timeout(Duration::from_secs(5), http.request(req)).await;
             }
         });
     }
 
-    /// Sends one RPC and decodes the answer; records whether the peer said its disk is low
-    /// ([`DISK_LOW_HEADER`]) when `path` is an append or a snapshot chunk.
-    async fn call<Req, Resp, E>(&self, path: &'static str, req: &Req, ttl: Duration) -> RpcResult<Resp, E>
+    /// Sends one RPC of this connection's group and decodes the answer; records whether the
+    /// peer said its disk is low ([`DISK_LOW_HEADER`]) when `rpc` is an append or a snapshot
+    /// chunk.
+    async fn call<Req, Resp, E>(&self, rpc: RaftRpc, req: &Req, ttl: Duration) -> RpcResult<Resp, E>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
@@ -214,13 +267,14 @@ impl PeerConnection {
         let proto =
             |what: String| RPCError::Network(NetworkError::new(&TransportError::Protocol { addr: addr.clone(), what }));
         let body = Bytes::from(postcard::to_stdvec(req).map_err(|e| proto(format!("encoding: {e}")))?);
-        match self.faults.as_ref().map_or(RpcFault::Deliver, |f| f.on_send(self.target, path)) {
+        let path = rpc.path(self.group);
+        match self.faults.as_ref().map_or(RpcFault::Deliver, |f| f.on_send(self.target, rpc)) {
             RpcFault::Deliver => {}
-            RpcFault::Duplicate => self.send_copy(path, body.clone(), Duration::ZERO),
-            RpcFault::ReplayAfter(d) => self.send_copy(path, body.clone(), d),
+            RpcFault::Duplicate => self.send_copy(path.clone(), body.clone(), Duration::ZERO),
+            RpcFault::ReplayAfter(d) => self.send_copy(path.clone(), body.clone(), d),
             RpcFault::Drop => return Err(proto("the connection was cut before the request left (simulated)".into())),
         }
-        let request = post(addr, path, body).map_err(|e| proto(format!("building request: {e}")))?;
+        let request = post(addr, &path, body).map_err(|e| proto(format!("building request: {e}")))?;
         let exchange = async {
             let resp = self.http.request(request).await.map_err(|source| {
                 if source.is_connect() {
@@ -230,7 +284,7 @@ impl PeerConnection {
                 }
             })?;
             let status = resp.status();
-            if path != VOTE_PATH {
+            if rpc != RaftRpc::Vote {
                 self.disks.record(self.target, resp.headers().contains_key(DISK_LOW_HEADER));
             }
             let bytes = Limited::new(resp.into_body(), RAFT_RPC_BYTES_MAX)
@@ -285,19 +339,19 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
             tokio::time::sleep(pause).await;
             rpc.entries.clear();
             let prev = rpc.prev_log_id;
-            return match self.call(APPEND_PATH, &rpc, option.hard_ttl() - pause).await? {
+            return match self.call(RaftRpc::Append, &rpc, option.hard_ttl() - pause).await? {
                 AppendEntriesResponse::Success => Ok(AppendEntriesResponse::PartialSuccess(prev)),
                 other => Ok(other),
             };
         }
         let keep = entries_within(&rpc.entries, RAFT_APPEND_BYTES_MAX);
         if keep == rpc.entries.len() {
-            return self.call(APPEND_PATH, &rpc, option.hard_ttl()).await;
+            return self.call(RaftRpc::Append, &rpc, option.hard_ttl()).await;
         }
         // Send a prefix; the follower's success then covers that prefix only.
         rpc.entries.truncate(keep);
         let sent = rpc.entries.last().map(|e| e.log_id);
-        match self.call(APPEND_PATH, &rpc, option.hard_ttl()).await? {
+        match self.call(RaftRpc::Append, &rpc, option.hard_ttl()).await? {
             AppendEntriesResponse::Success => Ok(AppendEntriesResponse::PartialSuccess(sent)),
             other => Ok(other),
         }
@@ -315,7 +369,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
                 what,
             })));
         }
-        self.call(SNAPSHOT_PATH, &rpc, option.hard_ttl()).await
+        self.call(RaftRpc::Snapshot, &rpc, option.hard_ttl()).await
     }
 
     async fn vote(
@@ -323,7 +377,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
-        self.call(VOTE_PATH, &rpc, option.hard_ttl()).await
+        self.call(RaftRpc::Vote, &rpc, option.hard_ttl()).await
     }
 }
 
@@ -332,6 +386,23 @@ mod tests {
     use super::*;
     use crate::raft::{Command, LogId};
     use openraft::{CommittedLeaderId, EntryPayload};
+
+    /// The cluster's group keeps the paths of builds from before groups had ids (a cluster
+    /// upgrades one node at a time); any other group's RPCs name it, under the route every
+    /// node serves.
+    #[test]
+    fn an_rpc_path_names_its_group_except_the_cluster_s() {
+        let all = [RaftRpc::Append, RaftRpc::Vote, RaftRpc::Snapshot];
+        let cluster: Vec<_> = all.iter().map(|r| r.path(GroupId::CLUSTER)).collect();
+        assert_eq!(cluster, [APPEND_PATH, VOTE_PATH, SNAPSHOT_PATH]);
+        let other: Vec<_> = all.iter().map(|r| r.path(GroupId(12))).collect();
+        assert_eq!(other, ["/raft/groups/12/append", "/raft/groups/12/vote", "/raft/groups/12/snapshot"]);
+        for r in all {
+            assert_eq!(RaftRpc::from_name(r.name()), Some(r));
+            assert_eq!(GROUP_RPC_ROUTE.replace("{group}", "12").replace("{rpc}", r.name()), r.path(GroupId(12)));
+        }
+        assert_eq!(RaftRpc::from_name("elect"), None);
+    }
 
     fn publish(index: u64, bytes: usize) -> openraft::Entry<TypeConfig> {
         openraft::Entry {

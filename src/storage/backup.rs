@@ -213,7 +213,7 @@ pub fn restore(
     }
     let voters: BTreeSet<NodeId> = peers.keys().copied().collect();
     let nodes: BTreeMap<NodeId, BasicNode> = peers.iter().map(|(n, a)| (*n, BasicNode { addr: a.clone() })).collect();
-    let tmp = dir.join("snapshot.restore.tmp");
+    let tmp = store.dir().join("snapshot.restore.tmp");
     let (meta, info) = {
         let mut out = BufWriter::new(File::create(&tmp)?);
         let got = read(BufReader::with_capacity(1 << 20, File::open(from)?), &mut out, |m| SnapshotMeta {

@@ -138,6 +138,7 @@ mod tests {
 
     use super::*;
     use crate::storage::format::FORMAT_FILE;
+    use crate::storage::layout::group0;
     use crate::storage::segments::FsSegments;
     use crate::storage::Store;
 
@@ -146,11 +147,13 @@ mod tests {
     #[test]
     fn a_leftover_temporary_database_is_removed_and_the_store_opens() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(DB_FILE_NEW), [0xa5u8; 8192]).unwrap();
+        let group = group0(dir.path());
+        std::fs::create_dir_all(&group).unwrap();
+        std::fs::write(group.join(DB_FILE_NEW), [0xa5u8; 8192]).unwrap();
         let store = Store::open(dir.path()).unwrap();
         assert!(store.is_pristine().unwrap());
-        assert!(!dir.path().join(DB_FILE_NEW).exists(), "the leftover is gone");
-        assert!(dir.path().join(DB_FILE).exists());
+        assert!(!group.join(DB_FILE_NEW).exists(), "the leftover is gone");
+        assert!(group.join(DB_FILE).exists());
     }
 
     /// A store created under the temporary name and renamed into place reopens with what it
@@ -158,14 +161,15 @@ mod tests {
     #[test]
     fn a_store_created_atomically_reopens_with_what_it_holds() {
         let dir = tempfile::tempdir().unwrap();
+        let group = group0(dir.path());
         let store = Store::open(dir.path()).unwrap();
-        assert!(!dir.path().join(DB_FILE_NEW).exists());
+        assert!(!group.join(DB_FILE_NEW).exists());
         store.mark_formed().unwrap();
         drop(store);
-        std::fs::write(dir.path().join(DB_FILE_NEW), b"junk").unwrap();
+        std::fs::write(group.join(DB_FILE_NEW), b"junk").unwrap();
         let store = Store::open(dir.path()).unwrap();
         assert!(store.formed().unwrap(), "the database in place was opened, not created again");
-        assert!(!dir.path().join(DB_FILE_NEW).exists());
+        assert!(!group.join(DB_FILE_NEW).exists());
     }
 
     /// The real file system's directory, whose rename fails: a creation cut short just before
@@ -196,15 +200,16 @@ mod tests {
     #[test]
     fn a_creation_that_fails_before_its_rename_leaves_no_database() {
         let dir = tempfile::tempdir().unwrap();
-        let segments = Arc::new(FsSegments::new(dir.path().join("log")).unwrap());
-        let payloads = Arc::new(crate::storage::payloads::FsPayloads::new(dir.path().join("payloads")).unwrap());
-        let failed = Store::open_with(dir.path(), &RenameFails(FsDatabaseDir::new(dir.path())), segments, payloads);
+        let group = group0(dir.path());
+        let segments = Arc::new(FsSegments::new(group.join("log")).unwrap());
+        let payloads = Arc::new(crate::storage::payloads::FsPayloads::new(group.join("payloads")).unwrap());
+        let failed = Store::open_with(dir.path(), &RenameFails(FsDatabaseDir::new(&group)), segments, payloads);
         assert!(matches!(failed, Err(StoreError::Io(_))), "{:?}", failed.err());
-        assert!(dir.path().join(DB_FILE_NEW).exists());
-        assert!(!dir.path().join(DB_FILE).exists());
+        assert!(group.join(DB_FILE_NEW).exists());
+        assert!(!group.join(DB_FILE).exists());
         assert!(!dir.path().join(FORMAT_FILE).exists());
         let store = Store::open(dir.path()).unwrap();
         assert!(store.is_pristine().unwrap());
-        assert!(!dir.path().join(DB_FILE_NEW).exists());
+        assert!(!group.join(DB_FILE_NEW).exists());
     }
 }

@@ -20,8 +20,10 @@
 //! snapshot a node keeps is a manifest of its own payload segments (`RUNNEVM1`,
 //! `storage::snapshot`), which a build of format 3 would refuse; nothing is rewritten to go from
 //! 3 to 4 (a whole snapshot left by format 3 is read as it is until the next one replaces it).
-//! The snapshot a node sends is the same in all four (`RUNNEVS2`), so a cluster can be upgraded
-//! one node at a time.
+//! 5, the files of the Raft group a node hosts move from the top of the directory into
+//! `groups/0/` (`storage::layout`), by renames at the first start (nothing is rewritten).
+//! The snapshot a node sends is the same in all five (`RUNNEVS2`), and so is the Raft RPC
+//! protocol, so a cluster can be upgraded one node at a time.
 //!
 //! Owns: reading, checking and writing `FORMAT`. Must never: rewrite data (a format that needs
 //! its records rewritten comes with its own upgrade path) or touch any other file.
@@ -32,12 +34,13 @@ use std::path::Path;
 use super::StoreError;
 
 /// The data format this build writes.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 
 /// The data formats this build reads: its own; formats 1 and 2, whose inline batch values it
-/// moves to payload segments at the first start (`Store::migrate_inline_batches`); and 3, read
-/// as it is.
-pub const READABLE: [u32; 4] = [1, 2, 3, 4];
+/// moves to payload segments at the first start (`Store::migrate_inline_batches`); 3 and 4,
+/// read as they are. Formats 1 to 4 have their group's files moved into `groups/0/` at the first
+/// start (`storage::layout::adopt_flat_layout`).
+pub const READABLE: [u32; 5] = [1, 2, 3, 4, 5];
 
 /// The file's name, in the data directory.
 pub const FORMAT_FILE: &str = "FORMAT";

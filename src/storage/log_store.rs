@@ -223,7 +223,7 @@ mod tests {
         let snap = sm_b.get_snapshot_builder().await.build_snapshot().await.unwrap();
         assert_eq!(snap.meta.last_log_id, Some(id(17, 1, 6)));
         drop(snap);
-        std::fs::copy(snapshot::current_path(b_dir.path()), snapshot::current_path(a_dir.path())).unwrap();
+        std::fs::copy(snapshot::current_path(b.dir()), snapshot::current_path(a.dir())).unwrap();
 
         assert_eq!(snapshot::restore_state_machine(&a).unwrap(), Some(6));
         let mut log_store = LogStore::new(a.clone());

@@ -1,11 +1,12 @@
-//! Storage: per node, the Raft log in segment files, and one redb database holding the vote and
-//! the state machine, and the snapshot file beside them.
+//! Storage: per Raft group on a node, the Raft log in segment files, one redb database holding
+//! the vote and the state machine, the payload segments, and the snapshot file beside them.
 //!
 //! Owns: the on-disk layout, its encodings, and the read side of the state machine that the API
 //! serves. Must never: acknowledge a write before it is fsynced, or serve a batch that is not
 //! applied (everything in the state-machine tables is committed by Raft).
 //!
-//! Layout (`--data-dir`):
+//! Layout (`--data-dir`, [`layout`]): `FORMAT` ([`format`]), and per Raft group, under
+//! `groups/<group id>/`:
 //! - `log/<index>.seg`: the Raft log (see [`segments`]);
 //! - `payloads/<stream id>-<first seq>.seg`: batch payloads, each written once when applied,
 //!   per stream in append-only segment files (see [`payloads`]);
@@ -26,6 +27,7 @@ pub mod backup;
 pub mod db_dir;
 pub mod format;
 pub mod io;
+pub mod layout;
 pub mod log_store;
 pub mod payloads;
 pub mod segments;
@@ -351,13 +353,16 @@ pub struct BatchesView {
     pub batches: Vec<StoredBatch>,
 }
 
-/// A node's storage: the redb database, the data directory, and the applied-index signal that
-/// readers wait on.
+/// The storage of one Raft group on a node ([`layout`]): its redb database, its Raft log, its
+/// payload segments, its directory, and the applied-index signal that readers wait on.
 pub struct Store {
     db: Database,
     log: std::sync::Mutex<segments::SegmentLog>,
     payloads: payloads::PayloadStore,
+    /// The group's directory ([`layout::group_dir`]): its snapshots live here.
     dir: PathBuf,
+    /// The Raft group this store holds.
+    group: layout::GroupId,
     applied_tx: watch::Sender<u64>,
     committed_index: AtomicU64,
     /// The current snapshot's pin of its payload spans ([`snapshot`]), under the lock that
@@ -376,15 +381,27 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (or creates) the store under `dir`, creating the directory, the database (atomically:
-    /// [`db_dir`]) and every table.
+    /// Opens (or creates) the store of the cluster's group ([`layout::GroupId::CLUSTER`]) in the
+    /// data directory `data_dir`: [`Store::open_group`].
     ///
-    /// Errors: the directory cannot be created; its `FORMAT` names another data format
-    /// ([`StoreError::UnsupportedFormat`], checked before anything else is opened); the database
-    /// cannot be created ([`db_dir::open_database`]); or redb cannot open the database (another
-    /// process holds it, or it is corrupt).
-    pub fn open(dir: &Path) -> Result<Arc<Store>, StoreError> {
-        Store::open_marked(dir, &db_dir::FsDatabaseDir::new(dir), || {
+    /// Errors: as [`Store::open_group`].
+    pub fn open(data_dir: &Path) -> Result<Arc<Store>, StoreError> {
+        Store::open_group(data_dir, layout::GroupId::CLUSTER)
+    }
+
+    /// Opens (or creates) the store of Raft group `group` in the data directory `data_dir`, in
+    /// the group's directory ([`layout::group_dir`]), creating the directories, the database
+    /// (atomically: [`db_dir`]) and every table. A data directory of format 4 or older has its
+    /// group 0 moved into its directory first ([`layout::adopt_flat_layout`]).
+    ///
+    /// Errors: a directory cannot be created; the data directory's `FORMAT` names another data
+    /// format ([`StoreError::UnsupportedFormat`], checked before anything else is opened or
+    /// moved); the flat layout cannot be moved; the database cannot be created
+    /// ([`db_dir::open_database`]); or redb cannot open the database (another process holds
+    /// it, or it is corrupt).
+    pub fn open_group(data_dir: &Path, group: layout::GroupId) -> Result<Arc<Store>, StoreError> {
+        let dir = layout::group_dir(data_dir, group);
+        Store::open_marked(data_dir, group, &db_dir::FsDatabaseDir::new(&dir), || {
             Ok((
                 Arc::new(segments::FsSegments::new(dir.join("log"))?),
                 Arc::new(payloads::FsPayloads::new(dir.join("payloads"))?),
@@ -392,38 +409,46 @@ impl Store {
         })
     }
 
-    /// Opens the store with its database in `db`, its Raft log in `segments` and its payload
-    /// segments in `payloads` (the simulation's, which lose unsynced writes on a crash);
-    /// `FORMAT` and the snapshots still live under `dir`. A missing database is created in `db`
-    /// as [`Store::open`] creates it.
+    /// Opens the cluster group's store with its database in `db`, its Raft log in `segments`
+    /// and its payload segments in `payloads` (the simulation's, which lose unsynced writes on
+    /// a crash); `FORMAT` still lives in `data_dir` and the snapshots in the group's directory
+    /// under it. A missing database is created in `db` as [`Store::open`] creates it.
     ///
-    /// Errors: as [`Store::open`].
+    /// Errors: as [`Store::open_group`].
     pub fn open_with(
-        dir: &Path,
+        data_dir: &Path,
         db: &impl db_dir::DatabaseDir,
         segments: Arc<dyn segments::SegmentDir>,
         payloads: Arc<dyn payloads::PayloadDir>,
     ) -> Result<Arc<Store>, StoreError> {
-        Store::open_marked(dir, db, || Ok((segments, payloads)))
+        Store::open_marked(data_dir, layout::GroupId::CLUSTER, db, || Ok((segments, payloads)))
     }
 
-    /// Creates `dir`, checks its `FORMAT` before the database or the log is opened (or created),
-    /// and writes the marker of a new directory only once the store has opened (a failed open
-    /// leaves the directory in the format it found; at most a temporary database file, which
-    /// the next start removes), before anything of this format is written: the upgrade of a
-    /// directory of format 1 or 2 ([`Store::migrate_inline_batches`]) runs after the mark.
+    /// Creates `data_dir`, checks its `FORMAT` before the database or the log is opened (or
+    /// created), moves a flat layout of format 4 or older into group 0's directory, and writes
+    /// the marker of a new directory only once the store has opened (a failed open leaves the
+    /// directory in the format it found; at most a temporary database file, which the next
+    /// start removes, and files moved into `groups/0/`, which the next start finishes moving),
+    /// before anything of this format is written: the upgrade of a directory of format 1 or 2
+    /// ([`Store::migrate_inline_batches`]) runs after the mark.
     fn open_marked(
-        dir: &Path,
+        data_dir: &Path,
+        group: layout::GroupId,
         db: &impl db_dir::DatabaseDir,
         files: impl FnOnce() -> Result<(Arc<dyn segments::SegmentDir>, Arc<dyn payloads::PayloadDir>), StoreError>,
     ) -> Result<Arc<Store>, StoreError> {
-        std::fs::create_dir_all(dir)?;
-        let mark = format::check(dir)?;
+        std::fs::create_dir_all(data_dir)?;
+        let mark = format::check(data_dir)?;
+        if mark {
+            layout::adopt_flat_layout(data_dir)?;
+        }
+        let dir = layout::group_dir(data_dir, group);
+        std::fs::create_dir_all(&dir)?;
         let db = db_dir::open_database(db, create_tables)?;
         let (segments, payloads) = files()?;
-        let store = Store::init(db, segments, payloads, dir)?;
+        let store = Store::init(db, segments, payloads, &dir, group)?;
         if mark {
-            format::write(dir)?;
+            format::write(data_dir)?;
         }
         store.migrate_inline_batches()?;
         Ok(store)
@@ -434,6 +459,7 @@ impl Store {
         segments: Arc<dyn segments::SegmentDir>,
         payload_dir: Arc<dyn payloads::PayloadDir>,
         dir: &Path,
+        group: layout::GroupId,
     ) -> Result<Arc<Store>, StoreError> {
         {
             let txn = db.begin_read()?;
@@ -459,6 +485,7 @@ impl Store {
             log: std::sync::Mutex::new(log),
             payloads,
             dir: dir.to_path_buf(),
+            group,
             applied_tx: watch::Sender::new(0),
             committed_index: AtomicU64::new(0),
             snapshot_pin: std::sync::Mutex::new(Some(pin)),
@@ -568,8 +595,14 @@ impl Store {
         self.log.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The group's directory ([`layout::group_dir`]).
     pub(crate) fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The Raft group this store holds ([`layout`]).
+    pub fn group(&self) -> layout::GroupId {
+        self.group
     }
 
     /// The log index up to which the state machine has applied (0 before any).

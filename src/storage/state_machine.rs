@@ -543,7 +543,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if let Some(l) = meta.last_log_id {
             self.store.set_applied(l.index);
         }
-        metrics::counter!("runnev_snapshots_installed_total").increment(1);
+        metrics::counter!("runnev_snapshots_installed_total", "group" => self.store.group().to_string()).increment(1);
         tracing::info!(snapshot = %meta.snapshot_id, streams = counts.0, batches = counts.1, "installed snapshot");
         Ok(())
     }
@@ -720,7 +720,8 @@ mod tests {
     }
 
     fn payload_files(dir: &tempfile::TempDir) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir.path().join("payloads"))
+        let group = crate::storage::layout::group_dir(dir.path(), crate::storage::layout::GroupId::CLUSTER);
+        let mut v: Vec<String> = std::fs::read_dir(group.join("payloads"))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
@@ -803,7 +804,7 @@ mod tests {
         sm.apply(cmds.into_iter().enumerate().map(|(i, c)| entry(i as u64 + 1, c))).await.unwrap();
         let before = dump(&store);
         sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
-        let snapshot_bytes = std::fs::metadata(crate::storage::snapshot::current_path(dir.path())).unwrap().len();
+        let snapshot_bytes = std::fs::metadata(crate::storage::snapshot::current_path(store.dir())).unwrap().len();
         assert!(snapshot_bytes < 2_048, "a snapshot of 1 MiB of payloads takes {snapshot_bytes} bytes");
         let files = payload_files(&dir);
         assert_eq!(send_current_to_a_new_node(&mut sm).await, before, "sent whole, it reproduces the state");
@@ -833,7 +834,7 @@ mod tests {
     #[tokio::test]
     async fn a_state_machine_behind_its_manifest_is_restored_from_its_own_segments() {
         let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join(crate::storage::db_dir::DB_FILE);
+        let db = crate::storage::layout::group0(dir.path()).join(crate::storage::db_dir::DB_FILE);
         let early = dir.path().join("early.redb");
         let cmds = |from: u64, to: u64| (from..=to).map(|i| entry(i, publish("s", None, i, &[i as u8; 3000])));
         {
@@ -862,8 +863,10 @@ mod tests {
     }
 
     /// A data directory of format 2 (payloads inline in the `batches` table) is upgraded at its
-    /// first start: marked format 4, every batch moved to payload segments, the old table
-    /// dropped, and every stream reads back as it was and goes on from there.
+    /// first start: its files, at the top of the directory as format 2 kept them, moved into
+    /// group 0's directory, marked with the current format, every batch moved to payload
+    /// segments, the old table dropped, and every stream reads back as it was and goes on from
+    /// there.
     #[tokio::test]
     async fn a_format_2_directory_is_upgraded_at_its_first_start() {
         let dir = tempfile::tempdir().unwrap();
@@ -883,7 +886,12 @@ mod tests {
             sm.apply(cmds.into_iter().enumerate().map(|(i, c)| entry(i as u64 + 1, c))).await.unwrap();
             dump(&store)
         };
-        // Rewrite it as a node of format 2 left it.
+        // Rewrite it as a node of format 2 left it: its files at the top of the data directory.
+        let group = crate::storage::layout::group_dir(dir.path(), crate::storage::layout::GroupId::CLUSTER);
+        for name in ["log", super::super::db_dir::DB_FILE] {
+            std::fs::rename(group.join(name), dir.path().join(name)).unwrap();
+        }
+        std::fs::remove_dir_all(&group).unwrap();
         {
             let db = redb::Database::open(dir.path().join(super::super::db_dir::DB_FILE)).unwrap();
             let txn = db.begin_write().unwrap();
@@ -901,12 +909,12 @@ mod tests {
             txn.delete_table(BATCH_INDEX).unwrap();
             txn.commit().unwrap();
         }
-        std::fs::remove_dir_all(dir.path().join("payloads")).unwrap();
         let format_file = dir.path().join(super::super::format::FORMAT_FILE);
         std::fs::write(&format_file, "runnev data format 2\n").unwrap();
 
         let store = Store::open(dir.path()).unwrap();
-        assert_eq!(std::fs::read_to_string(&format_file).unwrap(), "runnev data format 4\n");
+        assert_eq!(std::fs::read_to_string(&format_file).unwrap(), "runnev data format 5\n");
+        assert!(group.join(super::super::db_dir::DB_FILE).exists() && !dir.path().join("log").exists());
         assert_eq!(dump(&store), before);
         assert_eq!(payload_files(&dir).len(), 2, "one segment per stream with batches");
         {
