@@ -215,8 +215,13 @@ pub(crate) fn export_zeroes() {
 
 /// The router serving SPEC §3 and the Raft RPCs.
 pub fn router(state: AppState) -> Router {
-    let node_header = HeaderValue::from(state.node_id);
-    let raft = state.raft.clone();
+    let envelope = Arc::new(Envelope {
+        node: state.node_id,
+        node_header: HeaderValue::from(state.node_id),
+        next_request_id: std::sync::atomic::AtomicU64::new(0),
+        body_read_timeout: state.body_read_timeout,
+        raft: state.raft.clone(),
+    });
     Router::new()
         .route("/v1/streams", get(streams::list))
         .route("/v1/streams/{name}", put(streams::put).get(streams::info).delete(streams::delete))
@@ -246,23 +251,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth::authorize))
         .layer(DefaultBodyLimit::disable())
-        .layer(axum::middleware::from_fn_with_state(state.body_read_timeout, bound_body_read))
-        .layer(axum::middleware::from_fn(refuse_transfer_codings))
-        .layer(axum::middleware::from_fn(record_request))
-        .layer(tower_http::request_id::PropagateRequestIdLayer::x_request_id())
-        .layer(tower_http::request_id::SetRequestIdLayer::x_request_id(RequestIds::new(state.node_id)))
-        .layer(axum::middleware::map_response(move |mut resp: Response| {
-            let v = node_header.clone();
-            let leader = leader_addr(&raft);
-            async move {
-                // A forwarded answer keeps the headers of the leader that decided it.
-                resp.headers_mut().entry("runnev-node").or_insert(v);
-                if let Some(addr) = leader.and_then(|a| HeaderValue::from_str(&a).ok()) {
-                    resp.headers_mut().entry("runnev-leader").or_insert(addr);
-                }
-                resp
-            }
-        }))
+        .layer(axum::middleware::from_fn_with_state(envelope, around_request))
         .with_state(state)
 }
 
@@ -279,48 +268,86 @@ fn leader_addr(raft: &Raft) -> Option<String> {
     m.membership_config.membership().get_node(&leader).map(|n| n.addr.clone())
 }
 
-/// Counts requests by route and status, and times them (`/metrics`).
-async fn record_request(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+/// What [`around_request`] needs of the node: its id, its request counter, the body deadline
+/// and its Raft handle (for the leader's address).
+struct Envelope {
+    node: NodeId,
+    node_header: HeaderValue,
+    /// The count in the next request id this node makes (`n<node>-<count>`, from 0 at each
+    /// start of the process).
+    next_request_id: std::sync::atomic::AtomicU64,
+    body_read_timeout: std::time::Duration,
+    raft: Raft,
+}
+
+/// Everything every request goes through before its route and its answer after, in one layer
+/// (it was five, and each layer of axum boxes the request's future and clones its state; the
+/// profile of a publish counted them among the HTTP stack's cost on every node, Raft RPCs
+/// included):
+/// - gives a request without an `X-Request-Id` header the id `n<node>-<count>` (a client's own
+///   id is kept as sent); the answer carries the same header, and the request's log span names
+///   it;
+/// - refuses a transfer coding other than `chunked` alone ([`transfer_coding_refusal`]);
+/// - gives the request body a deadline of `--body-read-timeout` from now, the end of its head
+///   ([`DeadlineBody`]);
+/// - counts the request by method, route and status, and times it (`/metrics`:
+///   `runnev_http_requests_total`, `runnev_http_request_seconds`);
+/// - names this node in `Runnev-Node` and the leader it knows in `Runnev-Leader`, so clients can
+///   send writes straight to the leader (a forwarded answer keeps the headers of the leader that
+///   decided it).
+async fn around_request(
+    State(e): State<Arc<Envelope>>,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
     use tracing::Instrument as _;
+    const REQUEST_ID: axum::http::HeaderName = axum::http::HeaderName::from_static("x-request-id");
+    let id = match req.headers().get(&REQUEST_ID) {
+        Some(v) => Some(v.clone()),
+        None => {
+            let n = e.next_request_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let made = HeaderValue::try_from(format!("n{}-{n}", e.node)).ok();
+            if let Some(v) = &made {
+                req.headers_mut().insert(REQUEST_ID, v.clone());
+            }
+            made
+        }
+    };
     let route = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
     let method = req.method().to_string();
-    let id = req.headers().get("x-request-id").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     // Every line logged while the request is handled names it (in JSON: "span": {"id", …}).
-    let span = tracing::info_span!("request", id = id.as_deref().unwrap_or_default(), method = %method, route = %route);
+    let span = tracing::info_span!(
+        "request",
+        id = id.as_ref().map(|v| String::from_utf8_lossy(v.as_bytes())).as_deref().unwrap_or_default(),
+        method = %method,
+        route = %route
+    );
     let started = std::time::Instant::now();
-    let resp = next.run(req).instrument(span).await;
+    let mut resp = match transfer_coding_refusal(req.headers()) {
+        Some(refused) => refused.into_response(),
+        None => {
+            let timeout = e.body_read_timeout;
+            next.run(req.map(|body| Body::new(DeadlineBody::new(body, timeout)))).instrument(span).await
+        }
+    };
     let status = resp.status().as_u16().to_string();
     metrics::counter!("runnev_http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status)
         .increment(1);
     metrics::histogram!("runnev_http_request_seconds", "method" => method, "route" => route)
         .record(started.elapsed().as_secs_f64());
+    let headers = resp.headers_mut();
+    if let Some(id) = id {
+        headers.entry(REQUEST_ID).or_insert(id);
+    }
+    headers.entry("runnev-node").or_insert_with(|| e.node_header.clone());
+    if let Some(addr) = leader_addr(&e.raft).and_then(|a| HeaderValue::from_str(&a).ok()) {
+        headers.entry("runnev-leader").or_insert(addr);
+    }
     resp
-}
-
-/// Gives a request without an `X-Request-Id` header the id `n<node>-<count>` (counted from 0
-/// at each start of the process); a client's own id is kept as sent. The answer carries the
-/// same header, and the request's log span names it.
-#[derive(Clone)]
-struct RequestIds {
-    node: u64,
-    next: Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl RequestIds {
-    fn new(node: u64) -> Self {
-        RequestIds { node, next: Arc::default() }
-    }
-}
-
-impl tower_http::request_id::MakeRequestId for RequestIds {
-    fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<tower_http::request_id::RequestId> {
-        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        HeaderValue::from_str(&format!("n{}-{n}", self.node)).ok().map(tower_http::request_id::RequestId::new)
-    }
 }
 
 async fn not_found(uri: Uri) -> ApiError {
@@ -333,14 +360,14 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::MethodNotAllowed(format!("{method} is not served on {}; the Allow header lists what is", uri.path()))
 }
 
-/// Refuses a request whose `Transfer-Encoding` is anything but `chunked` alone with `501
-/// not_implemented` (RFC 9112 §6.1), before any handler reads its body. hyper removes the
+/// The refusal of a request whose `Transfer-Encoding` is anything but `chunked` alone: `501
+/// not_implemented` (RFC 9112 §6.1), answered by [`around_request`] before any handler reads
+/// its body. hyper removes the
 /// `chunked` framing and hands over what is inside, so a body sent as `gzip, chunked` would
 /// otherwise be stored still compressed, as if it were the payload. (A `Transfer-Encoding` whose
 /// last coding is not `chunked` never gets here: hyper answers it `400` itself, RFC 9112 §6.3.)
-async fn refuse_transfer_codings(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let mut codings = req
-        .headers()
+fn transfer_coding_refusal(headers: &axum::http::HeaderMap) -> Option<ApiError> {
+    let mut codings = headers
         .get_all(axum::http::header::TRANSFER_ENCODING)
         .iter()
         .flat_map(|v| v.as_bytes().split(|b| *b == b','))
@@ -352,31 +379,17 @@ async fn refuse_transfer_codings(req: axum::extract::Request, next: axum::middle
         _ => false,
     };
     if chunked_alone {
-        return next.run(req).await;
+        return None;
     }
-    let header = req
-        .headers()
+    let header = headers
         .get_all(axum::http::header::TRANSFER_ENCODING)
         .iter()
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         .collect::<Vec<_>>()
         .join(", ");
-    ApiError::NotImplemented(format!(
+    Some(ApiError::NotImplemented(format!(
         "Transfer-Encoding {header:?} is not implemented: only \"chunked\" alone is; send the payload as it is to be stored"
-    ))
-    .into_response()
-}
-
-/// Gives every request body a deadline of `timeout` from now (the end of its head): reading
-/// it fails with [`BodyReadTimeout`] past it, which [`read_body`] answers `408`. Whatever reads
-/// a body (a publish, a frames publish, a Raft RPC, an admin document) is bounded alike, so a
-/// client sending its body one byte a second holds its connection for `timeout` at most.
-async fn bound_body_read(
-    State(timeout): State<std::time::Duration>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    next.run(req.map(|body| Body::new(DeadlineBody::new(body, timeout)))).await
+    )))
 }
 
 /// A request body's deadline passed before the whole body arrived.
@@ -386,7 +399,11 @@ pub(crate) struct BodyReadTimeout {
     timeout: std::time::Duration,
 }
 
-/// A body that fails with [`BodyReadTimeout`] once its deadline has passed and counts that in
+/// A body that fails with [`BodyReadTimeout`] once its deadline has passed ([`around_request`]
+/// gives every request body a deadline of `--body-read-timeout` from the end of its head:
+/// whatever reads a body, a publish, a frames publish, a Raft RPC or an admin document, is
+/// bounded alike, so a client sending its body one byte a second holds its connection for that
+/// long at most; [`read_body`] answers it `408`), and counts that in
 /// `runnev_read_timeouts_total{kind="body"}`. Frames that are already there are still handed
 /// over; the deadline only ends a wait for more.
 struct DeadlineBody {
@@ -450,7 +467,7 @@ fn is_body_read_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
 ///
 /// Errors: `413 payload_too_large` past the limit, answered once the rest of the body was read
 /// and dropped ([`refuse_too_large`]); `408 request_timeout` when the body's deadline passed
-/// first ([`bound_body_read`]); `400 invalid_body` if the body breaks off.
+/// first ([`DeadlineBody`]); `400 invalid_body` if the body breaks off.
 pub(crate) async fn read_body(mut body: Body, limit_bytes: usize) -> Result<bytes::Bytes, ApiError> {
     // A declared length (Content-Length) over the limit is refused before any of the body is
     // buffered.
