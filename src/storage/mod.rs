@@ -1179,6 +1179,35 @@ mod tests {
         assert_eq!(BatchValue::decode("orders", 7, &v).unwrap(), (1_764_430_000_123, 42, &b"payload"[..]));
     }
 
+    /// Issue 15, room for many Raft groups: two groups in one data directory are two stores,
+    /// each in its own directory under `groups/`, beside the node's one `FORMAT`; what one
+    /// records (a vote, a catch-up marker, a formation) the other does not see, across a
+    /// restart of both.
+    #[test]
+    fn two_groups_in_one_data_directory_keep_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = layout::GroupId(1);
+        {
+            let a = Store::open_group(dir.path(), layout::GroupId::CLUSTER).unwrap();
+            let b = Store::open_group(dir.path(), other).unwrap();
+            assert_eq!((a.group(), b.group()), (layout::GroupId::CLUSTER, other));
+            assert_ne!(a.dir(), b.dir());
+            a.mark_formed().unwrap();
+            b.seed_wiped_vote(&openraft::Vote::new(7, 3)).unwrap();
+        }
+        let a = Store::open_group(dir.path(), layout::GroupId::CLUSTER).unwrap();
+        let b = Store::open_group(dir.path(), other).unwrap();
+        assert!(a.formed().unwrap() && !a.catching_up().unwrap(), "group 0 kept its own state only");
+        assert!(!b.formed().unwrap() && b.catching_up().unwrap(), "group 1 kept its own state only");
+        let mut top: Vec<String> =
+            std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        top.sort();
+        assert_eq!(top, [format::FORMAT_FILE, layout::GROUPS_DIR]);
+        for g in [layout::GroupId::CLUSTER, other] {
+            assert!(layout::group_dir(dir.path(), g).join(db_dir::DB_FILE).exists(), "group {g}");
+        }
+    }
+
     /// A start that fails leaves the directory in the format it found: here the database is held
     /// by a running node (of an earlier build, whose directory says format 1), and this build's
     /// open fails on redb's lock. It used to mark the directory format 2 first, so the running
