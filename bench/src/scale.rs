@@ -445,11 +445,32 @@ pub fn allocated_bytes(path: &Path) -> u64 {
     entries.flatten().map(|e| allocated_bytes(&e.path())).sum()
 }
 
-/// [`allocated_bytes`] of each top-level entry of `dir` (the log directory, the database, the
-/// snapshots, the ballast, …), by name.
+/// [`allocated_bytes`] of each top-level entry of the data directory `dir` (`FORMAT`, the
+/// ballast, …) and of each entry of each Raft group's directory in it (`groups/0/log`,
+/// `groups/0/runnev.redb`, `groups/0/snapshot.bin`, …), by name (a group's entries by their path
+/// under `dir`); together they add up to [`allocated_bytes`] of `dir`.
 pub fn allocated_by_entry(dir: &Path) -> BTreeMap<String, u64> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return BTreeMap::new() };
-    entries.flatten().map(|e| (e.file_name().to_string_lossy().into_owned(), allocated_bytes(&e.path()))).collect()
+    let mut by = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return by };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name != runnev::storage::layout::GROUPS_DIR || !e.path().is_dir() {
+            by.insert(name, allocated_bytes(&e.path()));
+            continue;
+        }
+        for group in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
+            let g = group.file_name().to_string_lossy().into_owned();
+            if !group.path().is_dir() {
+                by.insert(format!("{name}/{g}"), allocated_bytes(&group.path()));
+                continue;
+            }
+            for f in std::fs::read_dir(group.path()).into_iter().flatten().flatten() {
+                let key = format!("{name}/{g}/{}", f.file_name().to_string_lossy());
+                by.insert(key, allocated_bytes(&f.path()));
+            }
+        }
+    }
+    by
 }
 
 /// One node's disk at one phase.
@@ -459,7 +480,7 @@ pub struct NodeDisk {
     pub node_id: u64,
     /// Its data directory's allocated bytes.
     pub bytes: u64,
-    /// By top-level entry.
+    /// By entry ([`allocated_by_entry`]).
     pub entries: BTreeMap<String, u64>,
 }
 
@@ -642,5 +663,22 @@ mod tests {
         assert!(by["sparse"] < 1 << 20, "a hole takes no blocks: {by:?}");
         assert_eq!(allocated_bytes(dir.path()), by.values().sum::<u64>());
         assert_eq!(allocated_bytes(&dir.path().join("missing")), 0);
+    }
+
+    /// A group's entries are named by their path under the data directory, so a report tells
+    /// its log, database and snapshot apart; they still add up to the whole.
+    #[test]
+    fn a_group_s_entries_are_counted_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let group = dir.path().join("groups/0");
+        std::fs::create_dir_all(group.join("log")).unwrap();
+        std::fs::write(group.join("log/1.seg"), vec![1u8; 8_192]).unwrap();
+        std::fs::write(group.join("snapshot.bin"), vec![2u8; 4_096]).unwrap();
+        std::fs::write(dir.path().join("FORMAT"), b"runnev data format 5\n").unwrap();
+        let by = allocated_by_entry(dir.path());
+        let names: Vec<&str> = by.keys().map(String::as_str).collect();
+        assert_eq!(names, ["FORMAT", "groups/0/log", "groups/0/snapshot.bin"]);
+        assert!(by["groups/0/log"] >= 8_192, "{by:?}");
+        assert_eq!(allocated_bytes(dir.path()), by.values().sum::<u64>());
     }
 }
