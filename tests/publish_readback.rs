@@ -150,3 +150,58 @@ async fn thousand_concurrent_publishes_read_back_identically_everywhere() {
     assert_eq!(seen, expected_seqs[..seen.len()].to_vec(), "paging by 73 skipped or repeated seqs");
     assert_eq!(seen.len() as u64, (20 * 73u64).min(N), "paging by 73 ended early");
 }
+
+/// Issue 15 (catch-up): a consumer reading with one read ahead (`Client::catch_up`) gets
+/// exactly the answers of plain reads, in order: publisher-chosen seqs with holes between
+/// them, a gap where retention evicted what it asked for (told once, then the batches after
+/// it), an empty answer once caught up, and what is published after that on its next call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_ahead_consumer_gets_what_plain_reads_get_in_order() {
+    let c = Cluster::start(3, &[]).await;
+    let client = c.client();
+    let retention = runnev::stream::Retention { max_batches: Some(150), ..Default::default() };
+    client.put_stream("ahead", Some(retention)).await.expect("create the stream");
+    // Seqs 3, 6, …, 600: the oldest 50 are evicted by retention (at most 150 kept).
+    for i in 1..=200u64 {
+        client.publish("ahead", Some(3 * i), payload("ahead", i)).await.expect("publish");
+    }
+    // One node, the leader, for both: each publish was applied there before it was answered.
+    let node = client_for(&[c.url(c.leader().await)]);
+    let plain = {
+        let mut answers = Vec::new();
+        let mut after = 0;
+        loop {
+            let a = node.read("ahead", after, 7, 0).await.expect("plain read");
+            let done = a.batches.is_empty() && a.gap.is_none();
+            after = a.next_after;
+            answers.push(a);
+            if done {
+                break;
+            }
+        }
+        answers
+    };
+    let mut reads = node.catch_up("ahead", 0, 7);
+    let mut ahead = Vec::new();
+    loop {
+        let a = reads.next().await.expect("read ahead");
+        let done = a.batches.is_empty() && a.gap.is_none();
+        assert_eq!(reads.cursor(), a.next_after);
+        ahead.push(a);
+        if done {
+            break;
+        }
+    }
+    assert_eq!(ahead, plain, "the same answers in the same order");
+    let first = &ahead[0];
+    assert_eq!(first.gap.map(|g| (g.from, g.to)), Some((1, 150)), "the evicted seqs are told as a gap");
+    let seqs: Vec<u64> = ahead.iter().flat_map(|a| a.batches.iter().map(|b| b.seq)).collect();
+    assert_eq!(seqs, (51..=200).map(|i| 3 * i).collect::<Vec<_>>());
+    // Caught up: what is published next comes with the next call.
+    node.publish("ahead", Some(1_000), payload("ahead", 1_000)).await.expect("publish after");
+    let later = reads.next().await.expect("read after catching up");
+    assert_eq!(
+        later.batches.iter().map(|b| (b.seq, b.data.to_vec())).collect::<Vec<_>>(),
+        [(1_000, payload("ahead", 1_000))]
+    );
+}

@@ -4,7 +4,8 @@
 //! (publishing only what is missing, so a second run reuses the stream), picks a follower
 //! (or `--read-node`), waits until it has applied the fill, and reads the whole stream from
 //! cursor 0 to its last seq as one consumer, end to end through the client (HTTP, JSON,
-//! base64 decoding): first with `GET …/batches?after=C&limit=10000` (`poll`), then with an SSE
+//! base64 decoding): first with `GET …/batches?after=C&limit=10000` (`poll`, through the
+//! client's `catch_up`: the next read asked for while this one is decoded), then with an SSE
 //! subscription (`sse`, unless `--skip-sse`). Reports payload MB/s and batches/s for each.
 //!
 //! Owns: the fill, the two read loops and their report. Must never: count a batch twice or
@@ -156,10 +157,11 @@ async fn read_poll(client: &Client, stream: &str, last_seq: u64, limit: usize) -
     let _ticker = progress("read (poll)", c.clone(), last_seq);
     let mut f = ReadFigures::default();
     let mut after = 0;
+    let mut reads = client.catch_up(stream, 0, limit);
     let started = Instant::now();
     while after < last_seq {
         let t = Instant::now();
-        let a = client.read(stream, after, limit, 0).await?;
+        let a = reads.next().await?;
         f.requests.record_us(t.elapsed().as_micros() as u64);
         if a.batches.is_empty() {
             return Err(BenchError::Cluster(format!("{stream}: an empty read after seq {after}, before {last_seq}")));

@@ -17,6 +17,7 @@
 //! fails with [`ClientError::OutcomeUnknown`] rather than risk storing the batch twice. Stream
 //! names are checked here with the server's rule (SPEC §1) and percent-encoded into the path.
 
+mod catch_up;
 mod cursor;
 pub(crate) mod sse;
 mod subscription;
@@ -29,6 +30,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, StatusCode};
 
+pub use catch_up::CatchUp;
 pub use cursor::{CursorStore, FileCursor};
 pub use subscription::{Connection, Delivery, SubscribeOptions, Subscription};
 
@@ -740,15 +742,47 @@ impl Client {
         wait_ms: u64,
         min_index: Option<u64>,
     ) -> Result<ReadAnswer, ClientError> {
+        let (node, bytes) = self.read_raw(stream, after, limit, wait_ms, min_index).await?;
+        let wire = Self::parse_read(&node, &bytes)?;
+        Self::decode_read(&node, wire)
+    }
+
+    /// Reads `stream` from `after` as fast as its nodes answer, with the next read asked for
+    /// while this one's payloads are decoded ([`CatchUp`]): for a consumer far behind, such as
+    /// one that starts from 0. `limit` batches per read (1 to 10,000).
+    ///
+    /// Errors: each [`CatchUp::next`] fails as [`Client::read`] would; a bad stream name fails
+    /// there too.
+    pub fn catch_up(&self, stream: &str, after: u64, limit: usize) -> CatchUp {
+        CatchUp::new(self.clone(), stream.to_string(), after, limit)
+    }
+
+    /// One read's answer, undecoded: (the node that gave it, its JSON body).
+    async fn read_raw(
+        &self,
+        stream: &str,
+        after: u64,
+        limit: usize,
+        wait_ms: u64,
+        min_index: Option<u64>,
+    ) -> Result<(String, Bytes), ClientError> {
         let name = segment(stream)?;
         let mut path = format!("/v1/streams/{name}/batches?after={after}&limit={limit}&wait_ms={wait_ms}");
         if let Some(i) = min_index {
             path.push_str(&format!("&min_index={i}"));
         }
         let (node, _, bytes) = self.call(Method::GET, &path, Bytes::new(), Duration::from_millis(wait_ms)).await?;
-        let wire: wire::ReadAnswer<'_> = serde_json::from_slice(&bytes)
-            .map_err(|e| ClientError::Protocol { node: node.to_string(), what: e.to_string() })?;
-        let batches = wire.batches.into_iter().map(|b| decode_batch(&node, b)).collect::<Result<_, _>>()?;
+        Ok((node, bytes))
+    }
+
+    /// A read's JSON body, its payloads still base64 text borrowed from `bytes`.
+    fn parse_read<'b>(node: &str, bytes: &'b [u8]) -> Result<wire::ReadAnswer<'b>, ClientError> {
+        serde_json::from_slice(bytes).map_err(|e| ClientError::Protocol { node: node.to_string(), what: e.to_string() })
+    }
+
+    /// A parsed read with its payloads decoded.
+    fn decode_read(node: &str, wire: wire::ReadAnswer<'_>) -> Result<ReadAnswer, ClientError> {
+        let batches = wire.batches.into_iter().map(|b| decode_batch(node, b)).collect::<Result<_, _>>()?;
         Ok(ReadAnswer { batches, gap: wire.gap, last_seq: wire.last_seq, next_after: wire.next_after })
     }
 
