@@ -50,7 +50,9 @@ const PREFIX: &str = "runnev data format ";
 /// Checks `dir`'s format: `true` when the directory has no file or holds an older readable
 /// format, and [`write`] must mark it once the store opened. The mark waits for the open: a
 /// start that fails (the database locked by a node of an older build still running on it, say)
-/// must leave that node's directory in the format it reads.
+/// must leave that node's directory in the format it reads. (The one exception is a directory
+/// whose files must move into `groups/0/`: it is marked once no process holds its database and
+/// before the first file moves, `storage::layout::adopt_flat_layout`.)
 ///
 /// Errors: [`StoreError::UnsupportedFormat`] for a format outside [`READABLE`];
 /// [`StoreError::Corrupt`] when the file is not one line `runnev data format N`;

@@ -15,11 +15,11 @@
 //! Today a node hosts one group, [`GroupId::CLUSTER`] (id 0): every stream, the cluster's
 //! membership and its tokens. Data formats 1 to 4 kept that group's files at the top of the
 //! data directory; [`adopt_flat_layout`] moves them into `groups/0/` at the first start of a
-//! build of format 5, by renames (nothing is rewritten).
+//! build of format 5, by renames (nothing is rewritten), after marking the directory format 5.
 //!
 //! Owns: the path of a group's directory and the move of the flat layout into group 0's.
-//! Must never: open, read or rewrite the files it moves, or move anything of a directory that is
-//! already of format 5.
+//! Must never: read or rewrite the files it moves, or move any while another process holds the
+//! database.
 
 use std::path::{Path, PathBuf};
 
@@ -66,18 +66,26 @@ fn is_flat_layout_name(name: &str) -> bool {
         || name.starts_with("snapshot.")
 }
 
-/// Moves group 0's files of a data directory of format 1 to 4 from its top into
+/// Moves group 0's files that a data directory of format 1 to 4 keeps at its top into
 /// `groups/0/` ([`group_dir`]), one rename each, then fsyncs the three directories. Returns how
-/// many it moved (0 for a new directory). Each rename is atomic, and the caller marks the
-/// directory format 5 only once the store opened, so a crash part way leaves a directory that
-/// is still of its old format, with some files moved: the next start moves the rest.
+/// many it moved (0 for a new directory, or one already of format 5 with nothing left at its
+/// top).
 ///
-/// Call only for a directory whose `FORMAT` is older than 5 (or absent).
+/// `older` says the directory's `FORMAT` is older than 5 (or absent). Before the first rename
+/// it checks that no process holds the database (at the top, or in `groups/0/`: a node of an
+/// older build still running on the directory would go on writing to files moved from under
+/// it), and marks an older directory format 5, so that from the first rename on a build of
+/// format 4 refuses the directory instead of starting empty on a top it finds bare (it would
+/// rejoin as a wiped node). A crash part way leaves a directory of format 5 with some files
+/// still at its top: the next start moves the rest, which is why a directory of format 5 is
+/// looked at too.
 ///
 /// Errors: [`StoreError::Corrupt`] when a file is both at the top and in `groups/0/` (nothing is
-/// moved: which one holds the node's state cannot be told); [`StoreError::Io`] when a directory
-/// cannot be read, created, renamed into or fsynced.
-pub(crate) fn adopt_flat_layout(data_dir: &Path) -> Result<usize, StoreError> {
+/// moved or marked: which one holds the node's state cannot be told);
+/// [`StoreError::Db`] (`DatabaseAlreadyOpen`) when another process holds the database (nothing
+/// is moved or marked); [`StoreError::Io`] when a directory cannot be read, created, renamed
+/// into or fsynced, or `FORMAT` cannot be written.
+pub(crate) fn adopt_flat_layout(data_dir: &Path, older: bool) -> Result<usize, StoreError> {
     let mut names = Vec::new();
     for entry in std::fs::read_dir(data_dir)? {
         let entry = entry?;
@@ -101,6 +109,14 @@ pub(crate) fn adopt_flat_layout(data_dir: &Path) -> Result<usize, StoreError> {
             )));
         }
     }
+    let _held = [data_dir.join(super::db_dir::DB_FILE), group.join(super::db_dir::DB_FILE)]
+        .iter()
+        .filter(|p| p.exists())
+        .map(|p| hold(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    if older {
+        super::format::write(data_dir)?;
+    }
     std::fs::create_dir_all(&group)?;
     for name in &names {
         std::fs::rename(data_dir.join(name), group.join(name))?;
@@ -110,6 +126,18 @@ pub(crate) fn adopt_flat_layout(data_dir: &Path) -> Result<usize, StoreError> {
     }
     tracing::info!(data_dir = %data_dir.display(), moved = ?names, to = %group.display(), "moved group 0's files into its directory (data format 5)");
     Ok(names.len())
+}
+
+/// The database file at `path` locked against every other process for as long as the
+/// returned file is held (redb takes the same whole-file lock on the databases it opens), or
+/// [`StoreError::Db`] (`DatabaseAlreadyOpen`) when another process holds it.
+fn hold(path: &Path) -> Result<std::fs::File, StoreError> {
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Db(redb::Error::DatabaseAlreadyOpen)),
+        Err(std::fs::TryLockError::Error(e)) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]
@@ -141,26 +169,50 @@ mod tests {
         std::fs::write(d.join("snapshot.install.tmp"), b"half").unwrap();
         std::fs::write(d.join("FORMAT"), b"runnev data format 4\n").unwrap();
         std::fs::write(d.join("operator-notes.txt"), b"mine").unwrap();
-        assert_eq!(adopt_flat_layout(d).unwrap(), 5);
+        assert_eq!(adopt_flat_layout(d, true).unwrap(), 5);
+        // Marked before the first file moved: a build of format 4 refuses it from then on.
+        assert_eq!(std::fs::read_to_string(d.join("FORMAT")).unwrap(), "runnev data format 5\n");
         assert_eq!(names(d), ["FORMAT", "groups", "operator-notes.txt"]);
         let g = group_dir(d, GroupId::CLUSTER);
         assert_eq!(names(&g), ["log", "payloads", "runnev.redb", "snapshot.bin", "snapshot.install.tmp"]);
         assert_eq!(std::fs::read(g.join("log").join("1.seg")).unwrap(), b"entries");
         assert_eq!(std::fs::read(g.join("snapshot.bin")).unwrap(), b"snap");
-        // Done: a second call (a restart before FORMAT was written) finds nothing to move.
-        assert_eq!(adopt_flat_layout(d).unwrap(), 0);
+        // Done: a second call finds nothing to move.
+        assert_eq!(adopt_flat_layout(d, false).unwrap(), 0);
     }
 
+    /// A crash after the mark and the first renames: the directory says format 5, some files
+    /// are still at its top; the next start moves them.
     #[test]
     fn a_move_cut_part_way_is_finished_by_the_next() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let g = group_dir(d, GroupId::CLUSTER);
         std::fs::create_dir_all(g.join("log")).unwrap();
+        std::fs::write(d.join("FORMAT"), b"runnev data format 5\n").unwrap();
         std::fs::write(d.join("runnev.redb"), b"db").unwrap();
         std::fs::write(d.join("snapshot.bin"), b"snap").unwrap();
-        assert_eq!(adopt_flat_layout(d).unwrap(), 2);
+        assert_eq!(adopt_flat_layout(d, false).unwrap(), 2);
         assert_eq!(names(&g), ["log", "runnev.redb", "snapshot.bin"]);
+        assert_eq!(names(d), ["FORMAT", "groups"]);
+    }
+
+    /// A node of an older build still runs on the directory and holds its database: nothing is
+    /// moved or marked (the running node would go on writing to files moved from under it, and
+    /// start empty at its next start).
+    #[test]
+    fn a_flat_layout_whose_database_a_running_node_holds_is_left_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let running = redb::Database::create(d.join("runnev.redb")).unwrap();
+        std::fs::create_dir(d.join("log")).unwrap();
+        std::fs::write(d.join("FORMAT"), b"runnev data format 4\n").unwrap();
+        let e = adopt_flat_layout(d, true).unwrap_err();
+        assert!(matches!(e, StoreError::Db(redb::Error::DatabaseAlreadyOpen)), "{e}");
+        assert_eq!(names(d), ["FORMAT", "log", "runnev.redb"]);
+        assert_eq!(std::fs::read_to_string(d.join("FORMAT")).unwrap(), "runnev data format 4\n");
+        drop(running);
+        assert_eq!(adopt_flat_layout(d, true).unwrap(), 2, "once it stopped");
     }
 
     #[test]
@@ -172,9 +224,11 @@ mod tests {
         std::fs::write(g.join("runnev.redb"), b"new").unwrap();
         std::fs::write(d.join("runnev.redb"), b"old").unwrap();
         std::fs::write(d.join("snapshot.bin"), b"snap").unwrap();
-        let e = adopt_flat_layout(d).unwrap_err();
+        std::fs::write(d.join("FORMAT"), b"runnev data format 4\n").unwrap();
+        let e = adopt_flat_layout(d, true).unwrap_err();
         assert!(matches!(&e, StoreError::Corrupt(m) if m.contains("both exist")), "{e}");
-        assert_eq!(names(d), ["groups", "runnev.redb", "snapshot.bin"]);
+        assert_eq!(std::fs::read_to_string(d.join("FORMAT")).unwrap(), "runnev data format 4\n");
+        assert_eq!(names(d), ["FORMAT", "groups", "runnev.redb", "snapshot.bin"]);
         assert_eq!(std::fs::read(g.join("runnev.redb")).unwrap(), b"new");
     }
 }

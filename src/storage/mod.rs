@@ -425,12 +425,12 @@ impl Store {
     }
 
     /// Creates `data_dir`, checks its `FORMAT` before the database or the log is opened (or
-    /// created), moves a flat layout of format 4 or older into group 0's directory, and writes
-    /// the marker of a new directory only once the store has opened (a failed open leaves the
-    /// directory in the format it found; at most a temporary database file, which the next
-    /// start removes, and files moved into `groups/0/`, which the next start finishes moving),
-    /// before anything of this format is written: the upgrade of a directory of format 1 or 2
-    /// ([`Store::migrate_inline_batches`]) runs after the mark.
+    /// created), moves a flat layout of format 4 or older into group 0's directory (marking the
+    /// directory before the first file moves, [`layout::adopt_flat_layout`]), and otherwise
+    /// writes the marker of a new or older directory only once the store has opened (a failed
+    /// open leaves such a directory in the format it found; at most a temporary database file,
+    /// which the next start removes), before anything of this format is written: the upgrade of
+    /// a directory of format 1 or 2 ([`Store::migrate_inline_batches`]) runs after the mark.
     fn open_marked(
         data_dir: &Path,
         group: layout::GroupId,
@@ -438,9 +438,9 @@ impl Store {
         files: impl FnOnce() -> Result<(Arc<dyn segments::SegmentDir>, Arc<dyn payloads::PayloadDir>), StoreError>,
     ) -> Result<Arc<Store>, StoreError> {
         std::fs::create_dir_all(data_dir)?;
-        let mark = format::check(data_dir)?;
-        if mark {
-            layout::adopt_flat_layout(data_dir)?;
+        let mut mark = format::check(data_dir)?;
+        if layout::adopt_flat_layout(data_dir, mark)? > 0 {
+            mark = false; // marked before the first file moved
         }
         let dir = layout::group_dir(data_dir, group);
         std::fs::create_dir_all(&dir)?;
