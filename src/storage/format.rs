@@ -111,8 +111,7 @@ pub(crate) fn write(dir: &Path) -> Result<(), StoreError> {
         f.sync_all()?;
     }
     std::fs::rename(&tmp, dir.join(FORMAT_FILE))?;
-    std::fs::File::open(dir)?.sync_all()?;
-    Ok(())
+    super::sync_dir(dir)
 }
 
 #[cfg(test)]

@@ -122,7 +122,7 @@ pub(crate) fn adopt_flat_layout(data_dir: &Path, older: bool) -> Result<usize, S
         std::fs::rename(data_dir.join(name), group.join(name))?;
     }
     for dir in [group.as_path(), &data_dir.join(GROUPS_DIR), data_dir] {
-        std::fs::File::open(dir)?.sync_all()?;
+        super::sync_dir(dir)?;
     }
     tracing::info!(data_dir = %data_dir.display(), moved = ?names, to = %group.display(), "moved group 0's files into its directory (data format 5)");
     Ok(names.len())

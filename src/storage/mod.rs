@@ -98,6 +98,16 @@ pub(crate) const BATCH_INDEX: TableDefinition<(u64, u64), &[u8]> = TableDefiniti
 /// The key in [`SM_META`] of the next stream id to assign (absent: 0).
 pub(crate) const NEXT_STREAM_ID: &str = "next_stream_id";
 
+/// Makes the entries of the directory `dir` durable (the names created, renamed and removed in
+/// it so far): an fsync of the directory itself, as POSIX requires for a rename to survive a
+/// crash.
+///
+/// Errors: [`StoreError::Io`] when the directory cannot be opened or fsynced.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
 /// A storage failure. Never caused by client input: callers validate before reaching storage.
 /// [`StoreError::is_storage_full`] tells a full disk (the one failure a client is told about as
 /// such, `507`; `crate::error` maps every variant to HTTP).

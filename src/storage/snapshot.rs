@@ -183,11 +183,6 @@ fn read_record(r: &mut impl Read, buf: &mut Vec<u8>) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)?.sync_all()?;
-    Ok(())
-}
-
 /// Makes the state machine, as of one read transaction, the current snapshot: a manifest
 /// ([`write_manifest`]) whose spans stay pinned, so its cost is a record per stream, not a copy
 /// of the payloads (a 1 GiB state is not rewritten; Kafka's and Redpanda's snapshots likewise
@@ -478,7 +473,7 @@ fn publish_pinned(store: &Store, tmp: &Path, pin: Option<PinId>) -> Result<File,
     let mut current = store.snapshot_pin.lock().unwrap_or_else(|p| p.into_inner());
     let published = std::fs::rename(tmp, current_path(store.dir()))
         .map_err(StoreError::from)
-        .and_then(|()| sync_dir(store.dir()))
+        .and_then(|()| super::sync_dir(store.dir()))
         .and_then(|()| Ok(File::open(current_path(store.dir()))?));
     let release = match published {
         Ok(_) => std::mem::replace(&mut *current, pin),
