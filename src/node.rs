@@ -604,7 +604,7 @@ mod tests {
         broken: &Arc<AtomicBool>,
         exit_after_raft_stop: Duration,
     ) -> OneNode {
-        let group = crate::storage::layout::group_dir(dir, crate::storage::layout::GroupId::CLUSTER);
+        let group = crate::storage::layout::group0(dir);
         let segments = Breakable { inner: FsSegments::new(group.join("log")).unwrap(), broken: broken.clone() };
         let payloads = Arc::new(crate::storage::payloads::FsPayloads::new(group.join("payloads")).unwrap());
         let store = Store::open_with(dir, &FsDatabaseDir::new(&group), Arc::new(segments), payloads).unwrap();

@@ -28,6 +28,12 @@ use super::StoreError;
 /// The directory of the groups, in the data directory.
 pub const GROUPS_DIR: &str = "groups";
 
+/// A group's Raft log, in its directory ([`super::segments`]).
+pub const LOG_DIR: &str = "log";
+
+/// A group's payload segments, in its directory ([`super::payloads`]).
+pub const PAYLOADS_DIR: &str = "payloads";
+
 /// A Raft group's id: the name of its directory under [`GROUPS_DIR`] and the group its Raft
 /// RPCs address (`/raft/groups/<id>/…`, [`crate::raft::network`]). Group 0 is every cluster's
 /// ([`GroupId::CLUSTER`]); further ids are for the cluster to assign once streams are spread
@@ -62,7 +68,7 @@ pub(crate) fn group0(data_dir: &Path) -> PathBuf {
 /// every snapshot file (`snapshot.bin` and the temporary `snapshot.*.tmp` files a crash may
 /// have left).
 fn is_flat_layout_name(name: &str) -> bool {
-    matches!(name, "log" | "payloads" | super::db_dir::DB_FILE | super::db_dir::DB_FILE_NEW)
+    matches!(name, LOG_DIR | PAYLOADS_DIR | super::db_dir::DB_FILE | super::db_dir::DB_FILE_NEW)
         || name.starts_with("snapshot.")
 }
 

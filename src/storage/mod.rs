@@ -413,8 +413,8 @@ impl Store {
         let dir = layout::group_dir(data_dir, group);
         Store::open_marked(data_dir, group, &db_dir::FsDatabaseDir::new(&dir), || {
             Ok((
-                Arc::new(segments::FsSegments::new(dir.join("log"))?),
-                Arc::new(payloads::FsPayloads::new(dir.join("payloads"))?),
+                Arc::new(segments::FsSegments::new(dir.join(layout::LOG_DIR))?),
+                Arc::new(payloads::FsPayloads::new(dir.join(layout::PAYLOADS_DIR))?),
             ))
         })
     }

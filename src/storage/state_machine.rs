@@ -720,8 +720,7 @@ mod tests {
     }
 
     fn payload_files(dir: &tempfile::TempDir) -> Vec<String> {
-        let group = crate::storage::layout::group_dir(dir.path(), crate::storage::layout::GroupId::CLUSTER);
-        let mut v: Vec<String> = std::fs::read_dir(group.join("payloads"))
+        let mut v: Vec<String> = std::fs::read_dir(crate::storage::layout::group0(dir.path()).join("payloads"))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
@@ -887,7 +886,7 @@ mod tests {
             dump(&store)
         };
         // Rewrite it as a node of format 2 left it: its files at the top of the data directory.
-        let group = crate::storage::layout::group_dir(dir.path(), crate::storage::layout::GroupId::CLUSTER);
+        let group = crate::storage::layout::group0(dir.path());
         for name in ["log", super::super::db_dir::DB_FILE] {
             std::fs::rename(group.join(name), dir.path().join(name)).unwrap();
         }
