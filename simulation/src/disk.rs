@@ -402,12 +402,10 @@ impl DiskState {
     }
 }
 
-/// The regular files under `dir`, in it and in its subdirectories (a data dir keeps its
-/// snapshots in its group's directory, `groups/0/`), by path relative to `dir`, with their
-/// bytes; a file that cannot be read is left out (none is expected: the run's own temporary
-/// directory).
-fn read_regular_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    fn walk(dir: &Path, under: &Path, files: &mut Vec<(PathBuf, Vec<u8>)>) {
+/// The paths, relative to `dir`, of the regular files under it, in it and in its subdirectories
+/// (a data dir keeps its snapshots in its group's directory, `groups/0/`), sorted.
+fn regular_files(dir: &Path) -> Vec<PathBuf> {
+    fn walk(dir: &Path, under: &Path, files: &mut Vec<PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else { return };
         for e in entries.flatten() {
             let Ok(kind) = e.file_type() else { continue };
@@ -415,9 +413,7 @@ fn read_regular_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
             if kind.is_dir() {
                 walk(&e.path(), &rel, files);
             } else if kind.is_file() {
-                if let Ok(bytes) = std::fs::read(e.path()) {
-                    files.push((rel, bytes));
-                }
+                files.push(rel);
             }
         }
     }
@@ -427,11 +423,17 @@ fn read_regular_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     files
 }
 
+/// The regular files under `dir` ([`regular_files`]) with their bytes; a file that cannot be
+/// read is left out (none is expected: the run's own temporary directory).
+fn read_regular_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    regular_files(dir).into_iter().filter_map(|rel| std::fs::read(dir.join(&rel)).ok().map(|b| (rel, b))).collect()
+}
+
 /// Puts the regular files under `dir` back to `files` (paths relative to `dir`): removes the
 /// others, writes these (creating `dir` and their directories if they are gone).
 fn restore_regular_files(dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    for (rel, _) in read_regular_files(dir) {
+    for rel in regular_files(dir) {
         if !files.iter().any(|(name, _)| *name == rel) {
             std::fs::remove_file(dir.join(&rel))?;
         }
