@@ -708,7 +708,30 @@ pub async fn status(client: &Client, output: Output) -> Result<()> {
                  acknowledges it; a majority of nodes is down or partitioned",
                 l.node_id, l.term
             ))?,
-            (None, _) => say("no leader among the nodes that answered: a majority of nodes is down or partitioned")?,
+            (None, _) => {
+                // The leader was not among the nodes asked (`--nodes` named followers only): a
+                // node that names a leader and is ready has heard from it lately.
+                let named = rows
+                    .iter()
+                    .find_map(|(node, v)| v.as_ref().ok().and_then(|v| v.leader_id.map(|leader| (node, v, leader))));
+                let heard = match named {
+                    Some((node, v, leader)) => {
+                        client.readiness(node).await.ok().flatten().is_none().then_some((v, leader))
+                    }
+                    None => None,
+                };
+                match heard {
+                    Some((v, leader)) => say(format_args!(
+                        "leader: node {leader} (term {}), as node {} follows it; node {leader} was not asked; voters {:?}",
+                        v.term,
+                        v.node_id,
+                        v.voters()
+                    ))?,
+                    None => {
+                        say("no leader among the nodes that answered: a majority of nodes is down or partitioned")?
+                    }
+                }
+            }
         }
     }
     Ok(())

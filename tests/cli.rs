@@ -58,6 +58,14 @@ async fn a_cluster_without_a_majority_says_no_leader_with_exit_6() {
     let nodes = nodes_of(&c);
     cli(&["streams", "create", "orders", "--nodes", &nodes], &[]).await.expect_code(0, "create");
     let survivor = c.followers().await[0];
+    // Asked of a follower alone, `status` names the leader it follows (it used to say "no
+    // leader" when the leader was not among the nodes asked).
+    let leader = c.leader().await;
+    let r = cli(&["status", "-o", "text", "--nodes", &c.node(survivor).addr()], &[]).await;
+    r.expect_code(0, "status of a follower alone");
+    assert!(r.stdout.contains(&format!("leader: node {leader} (term ")), "{r:#?}");
+    assert!(r.stdout.contains(&format!("as node {survivor} follows it; node {leader} was not asked")), "{r:#?}");
+    assert!(!r.stdout.contains("no leader"), "{r:#?}");
     for id in c.ids() {
         if id != survivor {
             c.stop(id).await;
