@@ -238,6 +238,153 @@ pub struct ReadAnswer<'a> {
     /// Pass back as `after` to continue without loss.
     pub next_after: u64,
 }
+/// Media type of a read answered as binary records instead of JSON: asked for with `Accept`
+/// on `GET /v1/streams/{name}/batches`, the same answer as [`ReadAnswer`] without base64 or
+/// JSON (Runnev's addition to SPEC §3, content negotiation of RFC 9110 §12.5.1; the body is
+/// described at [`encode_batches_head`]). Errors are JSON whatever `Accept` says.
+pub const BATCHES_CONTENT_TYPE: &str = "application/vnd.runnev.batches";
+
+/// Bytes of the head of a binary read answer ([`BATCHES_CONTENT_TYPE`]): `last_seq`,
+/// `next_after`, `gap_from`, `gap_to` (each u64), then `count` (u32), all big-endian.
+pub const BATCHES_HEAD_BYTES: usize = 36;
+
+/// Bytes of each record's header in a binary read answer: `seq`, `ts` (u64 each), then the
+/// payload's length in bytes (u32), all big-endian.
+pub const BATCH_RECORD_HEAD_BYTES: usize = 20;
+
+/// The head of a binary read answer: what [`ReadAnswer`] carries besides its batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchesHead {
+    /// The stream's last seq on the node that answered.
+    pub last_seq: u64,
+    /// Pass back as `after` to continue without loss.
+    pub next_after: u64,
+    /// The gap before the batches, if retention evicted seqs the consumer asked for.
+    pub gap: Option<Gap>,
+    /// How many batch records follow the head.
+    pub count: u32,
+}
+
+/// Writes `head` over the first [`BATCHES_HEAD_BYTES`] of `out`, the head of a binary read
+/// answer. The body of such an answer ([`BATCHES_CONTENT_TYPE`]) is this head, then `count`
+/// records, each [`BATCH_RECORD_HEAD_BYTES`] of header (see [`push_batch_record`]) and the
+/// payload, byte for byte, in seq order. No gap is written as `gap_from` = `gap_to` = 0 (a
+/// gap starts at seq 1 or later). Big-endian, like the frames of SPEC §6.
+///
+/// Panics (debug) if `out` is shorter than the head.
+pub fn encode_batches_head(out: &mut [u8], head: &BatchesHead) {
+    debug_assert!(out.len() >= BATCHES_HEAD_BYTES, "room for the head is reserved first");
+    let (from, to) = head.gap.map_or((0, 0), |g| (g.from, g.to));
+    debug_assert!(head.gap.is_none() || from >= 1, "a gap starts at seq 1 or later");
+    let mut at = 0;
+    for v in [head.last_seq, head.next_after, from, to] {
+        out[at..at + 8].copy_from_slice(&v.to_be_bytes());
+        at += 8;
+    }
+    out[at..at + 4].copy_from_slice(&head.count.to_be_bytes());
+}
+
+/// Appends one batch record of a binary read answer to `out`: `seq`, `ts` (ms since the Unix
+/// epoch), the payload's length (u32, bytes), the payload.
+///
+/// Errors: a payload of 2³² bytes or more (no record can carry it; a batch is at most
+/// [`crate::limits::BATCH_BYTES_MAX`], so the server never meets it). Nothing is written then.
+pub fn push_batch_record(out: &mut Vec<u8>, seq: u64, ts: u64, data: &[u8]) -> Result<(), usize> {
+    let len = u32::try_from(data.len()).map_err(|_| data.len())?;
+    out.reserve(BATCH_RECORD_HEAD_BYTES + data.len());
+    out.extend_from_slice(&seq.to_be_bytes());
+    out.extend_from_slice(&ts.to_be_bytes());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(data);
+    Ok(())
+}
+
+/// One batch of a binary read answer, its payload a slice of the answer's body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchRecord {
+    /// The batch's seq.
+    pub seq: u64,
+    /// Leader-assigned time, ms since the Unix epoch.
+    pub ts: u64,
+    /// The payload, byte for byte.
+    pub data: bytes::Bytes,
+}
+
+/// Why a binary read answer cannot be read: the node sent something else than
+/// [`encode_batches_head`] describes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BatchesError {
+    /// The body ends inside the head or inside record `record`'s header or payload.
+    #[error("the answer ends at byte {len} inside {what}")]
+    Truncated {
+        /// What was being read (the head, or record k's header or payload).
+        what: String,
+        /// The body's length, in bytes.
+        len: usize,
+    },
+    /// Bytes follow the last of the `count` records the head announced.
+    #[error("{extra} byte(s) follow the {count} record(s) the head announced")]
+    Trailing {
+        /// Records announced.
+        count: u32,
+        /// Bytes past the last record.
+        extra: usize,
+    },
+    /// A record's seq is not above the one before it (or not above the cursor).
+    #[error("record {record} has seq {seq}, not above {floor}")]
+    OutOfOrder {
+        /// Index of the record.
+        record: u32,
+        /// Its seq.
+        seq: u64,
+        /// The seq it must be above.
+        floor: u64,
+    },
+}
+
+/// Reads a binary read answer ([`BATCHES_CONTENT_TYPE`]) of a read after cursor `after`:
+/// its head, and each batch with its payload a slice of `body` (no copy), in seq order.
+///
+/// Errors: [`BatchesError`]: a body cut short, bytes past the last record, or seqs not strictly
+/// increasing above `after`.
+pub fn decode_batches(after: u64, body: &bytes::Bytes) -> Result<(BatchesHead, Vec<BatchRecord>), BatchesError> {
+    let len = body.len();
+    let u64_at = |at: usize| -> Option<u64> {
+        body.get(at..at + 8).map(|b| u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+    };
+    let u32_at =
+        |at: usize| -> Option<u32> { body.get(at..at + 4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])) };
+    let truncated = |what: String| BatchesError::Truncated { what, len };
+    let (Some(last_seq), Some(next_after), Some(from), Some(to), Some(count)) =
+        (u64_at(0), u64_at(8), u64_at(16), u64_at(24), u32_at(32))
+    else {
+        return Err(truncated("the head".into()));
+    };
+    let gap = (from != 0 || to != 0).then_some(Gap { from, to });
+    // Each record takes at least its header: a count the body cannot hold is refused before
+    // anything is allocated for it.
+    let room = (len - BATCHES_HEAD_BYTES) / BATCH_RECORD_HEAD_BYTES;
+    let mut batches = Vec::with_capacity((count as usize).min(room));
+    let (mut at, mut floor) = (BATCHES_HEAD_BYTES, after);
+    for record in 0..count {
+        let (Some(seq), Some(ts), Some(size)) = (u64_at(at), u64_at(at + 8), u32_at(at + 16)) else {
+            return Err(truncated(format!("record {record}'s header")));
+        };
+        if seq <= floor {
+            return Err(BatchesError::OutOfOrder { record, seq, floor });
+        }
+        let start = at + BATCH_RECORD_HEAD_BYTES;
+        let Some(end) = start.checked_add(size as usize).filter(|&end| end <= len) else {
+            return Err(truncated(format!("record {record}'s payload of {size} bytes")));
+        };
+        batches.push(BatchRecord { seq, ts, data: body.slice(start..end) });
+        (at, floor) = (end, seq);
+    }
+    if at != len {
+        return Err(BatchesError::Trailing { count, extra: len - at });
+    }
+    Ok((BatchesHead { last_seq, next_after, gap, count }, batches))
+}
 
 /// Stream info (SPEC §3): the answer to `PUT` and `GET /v1/streams/{name}`, and each item of
 /// [`StreamList`].
@@ -510,6 +657,54 @@ pub struct ErrorDetail {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A binary read answer of `batches` after `after`, as the server writes it.
+    fn batches_body(head: BatchesHead, batches: &[(u64, u64, &[u8])]) -> bytes::Bytes {
+        let mut out = vec![0u8; BATCHES_HEAD_BYTES];
+        for (seq, ts, data) in batches {
+            push_batch_record(&mut out, *seq, *ts, data).unwrap();
+        }
+        encode_batches_head(&mut out, &head);
+        out.into()
+    }
+
+    #[test]
+    fn a_binary_read_answer_reads_back_as_written() {
+        let head = BatchesHead { last_seq: 9, next_after: 7, gap: Some(Gap { from: 3, to: 4 }), count: 3 };
+        let body = batches_body(head, &[(5, 100, b"five"), (6, 101, b""), (7, 102, &[0u8, 255, 10])]);
+        assert_eq!(body.len(), BATCHES_HEAD_BYTES + 3 * BATCH_RECORD_HEAD_BYTES + 4 + 3);
+        let (got, batches) = decode_batches(2, &body).unwrap();
+        assert_eq!(got, head);
+        let got: Vec<(u64, u64, &[u8])> = batches.iter().map(|b| (b.seq, b.ts, &b.data[..])).collect();
+        assert_eq!(got, [(5, 100, &b"five"[..]), (6, 101, &b""[..]), (7, 102, &[0u8, 255, 10][..])]);
+        // No gap is all zeros, and reads back as none.
+        let head = BatchesHead { last_seq: 0, next_after: 0, gap: None, count: 0 };
+        let body = batches_body(head, &[]);
+        assert_eq!(&body[..], &[0u8; BATCHES_HEAD_BYTES][..]);
+        assert_eq!(decode_batches(0, &body).unwrap(), (head, vec![]));
+    }
+
+    #[test]
+    fn a_binary_read_answer_that_is_not_what_its_head_says_is_refused() {
+        let head = BatchesHead { last_seq: 2, next_after: 2, gap: None, count: 2 };
+        let body = batches_body(head, &[(1, 10, b"ab"), (2, 11, b"cd")]);
+        // Cut anywhere: refused, never a shorter answer.
+        for cut in 0..body.len() {
+            let e = decode_batches(0, &body.slice(..cut)).unwrap_err();
+            assert!(matches!(e, BatchesError::Truncated { len, .. } if len == cut), "cut at {cut}: {e}");
+        }
+        let mut longer = body.to_vec();
+        longer.push(0);
+        assert_eq!(decode_batches(0, &longer.into()).unwrap_err(), BatchesError::Trailing { count: 2, extra: 1 });
+        // Seqs must rise above the cursor and each other.
+        assert_eq!(decode_batches(1, &body).unwrap_err(), BatchesError::OutOfOrder { record: 0, seq: 1, floor: 1 });
+        let body = batches_body(head, &[(2, 10, b"ab"), (2, 11, b"cd")]);
+        assert_eq!(decode_batches(0, &body).unwrap_err(), BatchesError::OutOfOrder { record: 1, seq: 2, floor: 2 });
+        // A count the body cannot hold allocates nothing for it and is refused.
+        let head = BatchesHead { last_seq: 2, next_after: 2, gap: None, count: u32::MAX };
+        let body = batches_body(head, &[(1, 10, b"ab")]);
+        assert!(matches!(decode_batches(0, &body).unwrap_err(), BatchesError::Truncated { .. }));
+    }
 
     #[test]
     fn the_publish_answer_keeps_its_sorted_keys() {

@@ -205,3 +205,72 @@ async fn a_read_ahead_consumer_gets_what_plain_reads_get_in_order() {
         [(1_000, payload("ahead", 1_000))]
     );
 }
+
+/// A read asked for as binary records (`Accept: application/vnd.runnev.batches`) answers with
+/// that content type and `Vary: Accept`, and carries exactly what the JSON read of the same
+/// cursor does (the batches' seqs, times and bytes, the gap, `last_seq`, `next_after`); a weight
+/// of 0 keeps JSON; errors stay JSON; and the client, which asks for binary, reads the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_asked_for_as_binary_records_carries_what_the_json_read_does() {
+    use base64::Engine;
+    use hyper::Method;
+    let c = Cluster::start(3, &[]).await;
+    let client = c.client();
+    let retention = runnev::stream::Retention { max_batches: Some(6), ..Default::default() };
+    client.put_stream("bin", Some(retention)).await.expect("create the stream");
+    for i in 1..=10u64 {
+        // An empty payload among them: a record of length 0.
+        let data = if i == 8 { Vec::new() } else { payload("bin", i) };
+        client.publish("bin", Some(2 * i), data).await.expect("publish");
+    }
+    let base = c.url(c.leader().await);
+    let get = |path: String, accept: &'static str| {
+        let http = c.http.clone();
+        let url = format!("{base}{path}");
+        async move {
+            http.request(Method::GET, &url, None, &[("accept", accept)], Duration::from_secs(10)).await.expect("read")
+        }
+    };
+    let binary = "application/vnd.runnev.batches";
+    for (after, limit) in [(0u64, 100usize), (3, 2), (12, 100), (20, 100)] {
+        let path = format!("/v1/streams/bin/batches?after={after}&limit={limit}");
+        let json = get(path.clone(), "application/json").await;
+        assert_eq!(json.status, 200, "{}", json.describe());
+        assert_eq!(json.header("content-type").as_deref(), Some("application/json"));
+        let json = json.json();
+        let bin = get(path.clone(), binary).await;
+        assert_eq!(bin.status, 200, "{}", bin.describe());
+        assert_eq!(bin.header("content-type").as_deref(), Some(binary));
+        assert_eq!(bin.header("vary").as_deref(), Some("accept"));
+        let (head, batches) = runnev::wire::decode_batches(after, &bin.body).expect("a well-formed binary answer");
+        assert_eq!(head.last_seq, json["last_seq"].as_u64().unwrap(), "after={after}");
+        assert_eq!(head.next_after, json["next_after"].as_u64().unwrap(), "after={after}");
+        let gap = head.gap.map(|g| serde_json::json!({"from": g.from, "to": g.to}));
+        assert_eq!(gap.unwrap_or(serde_json::Value::Null), json["gap"], "after={after}");
+        let want: Vec<(u64, u64, Vec<u8>)> = json["batches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                let data = base64::engine::general_purpose::STANDARD.decode(b["data"].as_str().unwrap()).unwrap();
+                (b["seq"].as_u64().unwrap(), b["ts"].as_u64().unwrap(), data)
+            })
+            .collect();
+        let got: Vec<(u64, u64, Vec<u8>)> = batches.into_iter().map(|b| (b.seq, b.ts, b.data.to_vec())).collect();
+        assert_eq!(got, want, "after={after}");
+        // The client asks for binary; what it reads is the JSON answer's content.
+        let read = client_for(std::slice::from_ref(&base)).read("bin", after, limit, 0).await.expect("client read");
+        let read: Vec<(u64, u64, Vec<u8>)> = read.batches.iter().map(|b| (b.seq, b.ts, b.data.to_vec())).collect();
+        assert_eq!(read, want, "client read after={after}");
+        if after == 0 {
+            assert_eq!(json["gap"], serde_json::json!({"from": 1, "to": 8}), "retention evicted seqs 2..8");
+            assert_eq!(want.iter().map(|b| b.0).collect::<Vec<_>>(), [10, 12, 14, 16, 18, 20]);
+            assert!(want.iter().any(|b| b.2.is_empty()), "the empty payload is read back");
+        }
+    }
+    let weightless = get("/v1/streams/bin/batches".into(), "application/vnd.runnev.batches;q=0").await;
+    assert_eq!(weightless.header("content-type").as_deref(), Some("application/json"));
+    let missing = get("/v1/streams/nope/batches".into(), binary).await;
+    assert_eq!((missing.status, missing.error_code().as_deref()), (404, Some("stream_not_found")));
+    assert_eq!(missing.header("content-type").as_deref(), Some("application/json"));
+}

@@ -3,10 +3,11 @@
 //! Against a running cluster (`--nodes`): fills a stream until it holds `--batches` batches
 //! (publishing only what is missing, so a second run reuses the stream), picks a follower
 //! (or `--read-node`), waits until it has applied the fill, and reads the whole stream from
-//! cursor 0 to its last seq as one consumer, end to end through the client (HTTP, JSON,
-//! base64 decoding): first with `GET …/batches?after=C&limit=10000` (`poll`, through the
-//! client's `catch_up`: the next read asked for while this one is decoded), then with an SSE
-//! subscription (`sse`, unless `--skip-sse`). Reports payload MB/s and batches/s for each.
+//! cursor 0 to its last seq as one consumer, end to end through the client: first with
+//! `GET …/batches?after=C&limit=10000` (`poll`, through the client's `catch_up`: binary records,
+//! or JSON and base64 from a node of a build without them; the next read asked for while this
+//! one is handed out), then with an SSE subscription (`sse`: JSON events with base64 payloads,
+//! unless `--skip-sse`). Reports payload MB/s and batches/s for each.
 //!
 //! Owns: the fill, the two read loops and their report. Must never: count a batch twice or
 //! accept an out-of-order seq (each read checks seqs strictly increase).

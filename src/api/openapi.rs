@@ -98,6 +98,13 @@ pub(super) struct TokenPath {
 #[schema(value_type = String, format = Binary, content_media_type = "application/vnd.runnev.frames")]
 pub(super) struct Frames(#[allow(dead_code)] Vec<u8>);
 
+/// A read answered as binary records (`Accept: application/vnd.runnev.batches`): a 36-byte head
+/// (`last_seq`, `next_after`, `gap_from`, `gap_to` as u64, `count` as u32; no gap is 0, 0), then
+/// `count` records of `seq`, `ts` (u64), payload length (u32) and the payload; big-endian.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(value_type = String, format = Binary, content_media_type = "application/vnd.runnev.batches")]
+pub(super) struct Batches(#[allow(dead_code)] Vec<u8>);
+
 /// One batch's payload: the request body, byte for byte, whatever its `Content-Type` (but the
 /// frames one); 0 bytes to `--max-batch-bytes`.
 #[derive(Debug, Serialize, ToSchema)]

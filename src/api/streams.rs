@@ -341,56 +341,131 @@ async fn publish_frames(
     .await
 }
 
-/// The body of a read answer ([`wire::ReadAnswer`], SPEC §3): `{"batches": [{"seq", "ts",
-/// "data"}], "gap", "last_seq", "next_after"}`, `data` standard base64, written batch by batch
-/// as [`Store::visit_batches`](crate::storage::Store::visit_batches) lends them.
+/// The two forms of a read answer: JSON ([`wire::ReadAnswer`], SPEC §3, the default) and
+/// binary records ([`wire::BATCHES_CONTENT_TYPE`], when the request's `Accept` asks for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadForm {
+    Json,
+    Binary,
+}
+
+impl ReadForm {
+    /// The form `Accept` asks for (RFC 9110 §12.5.1): binary when a media range names
+    /// [`wire::BATCHES_CONTENT_TYPE`] with a weight above 0, else JSON (also for ranges this
+    /// API cannot give: a read has always answered JSON to those, and still does).
+    fn of(headers: &HeaderMap) -> ReadForm {
+        let binary =
+            headers.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(
+                |range| {
+                    let mut parts = range.split(';');
+                    let named = parts.next().is_some_and(|t| t.trim().eq_ignore_ascii_case(wire::BATCHES_CONTENT_TYPE));
+                    let weight = parts
+                        .filter_map(|p| p.split_once('='))
+                        .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+                        .map_or(Some(1.0), |(_, v)| v.trim().parse::<f32>().ok());
+                    named && weight.is_some_and(|w| w > 0.0)
+                },
+            );
+        if binary {
+            ReadForm::Binary
+        } else {
+            ReadForm::Json
+        }
+    }
+
+    fn content_type(self) -> &'static str {
+        match self {
+            ReadForm::Json => "application/json",
+            ReadForm::Binary => wire::BATCHES_CONTENT_TYPE,
+        }
+    }
+}
+
+/// The body of a read answer, in either [`ReadForm`], written batch by batch as
+/// [`Store::visit_batches`](crate::storage::Store::visit_batches) lends them.
 ///
-/// Written by hand rather than through serde: base64 never needs JSON escaping, and serde_json's
-/// escape scan of every payload byte was a third of a catch-up read's server time. The test
-/// below checks the output byte for byte against serde_json's of [`wire::ReadAnswer`].
+/// JSON: `{"batches": [{"seq", "ts", "data"}], "gap", "last_seq", "next_after"}`, `data`
+/// standard base64 ([`wire::ReadAnswer`]), written by hand rather than through serde: base64
+/// never needs JSON escaping, and serde_json's escape scan of every payload byte was a third of a
+/// catch-up read's server time; a test below checks it byte for byte against serde_json's.
+/// Binary: the head, then each batch's record ([`wire::encode_batches_head`]): each payload
+/// copied once, no encoding.
 struct ReadBody {
-    out: String,
+    out: Vec<u8>,
+    form: ReadForm,
     meta: stream::StreamMeta,
     /// The seq of the last batch written.
     last: Option<u64>,
+    /// Batches written.
+    count: u32,
 }
 
 impl ReadBody {
-    fn start(meta: &stream::StreamMeta) -> ReadBody {
-        let mut out = String::with_capacity(4096);
-        out.push_str("{\"batches\":[");
-        ReadBody { out, meta: *meta, last: None }
+    fn start(meta: &stream::StreamMeta, form: ReadForm) -> ReadBody {
+        let mut out = Vec::with_capacity(4096);
+        match form {
+            ReadForm::Json => out.extend_from_slice(b"{\"batches\":["),
+            // Room for the head, written once the batches are known.
+            ReadForm::Binary => out.resize(wire::BATCHES_HEAD_BYTES, 0),
+        }
+        ReadBody { out, form, meta: *meta, last: None, count: 0 }
     }
 
     fn push(&mut self, b: BatchRef<'_>) {
-        use std::fmt::Write;
+        use std::io::Write;
         debug_assert!(self.last.is_none_or(|l| l < b.seq), "batches in seq order");
-        if self.last.is_some() {
-            self.out.push(',');
+        match self.form {
+            ReadForm::Json => {
+                if self.last.is_some() {
+                    self.out.push(b',');
+                }
+                let _ = write!(self.out, "{{\"seq\":{},\"ts\":{},\"data\":\"", b.seq, b.ts);
+                let at = self.out.len();
+                self.out.resize(at + base64::encoded_len(b.data.len(), true).unwrap_or(0), 0);
+                let written = base64::engine::general_purpose::STANDARD.encode_slice(b.data, &mut self.out[at..]);
+                debug_assert_eq!(written.ok(), Some(self.out.len() - at), "base64 fills what encoded_len reserved");
+                self.out.extend_from_slice(b"\"}");
+            }
+            ReadForm::Binary => {
+                // A stored batch is at most BATCH_BYTES_MAX (32 MiB): always within a u32.
+                let pushed = wire::push_batch_record(&mut self.out, b.seq, b.ts, b.data);
+                debug_assert!(pushed.is_ok(), "a stored batch fits a record");
+            }
         }
-        let _ = write!(self.out, "{{\"seq\":{},\"ts\":{},\"data\":\"", b.seq, b.ts);
-        base64::engine::general_purpose::STANDARD.encode_string(b.data, &mut self.out);
-        self.out.push_str("\"}");
         self.last = Some(b.seq);
+        self.count = self.count.saturating_add(1);
     }
 
     /// The finished body, and whether it carries a gap or a batch (else it is an empty answer).
-    fn finish(mut self, after: u64) -> (String, bool, bool) {
-        use std::fmt::Write;
+    fn finish(mut self, after: u64) -> (Vec<u8>, bool, bool) {
+        use std::io::Write;
         let gap = stream::gap_for(&self.meta, after);
         let next_after = match (self.last, &gap) {
             (Some(seq), _) => seq,
             (None, Some((_, to))) => *to,
             (None, None) => after,
         };
-        self.out.push_str("],\"gap\":");
-        match gap {
-            Some((from, to)) => {
-                let _ = write!(self.out, "{{\"from\":{from},\"to\":{to}}}");
+        match self.form {
+            ReadForm::Json => {
+                self.out.extend_from_slice(b"],\"gap\":");
+                match gap {
+                    Some((from, to)) => {
+                        let _ = write!(self.out, "{{\"from\":{from},\"to\":{to}}}");
+                    }
+                    None => self.out.extend_from_slice(b"null"),
+                }
+                let _ = write!(self.out, ",\"last_seq\":{},\"next_after\":{next_after}}}", self.meta.last_seq);
             }
-            None => self.out.push_str("null"),
+            ReadForm::Binary => {
+                let head = wire::BatchesHead {
+                    last_seq: self.meta.last_seq,
+                    next_after,
+                    gap: gap.map(|(from, to)| wire::Gap { from, to }),
+                    count: self.count,
+                };
+                wire::encode_batches_head(&mut self.out, &head);
+            }
         }
-        let _ = write!(self.out, ",\"last_seq\":{},\"next_after\":{next_after}}}", self.meta.last_seq);
         (self.out, gap.is_some(), self.last.is_some())
     }
 }
@@ -425,7 +500,12 @@ async fn wait_applied(s: &AppState, index: u64) -> Result<(), ApiError> {
     tag = "streams",
     params(super::openapi::StreamPath, super::openapi::ReadQuery),
     responses(
-        (status = 200, description = "Batches after the cursor, from this node's applied state", body = wire::ReadAnswer),
+        (status = 200, description = "Batches after the cursor, from this node's applied state: JSON, or binary records when `Accept` names `application/vnd.runnev.batches` (no base64; errors stay JSON)",
+            content(
+                (wire::ReadAnswer = "application/json"),
+                (super::openapi::Batches = "application/vnd.runnev.batches"),
+            )
+        ),
         (status = 400, description = "`invalid_stream_name`; `invalid_parameter` (a parameter out of range or not an integer, a query string that does not parse)", body = crate::wire::ErrorBody),
         (status = 404, description = "`stream_not_found` (after the wait, when `wait_ms` > 0)", body = crate::wire::ErrorBody),
         super::openapi::AuthErrors,
@@ -436,9 +516,11 @@ pub(super) async fn read(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
     q: Result<Query<HashMap<String, String>>, QueryRejection>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let name = stream_name(path)?;
     let q = query(q)?;
+    let form = ReadForm::of(&headers);
     let after = param_u64(&q, "after", true)?.unwrap_or(0);
     let limit = param(&q, "limit", 1, READ_BATCHES_MAX as i64)?.map_or(READ_BATCHES_DEFAULT, |v| v as usize);
     let wait_ms = param(&q, "wait_ms", 0, READ_WAIT_MS_MAX as i64)?.unwrap_or(0) as u64;
@@ -454,7 +536,14 @@ pub(super) async fn read(
         let store = s.store.clone();
         let n = name.clone();
         let found = blocking(move || {
-            store.visit_batches(&n, after, limit, READ_ANSWER_BYTES_MAX, ReadBody::start, ReadBody::push)
+            store.visit_batches(
+                &n,
+                after,
+                limit,
+                READ_ANSWER_BYTES_MAX,
+                |meta| ReadBody::start(meta, form),
+                ReadBody::push,
+            )
         })
         .await?;
         let now = Instant::now();
@@ -479,7 +568,9 @@ pub(super) async fn read(
             metrics::counter!("runnev_gaps_delivered_total", "via" => "read").increment(1);
         }
         if gap || batches || done {
-            return Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response());
+            // The answer depends on `Accept`: caches must key on it (RFC 9110 §12.5.5).
+            let headers = [(header::CONTENT_TYPE, form.content_type()), (header::VARY, "accept")];
+            return Ok((headers, body).into_response());
         }
         // Long poll: a node behind the cursor waits rather than answering a false "empty"; a
         // node whose Raft core stopped will never catch up, and says so at once.
@@ -512,25 +603,85 @@ mod read_answer_tests {
         serde_json::to_string(&answer).unwrap()
     }
 
-    #[test]
-    fn the_hand_written_read_answer_is_the_json_serde_would_write() {
+    /// Reads to answer, each a view and its cursor: with a gap and batches (every byte value, an
+    /// empty payload, JSON's special characters), batches alone, a gap alone, nothing.
+    fn reads() -> Vec<(BatchesView, u64)> {
         let meta = StreamMeta { last_seq: 9, evicted_through: 4, first_seq: 5, ..Default::default() };
         let batches = vec![
             StoredBatch { seq: 5, ts: 17, index: 3, data: (0..=255u8).collect() },
             StoredBatch { seq: 6, ts: u64::MAX, index: 4, data: Vec::new() },
             StoredBatch { seq: 7, ts: 0, index: 5, data: b"\"\\\n".to_vec() },
         ];
-        for (view, after) in [
+        vec![
             (BatchesView { meta, batches: batches.clone() }, 2),
             (BatchesView { meta, batches }, 4),
             (BatchesView { meta, batches: Vec::new() }, 1),
             (BatchesView { meta, batches: Vec::new() }, 9),
+        ]
+    }
+
+    #[test]
+    fn the_hand_written_read_answer_is_the_json_serde_would_write() {
+        for (view, after) in reads() {
+            let json = written(&view, after, ReadForm::Json);
+            assert_eq!(String::from_utf8(json).unwrap(), through_serde(&view, after), "after={after}");
+        }
+    }
+
+    /// The body `form` gives for `view` read after `after`.
+    fn written(view: &BatchesView, after: u64, form: ReadForm) -> Vec<u8> {
+        let mut body = ReadBody::start(&view.meta, form);
+        for b in &view.batches {
+            body.push(BatchRef { seq: b.seq, ts: b.ts, index: b.index, data: &b.data });
+        }
+        body.finish(after).0
+    }
+
+    #[test]
+    fn the_binary_read_answer_carries_what_the_json_one_does() {
+        for (view, after) in reads() {
+            let text = through_serde(&view, after);
+            let json: wire::ReadAnswer = serde_json::from_str(&text).unwrap();
+            let body = bytes::Bytes::from(written(&view, after, ReadForm::Binary));
+            let (head, got) = wire::decode_batches(after, &body).unwrap();
+            assert_eq!((head.last_seq, head.next_after, head.gap), (json.last_seq, json.next_after, json.gap));
+            assert_eq!(head.count as usize, json.batches.len());
+            let want: Vec<(u64, u64, Vec<u8>)> =
+                json.batches.iter().map(|b| (b.seq, b.ts, b.payload().unwrap())).collect();
+            let got: Vec<(u64, u64, Vec<u8>)> = got.into_iter().map(|b| (b.seq, b.ts, b.data.to_vec())).collect();
+            assert_eq!(got, want, "after={after}");
+        }
+    }
+
+    fn accept(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(header::ACCEPT, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn accept_asks_for_binary_only_by_name_and_a_weight_above_zero() {
+        for binary in [
+            &["application/vnd.runnev.batches"][..],
+            &["Application/VND.Runnev.Batches ; q=0.9"],
+            &["application/json;q=0.5, application/vnd.runnev.batches"],
+            &["text/plain", "application/vnd.runnev.batches;q=1"],
         ] {
-            let mut body = ReadBody::start(&view.meta);
-            for b in &view.batches {
-                body.push(BatchRef { seq: b.seq, ts: b.ts, index: b.index, data: &b.data });
-            }
-            assert_eq!(body.finish(after).0, through_serde(&view, after), "after={after}");
+            assert_eq!(ReadForm::of(&accept(binary)), ReadForm::Binary, "{binary:?}");
+        }
+        for json in [
+            &[][..],
+            &["application/json"],
+            &["*/*"],
+            &["application/*"],
+            &["application/vnd.runnev.batches;q=0"],
+            &["application/vnd.runnev.batches; q=0.0, application/json"],
+            &["application/vnd.runnev.batches;q=nope"],
+            &["application/vnd.runnev.frames"],
+        ] {
+            assert_eq!(ReadForm::of(&accept(json)), ReadForm::Json, "{json:?}");
         }
     }
 }

@@ -4,8 +4,9 @@
 //! Read one after the other, each read waits for the node to gather and encode its batches,
 //! then for the client to parse and decode them: the node idles while the client decodes, and
 //! the client while the node reads. [`CatchUp`] asks for the next read as soon as it knows where
-//! that read starts (the answer's `next_after`, known once the JSON is parsed, before the
-//! payloads' base64 is decoded), so the node answers it while this one is decoded. The
+//! that read starts (the answer's `next_after`: in a binary answer once its records are split,
+//! which copies nothing; in a JSON one once the JSON is parsed, before the payloads' base64 is
+//! decoded), so the node answers it while this one is handed out. The
 //! answers, their order and the cursor are exactly those of calling [`Client::read`] with each
 //! answer's `next_after`; only the timing differs. At most one read is ahead, and only after an
 //! answer that carried batches or a gap (the stream may hold more); after an empty answer (the
@@ -14,15 +15,14 @@
 //! Owns: the read-ahead of one consumer. Must never: hand out an answer out of order, skip one,
 //! or keep a read in flight once dropped (the task is aborted).
 
-use bytes::Bytes;
 use tokio::task::JoinHandle;
 
-use super::{Client, ClientError, ReadAnswer};
+use super::{Client, ClientError, RawRead, ReadAnswer};
 
 /// A read in flight: the task fetching the answer for the cursor `after`.
 struct Ahead {
     after: u64,
-    task: JoinHandle<Result<(String, Bytes), ClientError>>,
+    task: JoinHandle<Result<RawRead, ClientError>>,
 }
 
 /// A stream read from a cursor with one read ahead ([`Client::catch_up`]).
@@ -66,16 +66,16 @@ impl CatchUp {
                 self.client.read_raw(&self.stream, self.after, self.limit, 0, None).await
             }
         };
-        let (node, bytes) = fetched?;
-        let wire = Client::parse_read(&node, &bytes)?;
-        debug_assert!(wire.next_after >= self.after, "a read moved the cursor back");
-        if !wire.batches.is_empty() || wire.gap.is_some() {
+        let raw = fetched?;
+        let parsed = Client::parse_read(&raw, self.after)?;
+        debug_assert!(parsed.next_after() >= self.after, "a read moved the cursor back");
+        if parsed.carries_any() {
             let (client, stream, after, limit) =
-                (self.client.clone(), self.stream.clone(), wire.next_after, self.limit);
+                (self.client.clone(), self.stream.clone(), parsed.next_after(), self.limit);
             let task = tokio::spawn(async move { client.read_raw(&stream, after, limit, 0, None).await });
             self.ahead = Some(Ahead { after, task });
         }
-        let answer = Client::decode_read(&node, wire)?;
+        let answer = Client::decode_read(&raw.node, parsed)?;
         self.after = answer.next_after;
         Ok(answer)
     }

@@ -269,6 +269,55 @@ struct Answer {
     status: StatusCode,
     /// Its body.
     bytes: Bytes,
+    /// Its `Content-Type`, when it has one.
+    content_type: Option<hyper::header::HeaderValue>,
+}
+
+/// The media headers a call sets (besides its token): the body's `Content-Type` and the
+/// `Accept` of the answer, each only when given.
+#[derive(Debug, Clone, Copy, Default)]
+struct Media {
+    content_type: Option<&'static str>,
+    accept: Option<&'static str>,
+}
+
+/// What a read asks for with `Accept`: binary records first, JSON (which every node can give,
+/// also one of a build from before the binary form) second (RFC 9110 §12.5.1).
+const READ_ACCEPT: &str = "application/vnd.runnev.batches, application/json;q=0.5";
+
+/// A read's answer as it came, undecoded.
+pub(crate) struct RawRead {
+    /// The node that gave it.
+    node: String,
+    /// Its body.
+    bytes: Bytes,
+    /// Whether the body is binary records ([`wire::BATCHES_CONTENT_TYPE`]) rather than JSON.
+    binary: bool,
+}
+
+/// A read's answer parsed far enough to know where the next read starts: a JSON answer with its
+/// payloads still base64 text borrowed from the body, or a binary one, which needs no more work.
+pub(crate) enum ParsedRead<'b> {
+    Json(wire::ReadAnswer<'b>),
+    Binary(ReadAnswer),
+}
+
+impl ParsedRead<'_> {
+    /// The answer's `next_after`: the cursor the next read starts after.
+    pub(crate) fn next_after(&self) -> u64 {
+        match self {
+            ParsedRead::Json(w) => w.next_after,
+            ParsedRead::Binary(a) => a.next_after,
+        }
+    }
+
+    /// Whether the answer carries batches or a gap (the stream may then hold more).
+    pub(crate) fn carries_any(&self) -> bool {
+        match self {
+            ParsedRead::Json(w) => !w.batches.is_empty() || w.gap.is_some(),
+            ParsedRead::Binary(a) => !a.batches.is_empty() || a.gap.is_some(),
+        }
+    }
 }
 
 /// A Runnev client over a list of nodes. Cheap to clone.
@@ -525,12 +574,15 @@ impl Client {
         method: &Method,
         path: &str,
         body: &Bytes,
-        content_type: Option<&'static str>,
+        media: Media,
         timeout: Duration,
-    ) -> Result<(StatusCode, Bytes, bool), Attempt> {
+    ) -> Result<(StatusCode, Bytes, bool, Option<hyper::header::HeaderValue>), Attempt> {
         let mut req = self.authorized(hyper::Request::builder().method(method.clone()).uri(format!("{node}{path}")));
-        if let Some(ct) = content_type {
+        if let Some(ct) = media.content_type {
             req = req.header(hyper::header::CONTENT_TYPE, ct);
+        }
+        if let Some(accept) = media.accept {
+            req = req.header(hyper::header::ACCEPT, accept);
         }
         let req = req.body(Full::new(body.clone())).map_err(|e| Attempt::Fail(ClientError::Config(e.to_string())))?;
         let run = async {
@@ -544,12 +596,13 @@ impl Client {
             let status = resp.status();
             self.learn_leader(resp.headers());
             let unknown = resp.headers().get(crate::error::OUTCOME_HEADER).is_some();
+            let content_type = resp.headers().get(hyper::header::CONTENT_TYPE).cloned();
             let bytes = Limited::new(resp.into_body(), ANSWER_BYTES_MAX)
                 .collect()
                 .await
                 .map_err(|e| Attempt::Retry(format!("{node}: reading the answer: {e}")))?
                 .to_bytes();
-            Ok((status, bytes, unknown))
+            Ok((status, bytes, unknown, content_type))
         };
         tokio::time::timeout(timeout, run)
             .await
@@ -564,7 +617,7 @@ impl Client {
         body: Bytes,
         extra_timeout: Duration,
     ) -> Result<(String, StatusCode, Bytes), ClientError> {
-        let a = self.call_with(method, path, (body, None), extra_timeout, true, false).await?;
+        let a = self.call_with(method, path, (body, Media::default()), extra_timeout, true, false).await?;
         Ok((a.node, a.status, a.bytes))
     }
 
@@ -576,7 +629,7 @@ impl Client {
         &self,
         method: Method,
         path: &str,
-        (body, content_type): (Bytes, Option<&'static str>),
+        (body, media): (Bytes, Media),
         extra_timeout: Duration,
         idempotent: bool,
         gone_is_done: bool,
@@ -595,10 +648,10 @@ impl Client {
         loop {
             let node = self.inner.nodes[if write { self.pick_for_write() } else { self.pick() }].clone();
             let attempt =
-                self.exchange(&node, &method, path, &body, content_type, policy.request_timeout + extra_timeout).await;
+                self.exchange(&node, &method, path, &body, media, policy.request_timeout + extra_timeout).await;
             let mut refused = false;
             let last = match attempt {
-                Ok((status, bytes, unknown)) if status == StatusCode::SERVICE_UNAVAILABLE => {
+                Ok((status, bytes, unknown, _)) if status == StatusCode::SERVICE_UNAVAILABLE => {
                     answered = true;
                     reached = true;
                     let why = unavailable_text(&node, &bytes);
@@ -608,11 +661,15 @@ impl Client {
                     maybe_applied |= unknown;
                     why
                 }
-                Ok((status, bytes, _)) if status.is_success() => return Ok(Answer { node, status, bytes }),
-                Ok((status, bytes, _)) if status == StatusCode::NOT_FOUND && gone_is_done && maybe_applied => {
-                    return Ok(Answer { node, status, bytes })
+                Ok((status, bytes, _, content_type)) if status.is_success() => {
+                    return Ok(Answer { node, status, bytes, content_type })
                 }
-                Ok((status, bytes, _)) => return Err(api_error(&node, status, &bytes)),
+                Ok((status, bytes, _, content_type))
+                    if status == StatusCode::NOT_FOUND && gone_is_done && maybe_applied =>
+                {
+                    return Ok(Answer { node, status, bytes, content_type })
+                }
+                Ok((status, bytes, _, _)) => return Err(api_error(&node, status, &bytes)),
                 Err(Attempt::Fail(e)) => return Err(e),
                 Err(Attempt::NotSent(why)) => {
                     refused = true;
@@ -683,8 +740,9 @@ impl Client {
             Some(s) => format!("/v1/streams/{name}/batches?seq={s}"),
             None => format!("/v1/streams/{name}/batches"),
         };
-        let a =
-            self.call_with(Method::POST, &path, (payload.into(), None), Duration::ZERO, seq.is_some(), false).await?;
+        let a = self
+            .call_with(Method::POST, &path, (payload.into(), Media::default()), Duration::ZERO, seq.is_some(), false)
+            .await?;
         Self::json(&a.node, &a.bytes)
     }
 
@@ -718,9 +776,10 @@ impl Client {
             Some(s) => format!("/v1/streams/{name}/batches?seq={s}"),
             None => format!("/v1/streams/{name}/batches"),
         };
-        let ct = Some(crate::limits::FRAMES_CONTENT_TYPE);
-        let a =
-            self.call_with(Method::POST, &path, (Bytes::from(body), ct), Duration::ZERO, seq.is_some(), false).await?;
+        let media = Media { content_type: Some(crate::limits::FRAMES_CONTENT_TYPE), accept: None };
+        let a = self
+            .call_with(Method::POST, &path, (Bytes::from(body), media), Duration::ZERO, seq.is_some(), false)
+            .await?;
         Self::json(&a.node, &a.bytes)
     }
 
@@ -742,9 +801,9 @@ impl Client {
         wait_ms: u64,
         min_index: Option<u64>,
     ) -> Result<ReadAnswer, ClientError> {
-        let (node, bytes) = self.read_raw(stream, after, limit, wait_ms, min_index).await?;
-        let wire = Self::parse_read(&node, &bytes)?;
-        Self::decode_read(&node, wire)
+        let raw = self.read_raw(stream, after, limit, wait_ms, min_index).await?;
+        let parsed = Self::parse_read(&raw, after)?;
+        Self::decode_read(&raw.node, parsed)
     }
 
     /// Reads `stream` from `after` as fast as its nodes answer, with the next read asked for
@@ -757,33 +816,64 @@ impl Client {
         CatchUp::new(self.clone(), stream.to_string(), after, limit)
     }
 
-    /// One read's answer, undecoded: (the node that gave it, its JSON body).
-    async fn read_raw(
+    /// One read's answer, undecoded. Asks for binary records ([`READ_ACCEPT`]); a node that
+    /// answers JSON instead (one of an older build) is read as well.
+    pub(crate) async fn read_raw(
         &self,
         stream: &str,
         after: u64,
         limit: usize,
         wait_ms: u64,
         min_index: Option<u64>,
-    ) -> Result<(String, Bytes), ClientError> {
+    ) -> Result<RawRead, ClientError> {
         let name = segment(stream)?;
         let mut path = format!("/v1/streams/{name}/batches?after={after}&limit={limit}&wait_ms={wait_ms}");
         if let Some(i) = min_index {
             path.push_str(&format!("&min_index={i}"));
         }
-        let (node, _, bytes) = self.call(Method::GET, &path, Bytes::new(), Duration::from_millis(wait_ms)).await?;
-        Ok((node, bytes))
+        let media = Media { content_type: None, accept: Some(READ_ACCEPT) };
+        let a = self
+            .call_with(Method::GET, &path, (Bytes::new(), media), Duration::from_millis(wait_ms), true, false)
+            .await?;
+        let binary = a
+            .content_type
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case(wire::BATCHES_CONTENT_TYPE));
+        Ok(RawRead { node: a.node, bytes: a.bytes, binary })
     }
 
-    /// A read's JSON body, its payloads still base64 text borrowed from `bytes`.
-    fn parse_read<'b>(node: &str, bytes: &'b [u8]) -> Result<wire::ReadAnswer<'b>, ClientError> {
-        serde_json::from_slice(bytes).map_err(|e| ClientError::Protocol { node: node.to_string(), what: e.to_string() })
+    /// A read's answer (of a read after `after`) parsed: a binary one whole (its payloads are
+    /// slices of the body), a JSON one with its payloads still base64 text borrowed from it.
+    ///
+    /// Errors: [`ClientError::Protocol`] for a body that is not the answer its type says.
+    pub(crate) fn parse_read(raw: &RawRead, after: u64) -> Result<ParsedRead<'_>, ClientError> {
+        let protocol = |what: String| ClientError::Protocol { node: raw.node.clone(), what };
+        if !raw.binary {
+            return serde_json::from_slice(&raw.bytes).map(ParsedRead::Json).map_err(|e| protocol(e.to_string()));
+        }
+        let (head, batches) = wire::decode_batches(after, &raw.bytes).map_err(|e| protocol(e.to_string()))?;
+        let batches = batches.into_iter().map(|b| Batch { seq: b.seq, ts: b.ts, data: b.data }).collect();
+        Ok(ParsedRead::Binary(ReadAnswer {
+            batches,
+            gap: head.gap,
+            last_seq: head.last_seq,
+            next_after: head.next_after,
+        }))
     }
 
     /// A parsed read with its payloads decoded.
-    fn decode_read(node: &str, wire: wire::ReadAnswer<'_>) -> Result<ReadAnswer, ClientError> {
-        let batches = wire.batches.into_iter().map(|b| decode_batch(node, b)).collect::<Result<_, _>>()?;
-        Ok(ReadAnswer { batches, gap: wire.gap, last_seq: wire.last_seq, next_after: wire.next_after })
+    ///
+    /// Errors: [`ClientError::Protocol`] for a JSON payload that is not base64.
+    pub(crate) fn decode_read(node: &str, parsed: ParsedRead<'_>) -> Result<ReadAnswer, ClientError> {
+        match parsed {
+            ParsedRead::Binary(answer) => Ok(answer),
+            ParsedRead::Json(wire) => {
+                let batches = wire.batches.into_iter().map(|b| decode_batch(node, b)).collect::<Result<_, _>>()?;
+                Ok(ReadAnswer { batches, gap: wire.gap, last_seq: wire.last_seq, next_after: wire.next_after })
+            }
+        }
     }
 
     /// Creates a stream, or replaces its retention when `retention` is given (a plain resend on
@@ -832,7 +922,8 @@ impl Client {
     /// errors of [`Client::put_stream`].
     pub async fn delete_stream(&self, stream: &str) -> Result<Deleted, ClientError> {
         let path = format!("/v1/streams/{}", segment(stream)?);
-        let a = self.call_with(Method::DELETE, &path, (Bytes::new(), None), Duration::ZERO, true, true).await?;
+        let a =
+            self.call_with(Method::DELETE, &path, (Bytes::new(), Media::default()), Duration::ZERO, true, true).await?;
         Ok(if a.status == StatusCode::NOT_FOUND { Deleted::Already } else { Deleted::Now })
     }
 
@@ -872,8 +963,8 @@ impl Client {
     async fn get_once(&self, node: &str, path: &str) -> Result<(StatusCode, Bytes), ClientError> {
         let timeout = self.inner.policy.request_timeout;
         let started = tokio::time::Instant::now();
-        match self.exchange(node, &Method::GET, path, &Bytes::new(), None, timeout).await {
-            Ok((status, bytes, _)) => Ok((status, bytes)),
+        match self.exchange(node, &Method::GET, path, &Bytes::new(), Media::default(), timeout).await {
+            Ok((status, bytes, _, _)) => Ok((status, bytes)),
             Err(Attempt::Fail(e)) => Err(e),
             Err(Attempt::Retry(last) | Attempt::NotSent(last)) => {
                 Err(ClientError::Unreachable { nodes: vec![node.to_string()], after: started.elapsed(), last })
@@ -893,7 +984,9 @@ impl Client {
         grants: &[crate::auth::Grant],
     ) -> Result<serde_json::Value, ClientError> {
         let body = Bytes::from(Self::body(&serde_json::json!({ "name": name, "grants": grants }))?);
-        let a = self.call_with(Method::POST, "/v1/auth/tokens", (body, None), Duration::ZERO, false, false).await?;
+        let a = self
+            .call_with(Method::POST, "/v1/auth/tokens", (body, Media::default()), Duration::ZERO, false, false)
+            .await?;
         Self::json(&a.node, &a.bytes)
     }
 
@@ -912,7 +1005,8 @@ impl Client {
     pub async fn delete_token(&self, name: &str) -> Result<Deleted, ClientError> {
         crate::auth::validate_name(name).map_err(ClientError::Config)?;
         let path = format!("/v1/auth/tokens/{name}");
-        let a = self.call_with(Method::DELETE, &path, (Bytes::new(), None), Duration::ZERO, true, true).await?;
+        let a =
+            self.call_with(Method::DELETE, &path, (Bytes::new(), Media::default()), Duration::ZERO, true, true).await?;
         Ok(if a.status == StatusCode::NOT_FOUND { Deleted::Already } else { Deleted::Now })
     }
 
@@ -955,7 +1049,9 @@ impl Client {
     /// before this call); [`ClientError::Unavailable`] as above; [`ClientError::Unreachable`].
     pub async fn remove_member(&self, id: u64) -> Result<(ClusterView, Deleted), ClientError> {
         let path = format!("/v1/cluster/members/{id}");
-        let a = self.call_with(Method::DELETE, &path, (Bytes::new(), None), MEMBER_CHANGE_EXTRA, true, true).await?;
+        let a = self
+            .call_with(Method::DELETE, &path, (Bytes::new(), Media::default()), MEMBER_CHANGE_EXTRA, true, true)
+            .await?;
         if a.status == StatusCode::NOT_FOUND {
             return Ok((self.any_cluster_view().await?, Deleted::Already));
         }
@@ -1225,5 +1321,40 @@ mod tests {
             assert!(Client::new(&[bad.to_string()]).is_err(), "{bad:?}");
         }
         assert_eq!(segment("a.b_c-1").unwrap(), "a.b_c-1");
+    }
+}
+
+#[cfg(test)]
+mod read_form_tests {
+    use super::*;
+
+    /// A JSON answer (a node of a build without binary records) and the binary one of the same
+    /// read decode to the same [`ReadAnswer`].
+    #[test]
+    fn a_json_and_a_binary_answer_of_one_read_decode_alike() {
+        let json = r#"{"batches":[{"seq":5,"ts":17,"data":"aGk="},{"seq":6,"ts":18,"data":""}],"gap":{"from":3,"to":4},"last_seq":9,"next_after":6}"#;
+        let mut body = vec![0u8; wire::BATCHES_HEAD_BYTES];
+        wire::push_batch_record(&mut body, 5, 17, b"hi").unwrap();
+        wire::push_batch_record(&mut body, 6, 18, b"").unwrap();
+        let head = wire::BatchesHead { last_seq: 9, next_after: 6, gap: Some(wire::Gap { from: 3, to: 4 }), count: 2 };
+        wire::encode_batches_head(&mut body, &head);
+        let want = ReadAnswer {
+            batches: vec![
+                Batch { seq: 5, ts: 17, data: Bytes::from_static(b"hi") },
+                Batch { seq: 6, ts: 18, data: Bytes::new() },
+            ],
+            gap: Some(wire::Gap { from: 3, to: 4 }),
+            last_seq: 9,
+            next_after: 6,
+        };
+        for (bytes, binary) in [(Bytes::from_static(json.as_bytes()), false), (Bytes::from(body), true)] {
+            let raw = RawRead { node: "n".into(), bytes, binary };
+            let parsed = Client::parse_read(&raw, 2).unwrap();
+            assert_eq!((parsed.next_after(), parsed.carries_any()), (6, true));
+            assert_eq!(Client::decode_read(&raw.node, parsed).unwrap(), want, "binary={binary}");
+        }
+        // A binary body that is not one is a protocol error naming the node, not an answer.
+        let raw = RawRead { node: "n".into(), bytes: Bytes::from_static(b"{}"), binary: true };
+        assert!(matches!(Client::parse_read(&raw, 0), Err(ClientError::Protocol { node, .. }) if node == "n"));
     }
 }
