@@ -483,6 +483,18 @@ pub fn must_evict(meta: &StreamMeta, oldest: &Oldest, now_ms: u64) -> bool {
     r.max_batches.is_some_and(|n| meta.batches > n) || r.max_bytes.is_some_and(|n| meta.bytes > n)
 }
 
+/// Whether [`must_evict`] can say yes for `meta`, whatever its oldest batch is: false when the
+/// stream is empty, has no age limit and is within its count and byte limits (always so for a
+/// stream without retention). Lets the state machine skip looking up the oldest batch on every
+/// publish; `must_evict(meta, oldest, now)` implies `may_evict(meta)` (a property test below).
+pub fn may_evict(meta: &StreamMeta) -> bool {
+    let r = &meta.retention;
+    meta.batches > 0
+        && (r.max_age_ms.is_some()
+            || (meta.batches > 1
+                && (r.max_batches.is_some_and(|n| meta.batches > n) || r.max_bytes.is_some_and(|n| meta.bytes > n))))
+}
+
 /// Records the eviction of the oldest batch; `next_first_seq` is the seq of the batch after it,
 /// or `None` when it was the last one.
 ///
@@ -1082,6 +1094,25 @@ mod properties {
                 let mut after = meta;
                 prop_assert_eq!(record_frames(&mut after, first_seq, (0..count).map(|_| 1)), Ok(()));
                 prop_assert_eq!((after.last_seq, after.batches), (last_seq, meta.batches + count));
+            }
+        }
+
+        #[test]
+        fn what_must_be_evicted_may_be(
+            batches in 0u64..5,
+            bytes in edgy(3),
+            max_batches in proptest::option::of(1u64..5),
+            max_bytes in proptest::option::of(edgy(3)),
+            max_age_ms in proptest::option::of(edgy(3)),
+            oldest_ts in edgy(3),
+            now_ms in edgy(3),
+        ) {
+            let mut m = StreamMeta::new(Retention { max_batches, max_bytes, max_age_ms });
+            (m.batches, m.bytes) = (batches, bytes);
+            let oldest = Oldest { seq: 1, ts_ms: oldest_ts, len: 0 };
+            prop_assert!(!must_evict(&m, &oldest, now_ms) || may_evict(&m), "meta {:?}", m);
+            if max_batches.is_none() && max_bytes.is_none() && max_age_ms.is_none() {
+                prop_assert!(!may_evict(&m), "a stream without retention never evicts");
             }
         }
 
