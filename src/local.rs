@@ -28,7 +28,8 @@ pub struct LocalOptions {
     pub dir: PathBuf,
     /// Port of node 1; node N listens on `base_port + N - 1`.
     pub base_port: u16,
-    /// Extra flags passed to every `runnev serve`.
+    /// Extra flags passed to every `runnev serve` (the user's, after `--`, and the log format);
+    /// none may be one `runnev local` sets itself ([`check_serve_flags`]).
     pub serve_args: Vec<String>,
     /// Run with peer TLS, client TLS and `--auth` ([`prepare_secure`]).
     pub secure: bool,
@@ -130,6 +131,17 @@ pub enum LocalError {
     /// The nodes could not be started, signalled or watched.
     #[error(transparent)]
     Launch(#[from] LaunchError),
+    /// A flag given for the nodes (after `--`) is one `runnev local` sets itself.
+    #[error(
+        "{flag} cannot be passed to the nodes: runnev local sets it itself ({why}); \
+         flags after `--` are any other `runnev serve` flags, such as --auto-create-streams"
+    )]
+    OwnFlag {
+        /// The flag, as given.
+        flag: String,
+        /// Which of its options sets it.
+        why: &'static str,
+    },
     /// The certificates or the admin token of `--secure` could not be made.
     #[error(transparent)]
     Secure(#[from] crate::tls::TlsError),
@@ -251,12 +263,14 @@ impl AfterExit {
 }
 
 /// A node's last words: the last line its `runnev serve` printed as an error (`runnev: …`, the
-/// reason it stopped), else its log's last line, said to be only that (a node killed by a signal
+/// reason it stopped, or clap's `error: …` for a flag it does not take, such as one given after
+/// `--`), else its log's last line, said to be only that (a node killed by a signal
 /// writes no reason, and its last line may be any event: it read as the cause); with the process
 /// holding its port when the port was the problem.
 fn cause_from_log(log: &std::path::Path, port: u16) -> String {
     let tail = log_tail(log, 40);
-    let cause = match tail.lines().rev().find_map(|l| l.strip_prefix("runnev: ")) {
+    let cause = match tail.lines().rev().find_map(|l| l.strip_prefix("runnev: ").or_else(|| l.strip_prefix("error: ")))
+    {
         Some(reason) => reason.to_string(),
         None => match tail.lines().rev().find(|l| !l.trim().is_empty() && !l.starts_with("=====")) {
             Some(last) => format!("it gave no reason; its log's last line: {last}"),
@@ -270,6 +284,35 @@ fn cause_from_log(log: &std::path::Path, port: u16) -> String {
         Some(h) => format!("{cause} (port {port} is held by process {}: {})", h.pid, h.command),
         None => cause,
     }
+}
+
+/// The `runnev serve` flags `runnev local` sets on every node itself, and where from.
+const OWN_FLAGS: &[(&str, &str)] = &[
+    ("--id", "each node's id"),
+    ("--data-dir", "DIR/node-N, from --dir"),
+    ("--listen", "127.0.0.1 and --base-port"),
+    ("--peers", "the other nodes"),
+    ("--log-format", "use `runnev local --log-format`"),
+];
+
+/// The flags `runnev local --secure` sets on every node.
+const SECURE_FLAGS: &[&str] = &["--tls-ca", "--tls-cert", "--tls-key", "--auth", "--admin-token-file"];
+
+/// Checks the flags a user gives for the nodes (`runnev local … -- FLAGS`): none may be one
+/// `runnev local` sets itself (given twice, every node would refuse to start), as `--flag` or
+/// `--flag=value`. What the flags mean is left to `runnev serve`, which refuses a bad one in
+/// its log (and `runnev local` reports it with the node's last words).
+///
+/// Errors: [`LocalError::OwnFlag`] naming the first such flag.
+pub fn check_serve_flags(flags: &[String], secure: bool) -> Result<(), LocalError> {
+    let secure_flags = SECURE_FLAGS.iter().filter(|_| secure).map(|f| (*f, "--secure sets the TLS files and tokens"));
+    for flag in flags {
+        let name = flag.split_once('=').map_or(flag.as_str(), |(name, _)| name);
+        if let Some((_, why)) = OWN_FLAGS.iter().copied().chain(secure_flags.clone()).find(|(own, _)| *own == name) {
+            return Err(LocalError::OwnFlag { flag: flag.clone(), why });
+        }
+    }
+    Ok(())
 }
 
 /// Runs the cluster until Ctrl-C or SIGTERM, then stops every node (SIGTERM, then SIGKILL after
@@ -485,6 +528,9 @@ mod tests {
         );
         std::fs::write(&log, "INFO starting\nrunnev: reading /etc/runnev/ca.pem: No such file or directory\n").unwrap();
         assert_eq!(cause_from_log(&log, 1), "reading /etc/runnev/ca.pem: No such file or directory");
+        let clap = "error: unexpected argument '--bogus' found\n\nUsage: runnev serve --id <ID>\n\nFor more information, try '--help'.\n";
+        std::fs::write(&log, clap).unwrap();
+        assert_eq!(cause_from_log(&log, 1), "unexpected argument '--bogus' found");
         std::fs::write(&log, "").unwrap();
         assert_eq!(cause_from_log(&log, 1), "it printed nothing");
     }

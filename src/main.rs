@@ -410,6 +410,11 @@ enum Cmd {
         /// and an admin token under --dir (DIR/ca.pem, DIR/admin.token) on its first run.
         #[arg(long)]
         secure: bool,
+        /// Flags for every node's `runnev serve`, after `--` (`runnev local -- --auto-create-streams
+        /// --snapshot-logs 300`); not the ones it sets itself (--id, --data-dir, --listen,
+        /// --peers, --log-format; with --secure the TLS and token flags).
+        #[arg(last = true, value_name = "SERVE_FLAGS")]
+        serve_flags: Vec<String>,
     },
     /// Make the cluster's certificates: a CA, node certificates naming their node id, client
     /// certificates.
@@ -917,7 +922,8 @@ async fn run(args: Cli) -> Result<()> {
                 }
             }
         }
-        Cmd::Local { count, dir, base_port, secure } => {
+        Cmd::Local { count, dir, base_port, secure, serve_flags } => {
+            runnev::local::check_serve_flags(&serve_flags, secure).map_err(|e| cli::usage(&e.to_string()))?;
             // The nodes write their logs as this command was asked to.
             let log_format = match args.log_format {
                 runnev::logging::LogFormat::Text => "text",
@@ -927,7 +933,7 @@ async fn run(args: Cli) -> Result<()> {
                 nodes: count,
                 dir,
                 base_port,
-                serve_args: vec!["--log-format".into(), log_format.into()],
+                serve_args: ["--log-format".to_string(), log_format.into()].into_iter().chain(serve_flags).collect(),
                 secure,
             })
             .await?;

@@ -343,3 +343,36 @@ async fn serve_refuses_a_data_dir_of_another_format_and_changes_nothing() {
     assert_eq!(names, vec!["FORMAT".to_string()], "nothing else was created");
     assert_eq!(std::fs::read_to_string(data.join("FORMAT")).unwrap(), "runnev data format 9\n");
 }
+
+/// Flags after `--` reach every node's `runnev serve` (here `--auto-create-streams`: a publish to
+/// a stream nobody created is stored); a flag `runnev local` sets itself is refused at once, with
+/// exit 2, in words, before anything is made (given twice, every node would have refused to
+/// start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_passes_flags_after_a_double_dash_to_its_nodes_but_not_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("local");
+    let base = free_base(3);
+    let (root_text, base_text) = (root.to_str().unwrap(), base.to_string());
+    for (own, secure) in [("--listen=127.0.0.1:1", false), ("--peers", false), ("--tls-cert", true)] {
+        let mut args = vec!["local", "--dir", root_text, "--base-port", &base_text];
+        if secure {
+            args.push("--secure");
+        }
+        args.extend(["--", own]);
+        let r = cli(&args, &[]).await;
+        r.expect_code(2, own);
+        assert!(
+            r.stderr.contains(&format!("{own} cannot be passed to the nodes: runnev local sets it itself")),
+            "{r:#?}"
+        );
+        assert!(!root.exists(), "nothing was made: {r:#?}");
+    }
+
+    let mut local = start_local_with(&root, base, &["--", "--auto-create-streams"]).await;
+    let http = Http::insecure(Duration::from_secs(5));
+    let r = http.post(&format!("http://127.0.0.1:{base}/v1/streams/made.by.publish/batches"), b"x".to_vec()).await;
+    let r = r.expect("publish");
+    assert_eq!(r.status, 201, "the stream was created by the publish: {}", r.describe());
+    stop_local(&mut local).await;
+}
