@@ -244,6 +244,13 @@ pub struct ReadAnswer<'a> {
 /// described at [`encode_batches_head`]). Errors are JSON whatever `Accept` says.
 pub const BATCHES_CONTENT_TYPE: &str = "application/vnd.runnev.batches";
 
+/// Whether `value` (a `Content-Type`, or one media range of an `Accept`) names the media type
+/// `media`, case and parameters aside (RFC 9110 §8.3.1): `application/Foo; q=1` names
+/// `application/foo`.
+pub fn media_type_is(value: &str, media: &str) -> bool {
+    value.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case(media))
+}
+
 /// Bytes of the head of a binary read answer ([`BATCHES_CONTENT_TYPE`]): `last_seq`,
 /// `next_after`, `gap_from`, `gap_to` (each u64), then `count` (u32), all big-endian.
 pub const BATCHES_HEAD_BYTES: usize = 36;
@@ -666,6 +673,14 @@ mod tests {
         }
         encode_batches_head(&mut out, &head);
         out.into()
+    }
+
+    #[test]
+    fn a_media_type_is_named_whatever_its_case_and_parameters() {
+        assert!(media_type_is("application/vnd.runnev.batches", BATCHES_CONTENT_TYPE));
+        assert!(media_type_is(" Application/VND.runnev.Batches ; q=0.5", BATCHES_CONTENT_TYPE));
+        assert!(!media_type_is("application/vnd.runnev.batches2", BATCHES_CONTENT_TYPE));
+        assert!(!media_type_is("application/json; x=application/vnd.runnev.batches", BATCHES_CONTENT_TYPE));
     }
 
     #[test]

@@ -226,8 +226,7 @@ fn is_frames(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|t| t.trim().eq_ignore_ascii_case(FRAMES_CONTENT_TYPE))
+        .is_some_and(|v| wire::media_type_is(v, FRAMES_CONTENT_TYPE))
 }
 
 /// `POST /v1/streams/{name}/batches[?seq=N]`: publish one batch, or with the frames content
@@ -357,9 +356,10 @@ impl ReadForm {
         let binary =
             headers.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(
                 |range| {
-                    let mut parts = range.split(';');
-                    let named = parts.next().is_some_and(|t| t.trim().eq_ignore_ascii_case(wire::BATCHES_CONTENT_TYPE));
-                    let weight = parts
+                    let named = wire::media_type_is(range, wire::BATCHES_CONTENT_TYPE);
+                    let weight = range
+                        .split(';')
+                        .skip(1)
                         .filter_map(|p| p.split_once('='))
                         .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
                         .map_or(Some(1.0), |(_, v)| v.trim().parse::<f32>().ok());

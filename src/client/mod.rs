@@ -839,8 +839,7 @@ impl Client {
             .content_type
             .as_ref()
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .is_some_and(|t| t.trim().eq_ignore_ascii_case(wire::BATCHES_CONTENT_TYPE));
+            .is_some_and(|v| wire::media_type_is(v, wire::BATCHES_CONTENT_TYPE));
         Ok(RawRead { node: a.node, bytes: a.bytes, binary })
     }
 
