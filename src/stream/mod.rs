@@ -474,13 +474,15 @@ pub fn must_evict(meta: &StreamMeta, oldest: &Oldest, now_ms: u64) -> bool {
     }
     let r = &meta.retention;
     let over_age = r.max_age_ms.is_some_and(|age| now_ms.saturating_sub(oldest.ts_ms) > age);
-    if over_age {
-        return true;
-    }
-    if meta.batches <= 1 {
-        return false;
-    }
-    r.max_batches.is_some_and(|n| meta.batches > n) || r.max_bytes.is_some_and(|n| meta.bytes > n)
+    over_age || over_size_limits(meta)
+}
+
+/// Whether `meta` is over its `max_batches` or `max_bytes` with more than one batch (those
+/// limits never evict the newest batch, SPEC §2.7): what [`must_evict`] and [`may_evict`] both
+/// ask apart from age.
+fn over_size_limits(meta: &StreamMeta) -> bool {
+    let r = &meta.retention;
+    meta.batches > 1 && (r.max_batches.is_some_and(|n| meta.batches > n) || r.max_bytes.is_some_and(|n| meta.bytes > n))
 }
 
 /// Whether [`must_evict`] can say yes for `meta`, whatever its oldest batch is: false when the
@@ -488,11 +490,7 @@ pub fn must_evict(meta: &StreamMeta, oldest: &Oldest, now_ms: u64) -> bool {
 /// stream without retention). Lets the state machine skip looking up the oldest batch on every
 /// publish; `must_evict(meta, oldest, now)` implies `may_evict(meta)` (a property test below).
 pub fn may_evict(meta: &StreamMeta) -> bool {
-    let r = &meta.retention;
-    meta.batches > 0
-        && (r.max_age_ms.is_some()
-            || (meta.batches > 1
-                && (r.max_batches.is_some_and(|n| meta.batches > n) || r.max_bytes.is_some_and(|n| meta.bytes > n))))
+    meta.batches > 0 && (meta.retention.max_age_ms.is_some() || over_size_limits(meta))
 }
 
 /// Records the eviction of the oldest batch; `next_first_seq` is the seq of the batch after it,
