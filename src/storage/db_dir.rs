@@ -201,8 +201,10 @@ mod tests {
     fn a_creation_that_fails_before_its_rename_leaves_no_database() {
         let dir = tempfile::tempdir().unwrap();
         let group = group0(dir.path());
-        let segments = Arc::new(FsSegments::new(group.join("log")).unwrap());
-        let payloads = Arc::new(crate::storage::payloads::FsPayloads::new(group.join("payloads")).unwrap());
+        let segments = Arc::new(FsSegments::new(group.join(crate::storage::layout::LOG_DIR)).unwrap());
+        let payloads = Arc::new(
+            crate::storage::payloads::FsPayloads::new(group.join(crate::storage::layout::PAYLOADS_DIR)).unwrap(),
+        );
         let failed = Store::open_with(dir.path(), &RenameFails(FsDatabaseDir::new(&group)), segments, payloads);
         assert!(matches!(failed, Err(StoreError::Io(_))), "{:?}", failed.err());
         assert!(group.join(DB_FILE_NEW).exists());

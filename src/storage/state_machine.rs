@@ -721,10 +721,11 @@ mod tests {
     }
 
     fn payload_files(dir: &tempfile::TempDir) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(crate::storage::layout::group0(dir.path()).join("payloads"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
+        let mut v: Vec<String> =
+            std::fs::read_dir(crate::storage::layout::group0(dir.path()).join(crate::storage::layout::PAYLOADS_DIR))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
         v.sort();
         v
     }
@@ -888,7 +889,7 @@ mod tests {
         };
         // Rewrite it as a node of format 2 left it: its files at the top of the data directory.
         let group = crate::storage::layout::group0(dir.path());
-        for name in ["log", super::super::db_dir::DB_FILE] {
+        for name in [crate::storage::layout::LOG_DIR, super::super::db_dir::DB_FILE] {
             std::fs::rename(group.join(name), dir.path().join(name)).unwrap();
         }
         std::fs::remove_dir_all(&group).unwrap();
