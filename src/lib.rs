@@ -34,6 +34,7 @@ pub mod local;
 pub mod logging;
 pub mod net;
 pub mod node;
+pub mod open_files;
 pub mod outbox;
 pub mod raft;
 pub mod serve;

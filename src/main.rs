@@ -857,6 +857,14 @@ async fn run(args: Cli) -> Result<()> {
             }
             let admin_token = security.admin_token_file.as_deref().map(admin_token).transpose()?;
             runnev::logging::set_node(id);
+            // Before the storage opens: its payload segments size their open handles from it.
+            match runnev::open_files::raise_soft_to_hard() {
+                Ok(r) if r.to > r.from => {
+                    tracing::info!(from = r.from, to = r.to, "raised the soft limit on open files to the hard limit")
+                }
+                Ok(r) => tracing::debug!(limit = r.to, "the soft limit on open files is the hard limit"),
+                Err(e) => tracing::warn!(error = %e, "could not raise the soft limit on open files"),
+            }
             // Latencies and entry sizes as Prometheus histograms (buckets), not summaries, as
             // docs/http-api.md says: a dashboard can then take quantiles over all nodes
             // (`histogram_quantile` of summed buckets).

@@ -48,15 +48,58 @@ use super::{le_u32, le_u64, StoreError};
 /// Bytes of a record's header before its payload.
 pub const HEADER_BYTES: u64 = 32;
 
-/// Segment handles kept open besides those of segments appended to since the last sync; past
-/// this many, the least recently used are closed (a node may hold many streams; the open-file
-/// limit is often 1,024).
+/// Segment handles kept open besides those of segments appended to since the last sync, by
+/// default ([`HandleBudget`]; a real directory sizes it from the open-file limit); past this
+/// many, the least recently used are closed.
 pub const OPEN_SEGMENTS_MAX: usize = 256;
 
-/// Segments appended to since the last sync, at most: an append to one more syncs them first
-/// (an early sync only adds durability), so a node appending to many streams keeps at most
-/// this many plus [`OPEN_SEGMENTS_MAX`] payload files open.
+/// Handles of segments appended to since the last sync kept open, by default
+/// ([`HandleBudget`]): an append that needs one more closes them all, unsynced (they stay
+/// dirty: the next sync makes them durable with one `syncfs(2)`, which needs no handle), so a
+/// node appending to many streams keeps a bounded number of payload files open and syncs no
+/// sooner than its durable commits ask (syncing here, inside the apply, once took a fifth of
+/// the 10,000-stream benchmark's time on each node).
 pub const DIRTY_SEGMENTS_MAX: usize = 256;
+
+/// How many payload segment handles a store keeps open, in files: `cached` (the least recently
+/// used closed first) and `dirty` (appended to since the last sync; past it they are closed
+/// unsynced and handed to [`PayloadDir::write_behind`], which may hold
+/// [`WRITE_BEHIND_BATCHES`] such batches). At most `cached + dirty × (1 + WRITE_BEHIND_BATCHES)`
+/// payload files are open at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandleBudget {
+    /// Handles of segments kept for reads and appends.
+    pub cached: usize,
+    /// Handles of segments appended to since the last sync.
+    pub dirty: usize,
+}
+
+impl Default for HandleBudget {
+    /// [`OPEN_SEGMENTS_MAX`] and [`DIRTY_SEGMENTS_MAX`]: what a directory that names no budget
+    /// (the simulation's) gets.
+    fn default() -> HandleBudget {
+        HandleBudget { cached: OPEN_SEGMENTS_MAX, dirty: DIRTY_SEGMENTS_MAX }
+    }
+}
+
+impl HandleBudget {
+    /// Fewest handles of either kind, whatever the limit.
+    const FLOOR: usize = 16;
+    /// Most cached handles, whatever the limit (a closed handle costs one `open`, not more).
+    const CACHED_CEILING: usize = 16_384;
+
+    /// The budget for a process whose soft limit on open files is `soft` (files): half of it
+    /// for payload segments (the rest for connections, the Raft log, redb and snapshots), of
+    /// which half cached, and dirty handles a sixth so that with the write-behind's batches
+    /// they stay within the other half. 1,024 gives 256 cached and 85 dirty; 20,000 gives
+    /// 5,000 and 1,666.
+    pub fn for_open_file_limit(soft: u64) -> HandleBudget {
+        let half = usize::try_from(soft / 2).unwrap_or(usize::MAX);
+        let cached = (half / 2).clamp(Self::FLOOR, Self::CACHED_CEILING);
+        let dirty = (half / 2 / (1 + WRITE_BEHIND_BATCHES)).clamp(Self::FLOOR, Self::CACHED_CEILING / 4);
+        HandleBudget { cached, dirty }
+    }
+}
 
 /// A payload segment's name: its stream's id and the seq of its first record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -101,13 +144,30 @@ pub trait PayloadDir: Send + Sync {
     /// Sets segment `key`'s length to `len` bytes, durably (recovery cuts a tail that the
     /// durable state does not refer to).
     fn truncate(&self, key: SegmentKey, len: u64) -> io::Result<()>;
-    /// Makes every write to `files` so far durable. By default each file's `fdatasync` in
-    /// turn; [`FsPayloads`] syncs the whole file system once when there are many.
-    fn sync_files(&self, files: &[&Arc<dyn SegmentFile>]) -> io::Result<()> {
-        files.iter().try_for_each(|f| f.sync_data())
+    /// Makes every write so far to the segments `dirty` names durable; each comes with its
+    /// handle when one is still open (`None`: it was closed unsynced, [`DIRTY_SEGMENTS_MAX`]).
+    /// By default each file's `fdatasync` in turn, opening the closed ones again;
+    /// [`FsPayloads`] syncs the whole file system once when there are many or any was closed.
+    fn sync_files(&self, dirty: &[(SegmentKey, Option<&Arc<dyn SegmentFile>>)]) -> io::Result<()> {
+        dirty.iter().try_for_each(|(key, file)| match file {
+            Some(f) => f.sync_data(),
+            None => self.open(*key)?.sync_data(),
+        })
     }
     /// Makes the segments created so far durable in the directory (`fsync` of the directory).
     fn sync_dir(&self) -> io::Result<()>;
+    /// Takes handles of segments appended to and not synced that the store closes
+    /// ([`DIRTY_SEGMENTS_MAX`]), to start their write-back away from the caller
+    /// ([`SegmentFile::start_writeback`]): only a hint, so the next sync finds less to write.
+    /// By default they are closed at once.
+    fn write_behind(&self, files: Vec<Arc<dyn SegmentFile>>) {
+        drop(files);
+    }
+    /// How many handles a store over this directory keeps open. By default
+    /// [`HandleBudget::default`].
+    fn handle_budget(&self) -> HandleBudget {
+        HandleBudget::default()
+    }
 }
 
 /// Bytes [`PayloadStore::read_span`] reads at a time.
@@ -120,18 +180,61 @@ pub const SPAN_READ_BYTES: u64 = 4 << 20;
 /// one `syncfs` commits it once.
 pub const SYNCFS_ABOVE_FILES: usize = 16;
 
+/// Batches of closed handles [`FsPayloads`]' write-behind thread may hold, each of at most
+/// [`HandleBudget::dirty`] handles: past them a batch is closed without the hint (open files
+/// stay bounded).
+pub const WRITE_BEHIND_BATCHES: usize = 2;
+
+/// The write-behind thread's end of [`FsPayloads`]' hand-off: batches of closed handles.
+type WriteBehindSender = std::sync::mpsc::SyncSender<Vec<Arc<dyn SegmentFile>>>;
+
 /// Payload segments as files in a directory of the real file system.
 pub struct FsPayloads {
     dir: PathBuf,
+    /// The directory, open since [`FsPayloads::new`]: `syncfs` on it reports a write-back error
+    /// of the file system since it was opened (an error's first reader sees it; a descriptor
+    /// opened later would miss one that another reader saw first), and `fsync` on it makes
+    /// created segments' names durable.
+    dir_file: std::fs::File,
+    /// Hands closed handles to the write-behind thread, started on first use.
+    write_behind: Mutex<Option<WriteBehindSender>>,
+    /// From the soft open-file limit when it was made ([`crate::open_files`]).
+    budget: HandleBudget,
 }
 
 impl FsPayloads {
-    /// Segments under `dir`, which is created if missing.
+    /// Segments under `dir`, which is created if missing; the handles a store keeps open are
+    /// sized from the process's soft open-file limit now ([`HandleBudget::for_open_file_limit`];
+    /// the default budget when it cannot be read).
     ///
-    /// Errors: the directory cannot be created.
+    /// Errors: the directory cannot be created or opened.
     pub fn new(dir: PathBuf) -> io::Result<FsPayloads> {
         std::fs::create_dir_all(&dir)?;
-        Ok(FsPayloads { dir })
+        let dir_file = std::fs::File::open(&dir)?;
+        let budget =
+            crate::open_files::limits().map(|(soft, _)| HandleBudget::for_open_file_limit(soft)).unwrap_or_default();
+        Ok(FsPayloads { dir, dir_file, write_behind: Mutex::new(None), budget })
+    }
+
+    /// The sender to the write-behind thread, starting it if it is not running. The thread
+    /// ends when the sender is dropped with this `FsPayloads`.
+    fn write_behind_sender(&self) -> io::Result<WriteBehindSender> {
+        let mut slot = self.write_behind.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = slot.as_ref() {
+            return Ok(tx.clone());
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Arc<dyn SegmentFile>>>(WRITE_BEHIND_BATCHES);
+        std::thread::Builder::new().name("runnev-write-behind".into()).spawn(move || {
+            for files in rx {
+                for f in files {
+                    if let Err(e) = f.start_writeback() {
+                        tracing::debug!(error = %e, "starting a payload segment's write-back failed; its sync will write it");
+                    }
+                }
+            }
+        })?;
+        *slot = Some(tx.clone());
+        Ok(tx)
     }
 
     fn path(&self, key: SegmentKey) -> PathBuf {
@@ -161,24 +264,35 @@ impl PayloadDir for FsPayloads {
         std::fs::remove_file(self.path(key))
     }
     fn sync_dir(&self) -> io::Result<()> {
-        std::fs::File::open(&self.dir)?.sync_all()
+        self.dir_file.sync_all()
+    }
+    fn handle_budget(&self) -> HandleBudget {
+        self.budget
+    }
+    /// Sends `files` to the write-behind thread; when it is busy with
+    /// [`WRITE_BEHIND_BATCHES`] batches already, or cannot start, closes them here.
+    fn write_behind(&self, files: Vec<Arc<dyn SegmentFile>>) {
+        match self.write_behind_sender() {
+            Ok(tx) => drop(tx.try_send(files)),
+            Err(e) => tracing::debug!(error = %e, "the payload write-behind thread did not start"),
+        }
     }
     fn truncate(&self, key: SegmentKey, len: u64) -> io::Result<()> {
         self.open(key)?.zero_from(len)
     }
-    /// One `syncfs(2)` above [`SYNCFS_ABOVE_FILES`] files (timed into
-    /// `runnev_payload_syncfs_seconds`): it writes back and waits for every dirty page of the
-    /// file system, then commits its journal, and reports a write-back error of any file since
-    /// Linux 5.8. Below it, an `fdatasync` per file.
-    fn sync_files(&self, files: &[&Arc<dyn SegmentFile>]) -> io::Result<()> {
-        if files.len() <= SYNCFS_ABOVE_FILES {
-            return files.iter().try_for_each(|f| f.sync_data());
+    /// One `syncfs(2)` above [`SYNCFS_ABOVE_FILES`] files or when any was closed unsynced
+    /// (timed into `runnev_payload_syncfs_seconds`): it writes back and waits for every dirty
+    /// page of the file system, closed files' included, then commits its journal, and reports a
+    /// write-back error of any file since Linux 5.8 (the file system's error sequence, not the
+    /// descriptor's). Otherwise an `fdatasync` per file.
+    fn sync_files(&self, dirty: &[(SegmentKey, Option<&Arc<dyn SegmentFile>>)]) -> io::Result<()> {
+        if dirty.len() <= SYNCFS_ABOVE_FILES && dirty.iter().all(|(_, f)| f.is_some()) {
+            return dirty.iter().filter_map(|(_, f)| *f).try_for_each(|f| f.sync_data());
         }
         use std::os::fd::AsRawFd;
-        let dir = std::fs::File::open(&self.dir)?;
         let started = std::time::Instant::now();
-        // SAFETY: a plain system call on a descriptor `dir` owns for the call's duration.
-        let rc = unsafe { libc::syncfs(dir.as_raw_fd()) };
+        // SAFETY: a plain system call on a descriptor `self` owns for the call's duration.
+        let rc = unsafe { libc::syncfs(self.dir_file.as_raw_fd()) };
         metrics::histogram!("runnev_payload_syncfs_seconds").record(started.elapsed().as_secs_f64());
         match rc {
             0 => Ok(()),
@@ -355,8 +469,13 @@ struct Inner {
     live: BTreeSet<SegmentKey>,
     /// Each stream's newest segment, once appended to or recovered.
     active: HashMap<u64, Active>,
-    /// Segments appended to since the last [`PayloadStore::sync`].
-    dirty: BTreeMap<SegmentKey, Arc<dyn SegmentFile>>,
+    /// Segments appended to since the last [`PayloadStore::sync`], with their handles while
+    /// open (closed unsynced past [`DIRTY_SEGMENTS_MAX`]).
+    dirty: BTreeMap<SegmentKey, Option<Arc<dyn SegmentFile>>>,
+    /// The segments of `dirty` whose handles are open, at most `budget.dirty`.
+    dirty_open: Vec<SegmentKey>,
+    /// How many handles to keep open ([`PayloadDir::handle_budget`]).
+    budget: HandleBudget,
     /// Retired segments that a state not yet durable may still refer to.
     retired: BTreeSet<SegmentKey>,
     /// Retired segments that no durable state refers to: removed once no reader is in.
@@ -378,6 +497,29 @@ struct Inner {
 impl Inner {
     fn pinned(&self, key: SegmentKey) -> bool {
         self.pins.values().flatten().any(|s| s.covers(key))
+    }
+
+    /// Notes that `file`, segment `key`, was appended to: it stays dirty until the next sync,
+    /// and open unless [`DIRTY_SEGMENTS_MAX`] others are (then those are closed, unsynced,
+    /// and their handles returned for [`PayloadDir::write_behind`]).
+    #[must_use = "hand the closed handles to PayloadDir::write_behind"]
+    fn appended(&mut self, key: SegmentKey, file: Arc<dyn SegmentFile>) -> Vec<Arc<dyn SegmentFile>> {
+        if let Some(Some(_)) = self.dirty.get(&key) {
+            return Vec::new();
+        }
+        let mut closed = Vec::new();
+        if self.dirty_open.len() >= self.budget.dirty {
+            closed.reserve(self.dirty_open.len());
+            for k in self.dirty_open.drain(..) {
+                if let Some(f) = self.dirty.get_mut(&k).and_then(Option::take) {
+                    closed.push(f);
+                }
+            }
+        }
+        self.dirty.insert(key, Some(file));
+        self.dirty_open.push(key);
+        debug_assert!(self.dirty_open.len() <= self.budget.dirty);
+        closed
     }
 
     fn pin(&mut self, spans: Vec<Span>) -> PinId {
@@ -450,7 +592,7 @@ impl PayloadStore {
         pins: Vec<Span>,
     ) -> Result<(PayloadStore, PinId), StoreError> {
         let by_stream: HashMap<u64, &Extent> = extents.iter().map(|e| (e.stream, e)).collect();
-        let mut inner = Inner::default();
+        let mut inner = Inner { budget: dir.handle_budget(), ..Inner::default() };
         let pin = inner.pin(pins);
         for key in dir.list()? {
             let keep =
@@ -532,9 +674,7 @@ impl PayloadStore {
     /// keep payloads far smaller).
     pub fn append(&self, stream: u64, seq: u64, ts: u64, index: u64, payload: &[u8]) -> Result<Location, StoreError> {
         let header = encode_header(stream, seq, ts, index, payload)?;
-        if self.inner().dirty.len() >= DIRTY_SEGMENTS_MAX {
-            self.sync()?;
-        }
+        let mut closed = Vec::new();
         let mut inner = self.inner();
         let roll = match inner.active.get(&stream) {
             None => true,
@@ -550,15 +690,15 @@ impl PayloadStore {
             inner.created = true;
             inner.live.insert(key);
             inner.active.insert(stream, Active { first: seq, end: 0 });
-            inner.dirty.insert(key, file);
+            closed = inner.appended(key, file);
         }
         let Some(&Active { first, end: offset }) = inner.active.get(&stream) else {
             return Err(StoreError::Corrupt(format!("payload stream {stream:x} has no segment after one was made")));
         };
         let key = SegmentKey { stream, first };
         let file = match inner.dirty.get(&key) {
-            Some(f) => f.clone(),
-            None => self.handle_in(&mut inner, key)?,
+            Some(Some(f)) => f.clone(),
+            _ => self.handle_in(&mut inner, key)?,
         };
         let mut record = Vec::with_capacity(HEADER_BYTES as usize + payload.len());
         record.extend_from_slice(&header);
@@ -567,7 +707,11 @@ impl PayloadStore {
         if let Some(a) = inner.active.get_mut(&stream) {
             a.end = offset.saturating_add(record.len() as u64);
         }
-        inner.dirty.insert(key, file);
+        closed.extend(inner.appended(key, file));
+        drop(inner);
+        if !closed.is_empty() {
+            self.dir.write_behind(closed);
+        }
         Ok(Location { segment: first, offset, len: payload.len() as u32 })
     }
 
@@ -586,10 +730,12 @@ impl PayloadStore {
                     "an earlier fsync of a payload segment failed; restart the node to recover",
                 )));
             }
+            inner.dirty_open.clear();
             (std::mem::take(&mut inner.dirty), std::mem::take(&mut inner.created))
         };
         let (dirty, created) = dirty;
-        let files: Vec<&Arc<dyn SegmentFile>> = dirty.values().collect();
+        let files: Vec<(SegmentKey, Option<&Arc<dyn SegmentFile>>)> =
+            dirty.iter().map(|(k, f)| (*k, f.as_ref())).collect();
         let synced = self.dir.sync_files(&files).and_then(|()| if created { self.dir.sync_dir() } else { Ok(()) });
         if let Err(e) = synced {
             self.inner().sync_failed = true;
@@ -615,7 +761,9 @@ impl PayloadStore {
             inner.handles.remove(&key);
             // Its bytes appended since the last sync need not become durable: the states that
             // refer to them are not durable, and the one that retired it drops them.
-            inner.dirty.remove(&key);
+            if inner.dirty.remove(&key).is_some() {
+                inner.dirty_open.retain(|k| *k != key);
+            }
             if inner.active.get(&stream).is_some_and(|a| a.first == key.first) {
                 inner.active.remove(&stream);
             }
@@ -811,7 +959,7 @@ impl PayloadStore {
     /// newly opened (closing the least recently used past [`OPEN_SEGMENTS_MAX`]).
     fn handle(&self, key: SegmentKey) -> Result<Arc<dyn SegmentFile>, StoreError> {
         let mut inner = self.inner();
-        if let Some(f) = inner.dirty.get(&key) {
+        if let Some(Some(f)) = inner.dirty.get(&key) {
             return Ok(f.clone());
         }
         self.handle_in(&mut inner, key)
@@ -836,10 +984,10 @@ impl PayloadStore {
         if !inner.live.contains(&key) {
             return Ok(file);
         }
-        if inner.handles.len() >= OPEN_SEGMENTS_MAX {
+        if inner.handles.len() >= inner.budget.cached {
             let mut by_use: Vec<(u64, SegmentKey)> = inner.handles.iter().map(|(k, (_, used))| (*used, *k)).collect();
             by_use.sort_unstable();
-            for (_, k) in by_use.into_iter().take(OPEN_SEGMENTS_MAX / 2) {
+            for (_, k) in by_use.into_iter().take(inner.budget.cached.div_ceil(2)) {
                 inner.handles.remove(&k);
             }
         }
@@ -1120,15 +1268,38 @@ mod tests {
         let (s, _pin) = PayloadStore::open_pinned(fs, 200, &behind, vec![span(&locs, 1, 10)]).unwrap();
         assert_eq!(span_seqs(&s, &span(&locs, 1, 10)).unwrap().len(), 10);
     }
-    /// Payload segments whose fsync fails while `fail` is set.
+    /// Payload segments whose fsync fails while `fail` is set, counting each file's fsyncs
+    /// (through the trait's default `sync_files`: one `sync_data` per dirty segment).
     struct FailingSync {
         inner: FsPayloads,
         fail: Arc<std::sync::atomic::AtomicBool>,
+        syncs: Arc<Mutex<BTreeMap<SegmentKey, u32>>>,
+        /// Handles given to `write_behind`.
+        behind: Arc<std::sync::atomic::AtomicUsize>,
+        budget: HandleBudget,
+    }
+
+    impl FailingSync {
+        fn new(dir: &tempfile::TempDir) -> FailingSync {
+            FailingSync {
+                inner: FsPayloads::new(dir.path().join("payloads")).unwrap(),
+                fail: Arc::default(),
+                syncs: Arc::default(),
+                behind: Arc::default(),
+                budget: HandleBudget::default(),
+            }
+        }
+
+        fn file(&self, key: SegmentKey, inner: Arc<dyn SegmentFile>) -> Arc<dyn SegmentFile> {
+            Arc::new(FailingFile { inner, key, fail: self.fail.clone(), syncs: self.syncs.clone() })
+        }
     }
 
     struct FailingFile {
         inner: Arc<dyn SegmentFile>,
+        key: SegmentKey,
         fail: Arc<std::sync::atomic::AtomicBool>,
+        syncs: Arc<Mutex<BTreeMap<SegmentKey, u32>>>,
     }
 
     impl SegmentFile for FailingFile {
@@ -1139,6 +1310,7 @@ mod tests {
             self.inner.write_at(offset, data)
         }
         fn sync_data(&self) -> io::Result<()> {
+            *self.syncs.lock().unwrap().entry(self.key).or_default() += 1;
             match self.fail.load(std::sync::atomic::Ordering::SeqCst) {
                 true => Err(io::Error::other("injected fsync failure")),
                 false => self.inner.sync_data(),
@@ -1157,10 +1329,10 @@ mod tests {
             self.inner.list()
         }
         fn open(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>> {
-            Ok(Arc::new(FailingFile { inner: self.inner.open(key)?, fail: self.fail.clone() }))
+            Ok(self.file(key, self.inner.open(key)?))
         }
         fn create(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>> {
-            Ok(Arc::new(FailingFile { inner: self.inner.create(key)?, fail: self.fail.clone() }))
+            Ok(self.file(key, self.inner.create(key)?))
         }
         fn remove(&self, key: SegmentKey) -> io::Result<()> {
             self.inner.remove(key)
@@ -1171,6 +1343,13 @@ mod tests {
         fn sync_dir(&self) -> io::Result<()> {
             self.inner.sync_dir()
         }
+        fn write_behind(&self, files: Vec<Arc<dyn SegmentFile>>) {
+            self.behind.fetch_add(files.len(), std::sync::atomic::Ordering::SeqCst);
+            self.inner.write_behind(files);
+        }
+        fn handle_budget(&self) -> HandleBudget {
+            self.budget
+        }
     }
 
     /// After one failed fsync no later sync succeeds: the kernel may have dropped the pages it
@@ -1178,8 +1357,8 @@ mod tests {
     #[test]
     fn a_failed_fsync_fails_every_later_sync() {
         let dir = tempfile::tempdir().unwrap();
-        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let fs = FailingSync { inner: FsPayloads::new(dir.path().join("payloads")).unwrap(), fail: fail.clone() };
+        let fs = FailingSync::new(&dir);
+        let fail = fs.fail.clone();
         let s = PayloadStore::open(Arc::new(fs), 1 << 20, &[]).unwrap();
         s.append(1, 1, 0, 1, b"one").unwrap();
         s.sync().unwrap();
@@ -1220,14 +1399,17 @@ mod tests {
     #[test]
     fn appends_to_many_streams_keep_a_bounded_number_of_open_files() {
         let dir = tempfile::tempdir().unwrap();
-        let s = store(&dir, 1 << 20, &[]);
-        let streams = (DIRTY_SEGMENTS_MAX + OPEN_SEGMENTS_MAX) as u64 * 2;
+        let budget = HandleBudget { cached: 40, dirty: 24 };
+        let s = PayloadStore::open(Arc::new(FailingSync { budget, ..FailingSync::new(&dir) }), 1 << 20, &[]).unwrap();
+        let streams = (budget.dirty + budget.cached) as u64 * 2;
         for round in 1..=2u64 {
             for stream in 0..streams {
                 s.append(stream, round, 0, round, &[round as u8; 16]).unwrap();
                 let inner = s.inner();
-                assert!(inner.dirty.len() <= DIRTY_SEGMENTS_MAX, "{} dirty", inner.dirty.len());
-                assert!(inner.handles.len() <= OPEN_SEGMENTS_MAX, "{} cached", inner.handles.len());
+                let open = inner.dirty.values().filter(|f| f.is_some()).count();
+                assert!(open <= budget.dirty, "{open} dirty segments open");
+                assert_eq!(open, inner.dirty_open.len());
+                assert!(inner.handles.len() <= budget.cached, "{} cached", inner.handles.len());
             }
         }
         for stream in 0..streams {
@@ -1238,16 +1420,69 @@ mod tests {
         }
     }
 
+    /// Appending to more streams than [`DIRTY_SEGMENTS_MAX`] closes handles, handing them to
+    /// the write-behind, but syncs nothing (the apply must not wait for the disk between
+    /// durable commits), and the next sync makes
+    /// every segment appended to durable, the closed ones too, each once; a segment retired
+    /// meanwhile is not synced.
+    #[test]
+    fn appends_to_many_streams_sync_nothing_until_asked_then_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = FailingSync::new(&dir);
+        let (syncs, behind) = (fs.syncs.clone(), fs.behind.clone());
+        let dirty_max = fs.budget.dirty;
+        let s = PayloadStore::open(Arc::new(fs), 1 << 20, &[]).unwrap();
+        let streams = dirty_max as u64 * 3;
+        for stream in 0..=dirty_max as u64 {
+            s.append(stream, 1, 0, 1, &[1; 16]).unwrap();
+            let expected = if stream == dirty_max as u64 { dirty_max } else { 0 };
+            assert_eq!(behind.load(std::sync::atomic::Ordering::SeqCst), expected, "after stream {stream}");
+        }
+        for round in 1..=2u64 {
+            let first = if round == 1 { dirty_max as u64 + 1 } else { 0 };
+            for stream in first..streams {
+                s.append(stream, round, 0, round, &[round as u8; 16]).unwrap();
+            }
+        }
+        assert!(syncs.lock().unwrap().is_empty(), "appends synced {} segments", syncs.lock().unwrap().len());
+        assert_eq!(s.inner().dirty.len(), streams as usize);
+        s.retire(0, None);
+        s.sync().unwrap();
+        let synced = std::mem::take(&mut *syncs.lock().unwrap());
+        let expected: BTreeMap<SegmentKey, u32> =
+            (1..streams).map(|stream| (SegmentKey { stream, first: 1 }, 1)).collect();
+        assert_eq!(synced, expected);
+        assert!(s.inner().dirty.is_empty() && s.inner().dirty_open.is_empty());
+        s.sync().unwrap();
+        assert!(syncs.lock().unwrap().is_empty(), "a sync with nothing appended syncs nothing");
+    }
+
     #[test]
     fn many_sealed_segments_are_read_with_a_bounded_number_of_open_files() {
         let dir = tempfile::tempdir().unwrap();
-        let s = store(&dir, 1, &[]);
-        let locs: Vec<(u64, Location)> = (1..=(OPEN_SEGMENTS_MAX as u64 * 2))
+        let budget = HandleBudget { cached: 32, dirty: 16 };
+        let s = PayloadStore::open(Arc::new(FailingSync { budget, ..FailingSync::new(&dir) }), 1, &[]).unwrap();
+        let locs: Vec<(u64, Location)> = (1..=(budget.cached as u64 * 4))
             .map(|seq| (seq, s.append(3, seq, 0, seq, &seq.to_le_bytes()).unwrap()))
             .collect();
         for (seq, loc) in &locs {
             assert_eq!(read_one(&s, 3, *seq, *loc).2, seq.to_le_bytes());
         }
-        assert!(s.inner().handles.len() <= OPEN_SEGMENTS_MAX);
+        assert!(s.inner().handles.len() <= budget.cached);
+    }
+
+    /// The budget is half the open-file limit, never below its floor nor above its ceiling,
+    /// and what it opens stays within that half with the write-behind's batches.
+    #[test]
+    fn the_handle_budget_is_half_the_open_file_limit() {
+        assert_eq!(HandleBudget::for_open_file_limit(1024), HandleBudget { cached: 256, dirty: 85 });
+        assert_eq!(HandleBudget::for_open_file_limit(20_000), HandleBudget { cached: 5_000, dirty: 1_666 });
+        assert_eq!(HandleBudget::for_open_file_limit(0), HandleBudget { cached: 16, dirty: 16 });
+        assert_eq!(HandleBudget::for_open_file_limit(u64::MAX), HandleBudget { cached: 16_384, dirty: 4_096 });
+        for soft in [64u64, 1024, 4096, 20_000, 65_536, 1 << 20] {
+            let b = HandleBudget::for_open_file_limit(soft);
+            let most = b.cached + b.dirty * (1 + WRITE_BEHIND_BATCHES);
+            assert!(most as u64 <= (soft / 2).max(64), "{soft}: {b:?} opens {most}");
+        }
     }
 }
