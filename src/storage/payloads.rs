@@ -145,7 +145,7 @@ pub trait PayloadDir: Send + Sync {
     /// durable state does not refer to).
     fn truncate(&self, key: SegmentKey, len: u64) -> io::Result<()>;
     /// Makes every write so far to the segments `dirty` names durable; each comes with its
-    /// handle when one is still open (`None`: it was closed unsynced, [`DIRTY_SEGMENTS_MAX`]).
+    /// handle when one is still open (`None`: it was closed unsynced, [`HandleBudget::dirty`]).
     /// By default each file's `fdatasync` in turn, opening the closed ones again;
     /// [`FsPayloads`] syncs the whole file system once when there are many or any was closed.
     fn sync_files(&self, dirty: &[(SegmentKey, Option<&Arc<dyn SegmentFile>>)]) -> io::Result<()> {
@@ -157,7 +157,7 @@ pub trait PayloadDir: Send + Sync {
     /// Makes the segments created so far durable in the directory (`fsync` of the directory).
     fn sync_dir(&self) -> io::Result<()>;
     /// Takes handles of segments appended to and not synced that the store closes
-    /// ([`DIRTY_SEGMENTS_MAX`]), to start their write-back away from the caller
+    /// ([`HandleBudget::dirty`]), to start their write-back away from the caller
     /// ([`SegmentFile::start_writeback`]): only a hint, so the next sync finds less to write.
     /// By default they are closed at once.
     fn write_behind(&self, files: Vec<Arc<dyn SegmentFile>>) {
@@ -470,7 +470,7 @@ struct Inner {
     /// Each stream's newest segment, once appended to or recovered.
     active: HashMap<u64, Active>,
     /// Segments appended to since the last [`PayloadStore::sync`], with their handles while
-    /// open (closed unsynced past [`DIRTY_SEGMENTS_MAX`]).
+    /// open (closed unsynced past [`HandleBudget::dirty`]).
     dirty: BTreeMap<SegmentKey, Option<Arc<dyn SegmentFile>>>,
     /// The segments of `dirty` whose handles are open, at most `budget.dirty`.
     dirty_open: Vec<SegmentKey>,
@@ -500,7 +500,7 @@ impl Inner {
     }
 
     /// Notes that `file`, segment `key`, was appended to: it stays dirty until the next sync,
-    /// and open unless [`DIRTY_SEGMENTS_MAX`] others are (then those are closed, unsynced,
+    /// and open unless `budget.dirty` others are (then those are closed, unsynced,
     /// and their handles returned for [`PayloadDir::write_behind`]).
     #[must_use = "hand the closed handles to PayloadDir::write_behind"]
     fn appended(&mut self, key: SegmentKey, file: Arc<dyn SegmentFile>) -> Vec<Arc<dyn SegmentFile>> {
@@ -956,7 +956,7 @@ impl PayloadStore {
     }
 
     /// An open handle of segment `key`: one appended to since the last sync, one cached, or
-    /// newly opened (closing the least recently used past [`OPEN_SEGMENTS_MAX`]).
+    /// newly opened (closing the least recently used past [`HandleBudget::cached`]).
     fn handle(&self, key: SegmentKey) -> Result<Arc<dyn SegmentFile>, StoreError> {
         let mut inner = self.inner();
         if let Some(Some(f)) = inner.dirty.get(&key) {
@@ -1420,7 +1420,7 @@ mod tests {
         }
     }
 
-    /// Appending to more streams than [`DIRTY_SEGMENTS_MAX`] closes handles, handing them to
+    /// Appending to more streams than its dirty budget closes handles, handing them to
     /// the write-behind, but syncs nothing (the apply must not wait for the disk between
     /// durable commits), and the next sync makes
     /// every segment appended to durable, the closed ones too, each once; a segment retired
