@@ -674,31 +674,34 @@ impl PayloadStore {
     /// keep payloads far smaller).
     pub fn append(&self, stream: u64, seq: u64, ts: u64, index: u64, payload: &[u8]) -> Result<Location, StoreError> {
         let header = encode_header(stream, seq, ts, index, payload)?;
-        let mut closed = Vec::new();
         let mut inner = self.inner();
         let roll = match inner.active.get(&stream) {
             None => true,
             Some(a) => a.end > 0 && a.end.saturating_add(HEADER_BYTES + payload.len() as u64) > self.segment_bytes,
         };
-        if roll {
-            let key = SegmentKey { stream, first: seq };
-            debug_assert!(
-                inner.active.get(&stream).is_none_or(|a| a.first < seq),
-                "a stream's segments start at increasing seqs"
-            );
-            let file = self.dir.create(key)?;
-            inner.created = true;
-            inner.live.insert(key);
-            inner.active.insert(stream, Active { first: seq, end: 0 });
-            closed = inner.appended(key, file);
-        }
+        let created = match roll {
+            false => None,
+            true => {
+                let key = SegmentKey { stream, first: seq };
+                debug_assert!(
+                    inner.active.get(&stream).is_none_or(|a| a.first < seq),
+                    "a stream's segments start at increasing seqs"
+                );
+                let file = self.dir.create(key)?;
+                inner.created = true;
+                inner.live.insert(key);
+                inner.active.insert(stream, Active { first: seq, end: 0 });
+                Some(file)
+            }
+        };
         let Some(&Active { first, end: offset }) = inner.active.get(&stream) else {
             return Err(StoreError::Corrupt(format!("payload stream {stream:x} has no segment after one was made")));
         };
         let key = SegmentKey { stream, first };
-        let file = match inner.dirty.get(&key) {
-            Some(Some(f)) => f.clone(),
-            _ => self.handle_in(&mut inner, key)?,
+        let file = match (created, inner.dirty.get(&key)) {
+            (Some(f), _) => f,
+            (None, Some(Some(f))) => f.clone(),
+            (None, _) => self.handle_in(&mut inner, key)?,
         };
         let mut record = Vec::with_capacity(HEADER_BYTES as usize + payload.len());
         record.extend_from_slice(&header);
@@ -707,7 +710,7 @@ impl PayloadStore {
         if let Some(a) = inner.active.get_mut(&stream) {
             a.end = offset.saturating_add(record.len() as u64);
         }
-        closed.extend(inner.appended(key, file));
+        let closed = inner.appended(key, file);
         drop(inner);
         if !closed.is_empty() {
             self.dir.write_behind(closed);
