@@ -8,7 +8,9 @@
 #
 # ROUNDS (default 3) alternating rounds; each round starts fresh clusters and runs, per system
 # (Runnev; NATS sync_interval: always; NATS default): c=64 plain, c=1 plain, c=64 with seq
-# (one stream per worker), and for Runnev and NATS sync always an open loop (`--rate`, latency
+# (one stream per worker), c=64 with 100 batches per request (Runnev: frames, SPEC §6, one
+# request and one Raft entry; NATS: 100 async publishes sent back to back, then their 100
+# PubAcks awaited, so both keep 6,400 publishes in flight), and for Runnev and NATS sync always an open loop (`--rate`, latency
 # from each publish's scheduled time) at the round's rate: half of the Runnev c=64 plain maximum
 # measured last before it (in odd rounds this round's, as Runnev runs first; in even rounds the
 # previous round's), the same rate for both systems in a round. Even rounds run the systems in
@@ -25,7 +27,8 @@
 # DURATION_SECS (default 60, bound of each run), DOC (default BENCHMARKS.md), OPEN_SECS (default
 # 15: each open-loop run schedules this many seconds of publishes), OPEN_CONCURRENCY (default 256:
 # most open-loop publishes in flight), OPEN_RATE (batches/s: a fixed open-loop rate instead of
-# half the measured maximum).
+# half the measured maximum), FRAMES (default 100: batches per request of the frames load),
+# COUNT_FRAMES (default 300000: batches of the frames load).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,7 +37,7 @@ UPDATE_DOC=0
 for a in "$@"; do
   case "$a" in
     --update-doc) UPDATE_DOC=1 ;;
-    -h | --help) sed -n 2,28p "$0"; exit 0 ;;
+    -h | --help) sed -n 2,31p "$0"; exit 0 ;;
     *[!0-9]* | '') echo "unknown argument $a (usage: bench/compare.sh [ROUNDS] [--update-doc])" >&2; exit 2 ;;
     *) ROUNDS=$a ;;
   esac
@@ -57,6 +60,8 @@ DURATION_SECS=${DURATION_SECS:-60}
 DOC=${DOC:-BENCHMARKS.md}
 OPEN_SECS=${OPEN_SECS:-15}
 OPEN_CONCURRENCY=${OPEN_CONCURRENCY:-256}
+FRAMES=${FRAMES:-100}
+COUNT_FRAMES=${COUNT_FRAMES:-300000}
 PAYLOAD=1024
 # The open-loop rate of the current round, batches/s (set by open_rate on its first use).
 ROUND_RATE=
@@ -106,6 +111,7 @@ run() {
   local round=$1 system=$2 mode=$3 c=$4 count=$5; shift 5
   local extra=() log="$LOGS/r$round-$system-$mode-c$c.log" line
   [ "$mode" = seq ] && extra=(--with-seq)
+  [ "$mode" = frames ] && extra=(--frames "$FRAMES")
   line=$("$@" --stream "b$round-$mode-c$c" --concurrency "$c" --count "$count" \
     --duration-secs "$DURATION_SECS" --payload-bytes "$PAYLOAD" --json "${extra[@]}" 2> "$log") || {
     echo "  $system $mode c=$c FAILED; see $log" >&2; tail -3 "$log" >&2; return 0; }
@@ -121,6 +127,7 @@ loads() { # ROUND SYSTEM CMD...
   run "$round" "$system" plain 64 "$COUNT64" "$@"
   run "$round" "$system" plain 1 "$COUNT1" "$@"
   run "$round" "$system" seq 64 "$COUNT64" "$@"
+  run "$round" "$system" frames 64 "$COUNT_FRAMES" "$@"
 }
 
 runnev_round() {

@@ -13,6 +13,9 @@
 //!   dedup on (stream, seq). The generator keeps seqs increasing per stream, as for Runnev.
 //! - By default the client connects to the server that leads the stream, as Runnev's client
 //!   sends publishes to the leader; `--any-server` connects to the first server that answers.
+//! - `--frames K` sends each worker's K publishes back to back and then waits for their K PubAcks
+//!   (JetStream's async publish): as many publishes in flight as a Runnev worker sending K frames
+//!   in one request, which JetStream has no equivalent of.
 //! - `--rate` runs the generator's open loop, as for Runnev: publishes start on a fixed schedule,
 //!   each waits for its PubAck in a task of its own, all multiplexed on the one connection.
 
@@ -21,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::publish::{run as run_load, stream_names, LoadArgs, Target, TargetError};
 use anyhow::{bail, Context, Result};
-use async_nats::jetstream::{self, stream};
+use async_nats::jetstream::{self, context::ContextBuilder, stream};
 use bytes::Bytes;
 
 /// Flags of `runnev-bench nats`.
@@ -86,12 +89,46 @@ impl Target for NatsTarget {
             }
             None => self.js.publish(subject, payload).await?,
         };
-        let ack = pending.await?;
-        if ack.duplicate {
-            return Err(format!("message {} of the run was answered as a duplicate", ack.sequence).into());
+        check_ack(pending.await?)
+    }
+
+    /// JetStream has no request carrying many messages; the equivalent load is `n` publishes
+    /// sent back to back without waiting (JetStream's async publish, all `n` PubAcks pending at
+    /// once on the one connection), then a wait for all `n` acknowledgements. So a worker keeps
+    /// as many publishes in flight as a Runnev worker sending `n` frames per request. Message
+    /// `k` carries seq `seq + k` in its `Nats-Msg-Id` when a seq is given.
+    async fn publish_frames(&self, stream: usize, seq: Option<u64>, payload: Bytes, n: usize) -> Result<(), TargetError> {
+        let subject = &self.subjects[stream];
+        let mut pending = Vec::with_capacity(n);
+        for k in 0..n {
+            let ack = match frame_seq(seq, k) {
+                Some(seq) => {
+                    let mut headers = async_nats::HeaderMap::new();
+                    headers.insert("Nats-Msg-Id", msg_id(&self.run, subject, seq).as_str());
+                    self.js.publish_with_headers(subject.clone(), headers, payload.clone()).await?
+                }
+                None => self.js.publish(subject.clone(), payload.clone()).await?,
+            };
+            pending.push(ack);
+        }
+        for ack in pending {
+            check_ack(ack.await?)?;
         }
         Ok(())
     }
+}
+
+/// The seq of message `k` of a request whose first message has `seq` (`None` without seqs).
+fn frame_seq(seq: Option<u64>, k: usize) -> Option<u64> {
+    seq.map(|s| s.saturating_add(k as u64))
+}
+
+/// Refuses a PubAck that says the message was a duplicate: every message of a run is new.
+fn check_ack(ack: async_nats::jetstream::publish::PublishAck) -> Result<(), TargetError> {
+    if ack.duplicate {
+        return Err(format!("message {} of the run was answered as a duplicate", ack.sequence).into());
+    }
+    Ok(())
 }
 
 /// Waits until the stream has a leader and every replica is current; returns the leader's name.
@@ -134,12 +171,13 @@ async fn connect_to(servers: &[&str], leader: &str) -> Option<(async_nats::Clien
 /// be prepared.
 pub async fn run(a: NatsArgs) -> Result<()> {
     let spec = a.load.spec();
-    if spec.frames > 1 {
-        anyhow::bail!("--frames: NATS JetStream has no request carrying many messages; drive it with more concurrency");
-    }
     let servers: Vec<&str> = a.servers.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
     let client = async_nats::connect(servers.clone()).await.with_context(|| format!("connecting to {}", a.servers))?;
-    let js = jetstream::new(client.clone());
+    // Every publish a run keeps in flight may await its PubAck at once (the client's default
+    // bound is 5,000, below 64 workers with `--frames 100`).
+    let in_flight = spec.concurrency.saturating_mul(spec.frames).max(5_000);
+    let context = |c: async_nats::Client| ContextBuilder::new().max_ack_inflight(in_flight).build(c);
+    let js = context(client.clone());
     js.get_or_create_stream(stream::Config {
         name: a.js_stream.clone(),
         subjects: vec![format!("{}.>", a.subject_prefix)],
@@ -157,7 +195,7 @@ pub async fn run(a: NatsArgs) -> Result<()> {
         match connect_to(&servers, &leader).await {
             Some((c, url)) => {
                 eprintln!("nats: stream {} leader {leader}; connected to it at {url}", a.js_stream);
-                jetstream::new(c)
+                context(c)
             }
             None => {
                 eprintln!("nats: stream {} leader {leader} is not among --servers; using any server", a.js_stream);
@@ -198,5 +236,12 @@ mod tests {
         let unique: std::collections::HashSet<_> = ids.iter().collect();
         assert_eq!(unique.len(), ids.len());
         assert_eq!(ids[0], "r1-bench.a-1");
+    }
+
+    #[test]
+    fn messages_of_a_request_take_consecutive_seqs() {
+        assert_eq!((0..3).map(|k| frame_seq(Some(7), k)).collect::<Vec<_>>(), vec![Some(7), Some(8), Some(9)]);
+        assert_eq!(frame_seq(None, 2), None);
+        assert_eq!(frame_seq(Some(u64::MAX), 1), Some(u64::MAX), "saturates, never wraps");
     }
 }
