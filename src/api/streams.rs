@@ -292,7 +292,7 @@ pub(super) async fn publish(
         seq,
         ts,
         auto_create,
-        data: body.to_vec(),
+        data: body.clone(),
     })
     .await
 }
@@ -324,8 +324,16 @@ async fn publish_frames(
             return Err(stream::FramesRejection::Frame { frame, rejection }.into());
         }
     }
-    let frames: Vec<serde_bytes::ByteBuf> =
-        ranges.into_iter().map(|r| serde_bytes::ByteBuf::from(body.get(r).unwrap_or_default())).collect();
+    // Slices of the body: no payload is copied until the entry is encoded into the log.
+    // (`decode_frames` returns ranges within the body; one outside it would be a bug there,
+    // answered as such rather than a panic.)
+    let frames = ranges
+        .into_iter()
+        .map(|r| match body.get(r.clone()) {
+            Some(_) => Ok(body.slice(r)),
+            None => Err(ApiError::Internal(format!("frame {r:?} outside a body of {} bytes", body.len()))),
+        })
+        .collect::<Result<Vec<bytes::Bytes>, ApiError>>()?;
     debug_assert_eq!(frames.len() as u64, count);
     let auto_create = s.auto_create_streams;
     let req = Forwardable::new(method, &uri, headers, body);

@@ -422,7 +422,7 @@ mod tests {
                     seq: None,
                     ts: 1000 + seq,
                     auto_create: false,
-                    data: payload(seq),
+                    data: payload(seq).into(),
                 };
                 entry(index + i as u64, cmd)
             })

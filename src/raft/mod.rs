@@ -67,9 +67,10 @@ pub enum Command {
         ts: u64,
         /// Create the stream if missing (the leader's `--auto-create-streams`).
         auto_create: bool,
-        /// The payload, byte for byte.
-        #[serde(with = "serde_bytes")]
-        data: Vec<u8>,
+        /// The payload, byte for byte: a slice of the request's body, shared by every copy of
+        /// the entry (replication and apply clone entries; `Bytes` encodes as `serde_bytes`
+        /// did, so the log's format is unchanged).
+        data: bytes::Bytes,
     },
     /// The leader's clock, so age retention evicts from idle streams too (SPEC §2.7).
     Tick {
@@ -97,7 +98,7 @@ pub enum Command {
         auto_create: bool,
         /// The payloads, in frame order, byte for byte (1 to
         /// [`crate::limits::FRAMES_PER_APPEND_MAX`] of them when proposed by the API).
-        frames: Vec<serde_bytes::ByteBuf>,
+        frames: Vec<bytes::Bytes>,
     },
     // New variants go last: the log holds commands by their variant's position.
     /// Create a client token (only its salted hash travels; [`crate::auth`]). With `bootstrap`,
@@ -216,5 +217,34 @@ pub fn entry_payload_bytes(entry: &openraft::Entry<TypeConfig>) -> u64 {
     match &entry.payload {
         openraft::EntryPayload::Normal(c) => c.payload_bytes(),
         _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The log holds commands postcard-encoded: a change of a payload's Rust type must not
+    /// change a byte of them (entries written by older builds are read back, and nodes of two
+    /// builds replicate to each other during an upgrade).
+    #[test]
+    fn publish_commands_keep_their_log_encoding() {
+        let publish =
+            Command::Publish { stream: "s".into(), seq: Some(2), ts: 3, auto_create: true, data: b"ab".to_vec().into() };
+        let frames = Command::PublishFrames {
+            stream: "s".into(),
+            seq: None,
+            ts: 300,
+            auto_create: false,
+            frames: vec![b"x".to_vec().into(), Vec::new().into()],
+        };
+        let publish_bytes = postcard::to_allocvec(&publish).unwrap();
+        let frames_bytes = postcard::to_allocvec(&frames).unwrap();
+        // Variant 2, "s", Some(2), ts 3, true, 2 bytes "ab".
+        assert_eq!(publish_bytes, [2, 1, b's', 1, 2, 3, 1, 2, b'a', b'b']);
+        // Variant 5, "s", None, ts 300 (varint ac 02), false, 2 frames: "x" and empty.
+        assert_eq!(frames_bytes, [5, 1, b's', 0, 0xac, 0x02, 0, 2, 1, b'x', 0]);
+        assert_eq!(postcard::from_bytes::<Command>(&publish_bytes).unwrap(), publish);
+        assert_eq!(postcard::from_bytes::<Command>(&frames_bytes).unwrap(), frames);
     }
 }

@@ -983,7 +983,7 @@ mod tests {
                 seq: None,
                 ts: 0,
                 auto_create: true,
-                data: vec![index as u8; bytes],
+                data: vec![index as u8; bytes].into(),
             }),
         }
     }

@@ -145,6 +145,28 @@ impl Tables<'_> {
         Ok(())
     }
 
+    /// Appends `frames` as batches `first_seq`.. of `name` (one write per payload segment, then
+    /// an index row per batch).
+    fn append_frames(
+        &mut self,
+        name: &str,
+        first_seq: u64,
+        ts: u64,
+        index: u64,
+        frames: &[bytes::Bytes],
+    ) -> Result<(), StoreError> {
+        let id = self.stream_id_or_assign(name)?;
+        let payloads: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
+        let locations = self.store.payloads().append_run(id, first_seq, ts, index, &payloads)?;
+        for (k, loc) in locations.into_iter().enumerate() {
+            let seq = first_seq.checked_add(k as u64).ok_or_else(|| {
+                StoreError::Corrupt(format!("stream {name}: frames from seq {first_seq} pass u64::MAX"))
+            })?;
+            self.index.insert((id, seq), IndexRow { ts, index, loc }.encode(id, seq).as_slice())?;
+        }
+        Ok(())
+    }
+
     fn first_batch(&self, id: u64, from: u64) -> Result<Option<(Oldest, IndexRow)>, StoreError> {
         let mut range = self.index.range((id, from)..=(id, u64::MAX))?;
         match range.next() {
@@ -218,7 +240,7 @@ impl Tables<'_> {
         seq: Option<u64>,
         ts: u64,
         auto_create: bool,
-        frames: &[serde_bytes::ByteBuf],
+        frames: &[bytes::Bytes],
         index: u64,
     ) -> Result<Outcome, StoreError> {
         let (mut meta, created) = match self.meta(name)? {
@@ -246,9 +268,8 @@ impl Tables<'_> {
                 if created {
                     self.tombstones.remove(name)?;
                 }
-                for (s, f) in (first_seq..=last_seq).zip(frames) {
-                    self.append(name, s, ts, index, f)?;
-                }
+                self.append_frames(name, first_seq, ts, index, frames)?;
+                debug_assert_eq!(last_seq - first_seq + 1, count, "one seq per frame");
                 self.enforce_retention(name, &mut meta, ts)?;
                 self.put_meta(name, &meta)?;
                 Ok(Outcome::FramesPublished { first_seq, last_seq, count, ts, duplicate: false, index })
@@ -570,7 +591,7 @@ mod tests {
     }
 
     fn publish(stream: &str, seq: Option<u64>, ts: u64, data: &[u8]) -> Command {
-        Command::Publish { stream: stream.into(), seq, ts, auto_create: false, data: data.to_vec() }
+        Command::Publish { stream: stream.into(), seq, ts, auto_create: false, data: data.to_vec().into() }
     }
 
     fn dump(store: &Store) -> Vec<(StreamInfo, Vec<crate::storage::StoredBatch>)> {
@@ -958,7 +979,7 @@ mod tests {
             seq,
             ts,
             auto_create,
-            frames: payloads.iter().map(|p| serde_bytes::ByteBuf::from(p.to_vec())).collect(),
+            frames: payloads.iter().map(|p| bytes::Bytes::copy_from_slice(p)).collect(),
         }
     }
 
@@ -1035,7 +1056,7 @@ mod tests {
             seq,
             ts,
             auto_create: true,
-            data: data.to_vec(),
+            data: bytes::Bytes::copy_from_slice(data),
         };
         let out = sm
             .apply(vec![
@@ -1107,7 +1128,7 @@ mod properties {
         );
         prop_oneof![
             4 => (name.clone(), proptest::option::of(edgy(5)), edgy(100), any::<bool>(), 0..3usize).prop_map(
-                |(stream, seq, ts, auto_create, len)| Command::Publish { stream, seq, ts, auto_create, data: vec![7; len] }
+                |(stream, seq, ts, auto_create, len)| Command::Publish { stream, seq, ts, auto_create, data: vec![7; len].into() }
             ),
             1 => (name.clone(), retention, edgy(100)).prop_map(|(name, retention, ts)| Command::PutStream { name, retention, ts }),
             1 => name.clone().prop_map(|name| Command::DeleteStream { name }),
@@ -1118,7 +1139,7 @@ mod properties {
                     seq,
                     ts,
                     auto_create,
-                    frames: lens.into_iter().map(|len| serde_bytes::ByteBuf::from(vec![7; len])).collect(),
+                    frames: lens.into_iter().map(|len| bytes::Bytes::from(vec![7; len])).collect(),
                 }),
         ]
     }
