@@ -266,7 +266,8 @@ impl PeerConnection {
         let addr = &self.addr;
         let proto =
             |what: String| RPCError::Network(NetworkError::new(&TransportError::Protocol { addr: addr.clone(), what }));
-        let body = Bytes::from(encode_presized(req).map_err(|e| proto(format!("encoding: {e}")))?);
+        // Sized before it is written (no regrowth copies of an append's entries).
+        let body = Bytes::from(crate::storage::encode(req).map_err(|e| proto(format!("encoding: {e}")))?);
         let path = rpc.path(self.group);
         match self.faults.as_ref().map_or(RpcFault::Deliver, |f| f.on_send(self.target, rpc)) {
             RpcFault::Deliver => {}
@@ -381,40 +382,6 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
     }
 }
 
-/// A postcard output sized before it is written: one allocation and one copy of each payload.
-/// `postcard::to_stdvec` grows its vector as it goes, and an append RPC of 100 KiB entries was
-/// copied about twice over by the regrowth (9 % of a leader's CPU).
-struct Presized(Vec<u8>);
-
-impl postcard::ser_flavors::Flavor for Presized {
-    type Output = Vec<u8>;
-    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
-        self.0.push(byte);
-        Ok(())
-    }
-    fn try_extend(&mut self, bytes: &[u8]) -> postcard::Result<()> {
-        self.0.extend_from_slice(bytes);
-        Ok(())
-    }
-    fn finalize(self) -> postcard::Result<Vec<u8>> {
-        Ok(self.0)
-    }
-}
-
-/// `value` postcard-encoded (the same bytes as `postcard::to_stdvec`), into a buffer allocated
-/// once at the size a first, counting pass gives.
-///
-/// Errors: what `value`'s `Serialize` refuses (postcard's error).
-fn encode_presized<T: Serialize + ?Sized>(value: &T) -> postcard::Result<Vec<u8>> {
-    let size = postcard::serialize_with_flavor::<T, postcard::ser_flavors::Size, usize>(
-        value,
-        postcard::ser_flavors::Size::default(),
-    )?;
-    let out = postcard::serialize_with_flavor(value, Presized(Vec::with_capacity(size)))?;
-    debug_assert_eq!(out.len(), size, "the counting pass and the encoding agree");
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -449,17 +416,6 @@ mod tests {
                 data: vec![0; bytes].into(),
             }),
         }
-    }
-
-    /// An RPC body is the same bytes as postcard's own encoder gives, allocated once at its
-    /// size (an append of many 100 KiB entries used to regrow its buffer as it was written).
-    #[test]
-    fn a_presized_encoding_is_postcard_s_and_fills_its_buffer_exactly() {
-        let entries: Vec<_> = [0, 1, 100 << 10, 3].into_iter().zip(1..).map(|(b, i)| publish(i, b)).collect();
-        let body = encode_presized(&entries).unwrap();
-        assert_eq!(body, postcard::to_stdvec(&entries).unwrap());
-        assert_eq!(body.capacity(), body.len(), "one allocation of the final size");
-        assert_eq!(encode_presized(&()).unwrap(), Vec::<u8>::new());
     }
 
     /// A follower's "disk low" answer holds for PEER_DISK_LOW_FRESH_MS and one answer without it

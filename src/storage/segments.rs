@@ -43,7 +43,7 @@ use std::sync::Arc;
 
 use openraft::RaftLogId;
 
-use super::{decode, encode, Entry, StoreError};
+use super::{decode, encode, encode_append, encoded_len, Entry, StoreError};
 use crate::raft::LogId;
 
 /// Most bytes preallocated for a segment (segments grow to it from
@@ -622,8 +622,9 @@ impl SegmentLog {
     /// Errors: I/O; [`StoreError::Corrupt`] when the entries do not follow the last one held.
     pub fn append(&mut self, entries: Vec<Entry>) -> Result<PendingSync, StoreError> {
         let purged = self.purged;
-        let mut pending: Vec<(LogId, Vec<u8>)> = Vec::with_capacity(entries.len());
-        let mut kept: Vec<Entry> = Vec::with_capacity(entries.len());
+        // Each entry with its encoded length, counted first: the records are then encoded
+        // straight into the run written to the segment (no buffer per entry, no regrowth).
+        let mut pending: Vec<(LogId, Entry, u32)> = Vec::with_capacity(entries.len());
         for e in entries {
             let id = *e.get_log_id();
             if purged.is_some_and(|p| id.index <= p.index) {
@@ -633,26 +634,20 @@ impl SegmentLog {
             // index 0 in a cluster, other indexes in its storage test suite).
             let expected = pending
                 .last()
-                .map(|(l, _)| l.index + 1)
+                .map(|(l, _, _)| l.index + 1)
                 .or(self.last_log_id().map(|l| l.index + 1))
                 .or(purged.map(|_| self.first));
             if expected.is_some_and(|x| x != id.index) {
                 return Err(corrupt(format!("append of index {} where {expected:?} was next", id.index)));
             }
-            let body = encode(&e)?;
-            let mut rec = Vec::with_capacity(HEADER_BYTES + body.len());
-            let len = u32::try_from(body.len()).map_err(|_| corrupt(format!("entry of {} bytes", body.len())))?;
-            rec.extend_from_slice(&len.to_le_bytes());
-            rec.extend_from_slice(&crc(id.index, &body).to_le_bytes());
-            rec.extend_from_slice(&id.index.to_le_bytes());
-            rec.extend_from_slice(&body);
-            pending.push((id, rec));
-            kept.push(e);
+            let size = encoded_len(&e)?;
+            let len = u32::try_from(size).map_err(|_| corrupt(format!("entry of {size} bytes")))?;
+            pending.push((id, e, len));
         }
         if pending.is_empty() {
             return Ok(PendingSync(Vec::new()));
         }
-        if let (Some(p), Some((id, _))) = (purged, pending.first()) {
+        if let (Some(p), Some((id, _, _))) = (purged, pending.first()) {
             if id.index == p.index + 1 && id.leader_id < p.leader_id {
                 return Err(corrupt(format!("append of {id}, which does not follow the purge point {p}")));
             }
@@ -661,11 +656,13 @@ impl SegmentLog {
             self.first = pending[0].0.index;
         }
         // Lay records out segment by segment: one write and one fsync per segment touched.
+        let mut kept: Vec<Entry> = Vec::with_capacity(pending.len());
         let mut touched: Vec<u64> = Vec::new();
-        let mut run: Vec<u8> = Vec::new();
+        let total: usize = pending.iter().map(|(_, _, len)| HEADER_BYTES + *len as usize).sum();
+        let mut run: Vec<u8> = Vec::with_capacity(total);
         let mut run_start = 0u64;
-        for (id, rec) in pending {
-            let need = rec.len() as u64;
+        for (id, e, len) in pending {
+            let need = (HEADER_BYTES + len as usize) as u64;
             let active =
                 if self.locs.is_empty() && run.is_empty() { None } else { self.segments.keys().next_back().copied() };
             let fits = active.and_then(|a| self.segments.get(&a)).is_some_and(|s| s.end + need <= s.capacity);
@@ -687,9 +684,22 @@ impl SegmentLog {
             if run.is_empty() {
                 run_start = seg.end;
             }
+            // The record: length, CRC-32 of index and body, index, then the body, encoded in place.
+            let at = run.len();
+            run.extend_from_slice(&len.to_le_bytes());
+            run.extend_from_slice(&[0; 4]);
+            run.extend_from_slice(&id.index.to_le_bytes());
+            encode_append(&e, &mut run)?;
+            let body = run.get(at + HEADER_BYTES..).unwrap_or_default();
+            debug_assert_eq!(body.len(), len as usize, "the counting pass and the encoding agree");
+            if body.len() != len as usize {
+                return Err(corrupt(format!("entry {id} encoded to {} bytes, counted {len}", body.len())));
+            }
+            let sum = crc(id.index, body).to_le_bytes();
+            run[at + 4..at + 8].copy_from_slice(&sum);
             self.locs.push_back(Loc { log_id: id, segment: name, offset: seg.end, len: need });
             seg.end += need;
-            run.extend_from_slice(&rec);
+            kept.push(e);
         }
         self.flush_run(&mut run, run_start, &mut touched)?;
         let sizes: Vec<u64> = self.locs.iter().rev().take(kept.len()).map(|l| l.len).collect();
