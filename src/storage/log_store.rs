@@ -63,8 +63,15 @@ impl RaftLogReader<TypeConfig> for LogStore {
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
         let (start, end) = to_bounds(&range);
+        let end = end.unwrap_or(u64::MAX);
+        // Entries still in memory are cloned here (their payloads are shared, not copied); a
+        // hand-off to the blocking pool and back cost more than that. Only a read of the files,
+        // or a log busy with an append, goes to the pool.
+        if let Some(entries) = self.store.try_log().and_then(|log| log.read_cached(start, end)) {
+            return Ok(entries);
+        }
         let store = self.store.clone();
-        blocking(move || store.log().read(start, end.unwrap_or(u64::MAX))).await.map_err(|e| raft_err(e, false))
+        blocking(move || store.log().read(start, end)).await.map_err(|e| raft_err(e, false))
     }
 }
 

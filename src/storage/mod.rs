@@ -644,6 +644,16 @@ impl Store {
         self.log.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The Raft log if no one holds it now, without waiting (for work cheap enough to do on an
+    /// async task: a read of cached entries).
+    pub(crate) fn try_log(&self) -> Option<std::sync::MutexGuard<'_, segments::SegmentLog>> {
+        match self.log.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// The group's directory ([`layout::group_dir`]).
     pub(crate) fn dir(&self) -> &Path {
         &self.dir

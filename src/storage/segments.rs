@@ -775,6 +775,25 @@ impl SegmentLog {
         Ok(out)
     }
 
+    /// [`SegmentLog::read`] when every entry it would return is in memory (the newest
+    /// [`CACHE_BYTES`] of entries), `None` when some must be read from the segment files. A
+    /// leader reads each new entry once per follower's append and once for the apply, all from
+    /// the cache: served without a file read, they need no hand-off to a blocking thread.
+    pub fn read_cached(&self, start: u64, end: u64) -> Option<Vec<Entry>> {
+        let Some(last) = self.last_log_id().map(|l| l.index) else { return Some(Vec::new()) };
+        let (from, to) = (start.max(self.first), end.min(last));
+        if from > to {
+            return Some(Vec::new());
+        }
+        let cached_from = last + 1 - self.cache.len() as u64;
+        if from < cached_from {
+            return None;
+        }
+        let skip = (from - cached_from) as usize;
+        let take = (to - from + 1) as usize;
+        Some(self.cache.iter().skip(skip).take(take).map(|(e, _)| e.clone()).collect())
+    }
+
     /// [`SegmentLog::read`] from the segment files, for `from..=to` within the log.
     fn read_disk(&self, from: u64, to: u64) -> Result<Vec<Entry>, StoreError> {
         let mut out = Vec::with_capacity((to - from + 1) as usize);
@@ -1056,6 +1075,29 @@ mod tests {
         assert_eq!(log.commit_hint().unwrap(), None);
         std::fs::write(dir.path().join("log").join(HINT_FILE), [1, 2, 3, 4, 5, 6, 7, 8, 9]).unwrap();
         assert_eq!(log.commit_hint().unwrap(), None);
+    }
+
+    /// Reads served from memory without a hand-off to a blocking thread return what a read
+    /// returns, and decline (`None`) any range that reaches entries only the files hold.
+    #[test]
+    fn cached_reads_match_reads_and_decline_what_only_the_files_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(&dir, None);
+        assert_eq!(log.read_cached(1, 5).map(|v| v.len()), Some(0), "an empty log reads nothing");
+        log.append((1..=5).map(|i| entry(1, i, 100)).collect()).unwrap().sync().unwrap();
+        let shown = |v: Vec<Entry>| v.iter().map(|e| format!("{e:?}")).collect::<Vec<_>>();
+        for (a, b) in [(1, 5), (2, 3), (5, 9), (0, u64::MAX), (6, 9), (4, 2)] {
+            let cached = log.read_cached(a, b).map(shown);
+            assert_eq!(cached, Some(shown(log.read(a, b).unwrap())), "{a}..={b}");
+        }
+        drop(log);
+        let mut log = open(&dir, None);
+        assert!(log.read_cached(1, 5).is_none(), "after a restart the entries are only in the files");
+        assert!(log.read_cached(4, 4).is_none());
+        log.append(vec![entry(1, 6, 10)]).unwrap().sync().unwrap();
+        assert_eq!(log.read_cached(6, 9).map(shown), Some(shown(log.read(6, 9).unwrap())));
+        assert!(log.read_cached(5, 6).is_none(), "a range reaching past the cache goes to the files");
+        assert_eq!(log.read(1, 6).unwrap().len(), 6);
     }
 
     #[test]
