@@ -97,7 +97,13 @@ impl Target for NatsTarget {
     /// once on the one connection), then a wait for all `n` acknowledgements. So a worker keeps
     /// as many publishes in flight as a Runnev worker sending `n` frames per request. Message
     /// `k` carries seq `seq + k` in its `Nats-Msg-Id` when a seq is given.
-    async fn publish_frames(&self, stream: usize, seq: Option<u64>, payload: Bytes, n: usize) -> Result<(), TargetError> {
+    async fn publish_frames(
+        &self,
+        stream: usize,
+        seq: Option<u64>,
+        payload: Bytes,
+        n: usize,
+    ) -> Result<(), TargetError> {
         let subject = &self.subjects[stream];
         let mut pending = Vec::with_capacity(n);
         for k in 0..n {

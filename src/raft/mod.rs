@@ -229,8 +229,13 @@ mod tests {
     /// builds replicate to each other during an upgrade).
     #[test]
     fn publish_commands_keep_their_log_encoding() {
-        let publish =
-            Command::Publish { stream: "s".into(), seq: Some(2), ts: 3, auto_create: true, data: b"ab".to_vec().into() };
+        let publish = Command::Publish {
+            stream: "s".into(),
+            seq: Some(2),
+            ts: 3,
+            auto_create: true,
+            data: b"ab".to_vec().into(),
+        };
         let frames = Command::PublishFrames {
             stream: "s".into(),
             seq: None,

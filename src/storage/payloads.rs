@@ -366,9 +366,9 @@ fn checksum(stream: u64, seq: u64, ts: u64, index: u64, payload: &[u8]) -> u32 {
 
 /// The seq of record `k` of a run starting at `first_seq`.
 fn seq_at(stream: u64, first_seq: u64, k: usize) -> Result<u64, StoreError> {
-    (k as u64)
-        .checked_add(first_seq)
-        .ok_or_else(|| StoreError::Corrupt(format!("payload stream {stream:x}: a run from seq {first_seq} passes u64::MAX")))
+    (k as u64).checked_add(first_seq).ok_or_else(|| {
+        StoreError::Corrupt(format!("payload stream {stream:x}: a run from seq {first_seq} passes u64::MAX"))
+    })
 }
 
 fn encode_header(stream: u64, seq: u64, ts: u64, index: u64, payload: &[u8]) -> Result<[u8; 32], StoreError> {
@@ -733,7 +733,9 @@ impl PayloadStore {
                 }
             };
             let Some(&Active { first, end: start }) = inner.active.get(&stream) else {
-                return Err(StoreError::Corrupt(format!("payload stream {stream:x} has no segment after one was made")));
+                return Err(StoreError::Corrupt(format!(
+                    "payload stream {stream:x} has no segment after one was made"
+                )));
             };
             let key = SegmentKey { stream, first };
             let file = match (created, inner.dirty.get(&key)) {
