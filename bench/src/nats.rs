@@ -80,16 +80,7 @@ impl Target for NatsTarget {
     }
 
     async fn publish(&self, stream: usize, seq: Option<u64>, payload: Bytes) -> Result<(), TargetError> {
-        let subject = self.subjects[stream].clone();
-        let pending = match seq {
-            Some(seq) => {
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert("Nats-Msg-Id", msg_id(&self.run, &subject, seq).as_str());
-                self.js.publish_with_headers(subject, headers, payload).await?
-            }
-            None => self.js.publish(subject, payload).await?,
-        };
-        check_ack(pending.await?)
+        check_ack(self.send(stream, seq, payload).await?.await?)
     }
 
     /// JetStream has no request carrying many messages; the equivalent load is `n` publishes
@@ -104,23 +95,35 @@ impl Target for NatsTarget {
         payload: Bytes,
         n: usize,
     ) -> Result<(), TargetError> {
-        let subject = &self.subjects[stream];
         let mut pending = Vec::with_capacity(n);
         for k in 0..n {
-            let ack = match frame_seq(seq, k) {
-                Some(seq) => {
-                    let mut headers = async_nats::HeaderMap::new();
-                    headers.insert("Nats-Msg-Id", msg_id(&self.run, subject, seq).as_str());
-                    self.js.publish_with_headers(subject.clone(), headers, payload.clone()).await?
-                }
-                None => self.js.publish(subject.clone(), payload.clone()).await?,
-            };
-            pending.push(ack);
+            pending.push(self.send(stream, frame_seq(seq, k), payload.clone()).await?);
         }
         for ack in pending {
             check_ack(ack.await?)?;
         }
         Ok(())
+    }
+}
+
+impl NatsTarget {
+    /// Sends one message to stream `stream`'s subject, with a `Nats-Msg-Id` when it has a seq,
+    /// and returns its pending PubAck (sent, not yet acknowledged).
+    async fn send(
+        &self,
+        stream: usize,
+        seq: Option<u64>,
+        payload: Bytes,
+    ) -> Result<jetstream::context::PublishAckFuture, TargetError> {
+        let subject = self.subjects[stream].clone();
+        Ok(match seq {
+            Some(seq) => {
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("Nats-Msg-Id", msg_id(&self.run, &subject, seq).as_str());
+                self.js.publish_with_headers(subject, headers, payload).await?
+            }
+            None => self.js.publish(subject, payload).await?,
+        })
     }
 }
 

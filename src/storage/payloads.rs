@@ -709,6 +709,8 @@ impl PayloadStore {
     ) -> Result<Vec<Location>, StoreError> {
         let mut locations = Vec::with_capacity(payloads.len());
         let mut closed = Vec::new();
+        // Record bytes not yet written: with the room left in a segment, the size of its run.
+        let mut left = payloads.iter().fold(0u64, |sum, p| sum.saturating_add(HEADER_BYTES + p.len() as u64));
         let mut inner = self.inner();
         let mut next = 0usize;
         while let Some(&head) = payloads.get(next) {
@@ -745,7 +747,9 @@ impl PayloadStore {
             };
             // The records from `next` on that this segment takes: the first always (the roll
             // above made room, or the segment is empty), the rest while they fit.
-            let mut run = Vec::new();
+            let left_before = left;
+            let room = self.segment_bytes.saturating_sub(start).max(HEADER_BYTES + head.len() as u64);
+            let mut run = Vec::with_capacity(usize::try_from(left.min(room)).unwrap_or(0));
             let mut end = start;
             while let Some(&payload) = payloads.get(next) {
                 let len = HEADER_BYTES + payload.len() as u64;
@@ -757,9 +761,11 @@ impl PayloadStore {
                 run.extend_from_slice(payload);
                 locations.push(Location { segment: first, offset: end, len: payload.len() as u32 });
                 end = end.saturating_add(len);
+                left = left.saturating_sub(len);
                 next += 1;
             }
             debug_assert_eq!(start.saturating_add(run.len() as u64), end, "a run's records are adjacent");
+            debug_assert!(run.len() as u64 <= left_before.min(room), "the run was sized for its records");
             file.write_at(start, &run)?;
             if let Some(a) = inner.active.get_mut(&stream) {
                 a.end = end;

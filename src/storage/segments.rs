@@ -757,22 +757,26 @@ impl SegmentLog {
     ///
     /// Errors: I/O; [`StoreError::Corrupt`] if a record no longer matches its checksum.
     pub fn read(&self, start: u64, end: u64) -> Result<Vec<Entry>, StoreError> {
-        let last = match self.last_log_id() {
-            Some(l) => l.index,
-            None => return Ok(Vec::new()),
-        };
-        let (from, to) = (start.max(self.first), end.min(last));
-        if from > to {
-            return Ok(Vec::new());
-        }
-        let cached_from = last + 1 - self.cache.len() as u64;
+        let Some((from, to, cached_from)) = self.held(start, end) else { return Ok(Vec::new()) };
         let mut out = if from < cached_from { self.read_disk(from, to.min(cached_from - 1))? } else { Vec::new() };
         if to >= cached_from {
-            let skip = (from.max(cached_from) - cached_from) as usize;
-            let take = (to - from.max(cached_from) + 1) as usize;
-            out.extend(self.cache.iter().skip(skip).take(take).map(|(e, _)| e.clone()));
+            out.extend(self.cached(from.max(cached_from), to, cached_from));
         }
         Ok(out)
+    }
+
+    /// The part of `start..=end` the log holds, as `(from, to, cached_from)`: the entries from
+    /// `cached_from` on are in memory. `None` when it holds none of them.
+    fn held(&self, start: u64, end: u64) -> Option<(u64, u64, u64)> {
+        let last = self.last_log_id()?.index;
+        let (from, to) = (start.max(self.first), end.min(last));
+        (from <= to).then(|| (from, to, last + 1 - self.cache.len() as u64))
+    }
+
+    /// Clones of the cached entries `from..=to`, all at or after `cached_from` ([`Self::held`]).
+    fn cached(&self, from: u64, to: u64, cached_from: u64) -> impl Iterator<Item = Entry> + '_ {
+        debug_assert!(cached_from <= from && from <= to, "{cached_from} <= {from} <= {to}");
+        self.cache.iter().skip((from - cached_from) as usize).take((to - from + 1) as usize).map(|(e, _)| e.clone())
     }
 
     /// [`SegmentLog::read`] when every entry it would return is in memory (the newest
@@ -780,18 +784,11 @@ impl SegmentLog {
     /// leader reads each new entry once per follower's append and once for the apply, all from
     /// the cache: served without a file read, they need no hand-off to a blocking thread.
     pub fn read_cached(&self, start: u64, end: u64) -> Option<Vec<Entry>> {
-        let Some(last) = self.last_log_id().map(|l| l.index) else { return Some(Vec::new()) };
-        let (from, to) = (start.max(self.first), end.min(last));
-        if from > to {
-            return Some(Vec::new());
+        match self.held(start, end) {
+            None => Some(Vec::new()),
+            Some((from, _, cached_from)) if from < cached_from => None,
+            Some((from, to, cached_from)) => Some(self.cached(from, to, cached_from).collect()),
         }
-        let cached_from = last + 1 - self.cache.len() as u64;
-        if from < cached_from {
-            return None;
-        }
-        let skip = (from - cached_from) as usize;
-        let take = (to - from + 1) as usize;
-        Some(self.cache.iter().skip(skip).take(take).map(|(e, _)| e.clone()).collect())
     }
 
     /// [`SegmentLog::read`] from the segment files, for `from..=to` within the log.

@@ -137,30 +137,21 @@ impl Tables<'_> {
         Ok(same)
     }
 
-    /// Appends batch `seq` of `name` (payload to its segment, then its index row).
-    fn append(&mut self, name: &str, seq: u64, ts: u64, index: u64, payload: &[u8]) -> Result<(), StoreError> {
-        let id = self.stream_id_or_assign(name)?;
-        let loc = self.store.payloads().append(id, seq, ts, index, payload)?;
-        self.index.insert((id, seq), IndexRow { ts, index, loc }.encode(id, seq).as_slice())?;
-        Ok(())
-    }
-
-    /// Appends `frames` as batches `first_seq`.. of `name` (one write per payload segment, then
-    /// an index row per batch).
-    fn append_frames(
+    /// Appends `payloads` as batches `first_seq`, `first_seq + 1`, … of `name`: one publish, or
+    /// the frames of one (one write per payload segment, then an index row per batch).
+    fn append(
         &mut self,
         name: &str,
         first_seq: u64,
         ts: u64,
         index: u64,
-        frames: &[bytes::Bytes],
+        payloads: &[&[u8]],
     ) -> Result<(), StoreError> {
         let id = self.stream_id_or_assign(name)?;
-        let payloads: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
-        let locations = self.store.payloads().append_run(id, first_seq, ts, index, &payloads)?;
+        let locations = self.store.payloads().append_run(id, first_seq, ts, index, payloads)?;
         for (k, loc) in locations.into_iter().enumerate() {
             let seq = first_seq.checked_add(k as u64).ok_or_else(|| {
-                StoreError::Corrupt(format!("stream {name}: frames from seq {first_seq} pass u64::MAX"))
+                StoreError::Corrupt(format!("stream {name}: batches from seq {first_seq} pass u64::MAX"))
             })?;
             self.index.insert((id, seq), IndexRow { ts, index, loc }.encode(id, seq).as_slice())?;
         }
@@ -268,7 +259,8 @@ impl Tables<'_> {
                 if created {
                     self.tombstones.remove(name)?;
                 }
-                self.append_frames(name, first_seq, ts, index, frames)?;
+                let payloads: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
+                self.append(name, first_seq, ts, index, &payloads)?;
                 debug_assert_eq!(last_seq - first_seq + 1, count, "one seq per frame");
                 self.enforce_retention(name, &mut meta, ts)?;
                 self.put_meta(name, &meta)?;
@@ -338,7 +330,7 @@ impl Tables<'_> {
                         if created {
                             self.tombstones.remove(stream.as_str())?;
                         }
-                        self.append(&stream, s, ts, index, &data)?;
+                        self.append(&stream, s, ts, index, &[&data])?;
                         self.enforce_retention(&stream, &mut meta, ts)?;
                         self.put_meta(&stream, &meta)?;
                         Ok(Outcome::Published { seq: s, ts, duplicate: false, index })
