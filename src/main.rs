@@ -22,6 +22,15 @@ use tokio::signal::unix::{signal, SignalKind};
 
 mod cli;
 
+/// The process's allocator: mimalloc (Leijen, Zorn, de Moura, "Mimalloc: Free List Sharding in
+/// Action", 2019), for its per-thread free lists. With glibc's malloc, allocation and free took
+/// a tenth to a sixth of a node's CPU under publish load (`malloc_consolidate`, `_int_malloc`,
+/// `unlink_chunk` in `perf`): a payload is allocated on one thread and freed on another (the
+/// blocking pool, the runtime's workers). The library does not choose an allocator; the
+/// executable does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use cli::{Exit, Output};
 
 /// The exit statuses, as `runnev --help` lists them after the commands.
