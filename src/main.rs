@@ -26,8 +26,9 @@ mod cli;
 /// Action", 2019), for its per-thread free lists. With glibc's malloc, allocation and free took
 /// a tenth to a sixth of a node's CPU under publish load (`malloc_consolidate`, `_int_malloc`,
 /// `unlink_chunk` in `perf`): a payload is allocated on one thread and freed on another (the
-/// blocking pool, the runtime's workers). The library does not choose an allocator; the
-/// executable does.
+/// blocking pool, the runtime's workers). Built without its transparent-huge-page requests
+/// (`no_thp`, Cargo.toml): with them a node's memory grew by 2 MiB pages. The library does not
+/// choose an allocator; the executable does.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
