@@ -99,12 +99,29 @@ async fn a_leader_without_a_majority_says_no_leader_with_exit_6() {
     let mut c = Cluster::start(3, &[]).await;
     let nodes = nodes_of(&c);
     cli(&["streams", "create", "orders", "--nodes", &nodes], &[]).await.expect_code(0, "create");
-    let leader = c.leader().await;
-    for id in c.followers().await {
-        c.stop(id).await;
+    // The leader every node agrees on, then the others stopped. On a loaded machine a new
+    // election can move the lead between reading it and stopping the others (CI once stopped
+    // the new leader and left the old one a candidate, "no leader is known"): that run tests
+    // nothing here, so the others start again and it is tried anew.
+    let mut leader = None;
+    for attempt in 1..=3 {
+        let (l, _) = c.wait_leader_agreed(Duration::from_secs(20)).await;
+        let others: Vec<u64> = c.running_ids().into_iter().filter(|id| *id != l).collect();
+        for &id in &others {
+            c.stop(id).await;
+        }
+        // Past the silence a leader may have before it counts as cut off (2 s).
+        tokio::time::sleep(Duration::from_millis(runnev::limits::LEADER_SILENCE_MAX_MS + 500)).await;
+        if c.cluster_info(l).await.is_ok_and(|v| v.state == "Leader") {
+            leader = Some(l);
+            break;
+        }
+        eprintln!("attempt {attempt}: node {l} no longer led once the others were stopped; again");
+        for id in others {
+            c.restart(id).await;
+        }
     }
-    // Past the silence a leader may have before it counts as cut off (2 s).
-    tokio::time::sleep(Duration::from_millis(runnev::limits::LEADER_SILENCE_MAX_MS + 500)).await;
+    let leader = leader.expect("a leader left alone in three attempts");
     let before = c.cluster_info(leader).await.expect("view").last_log_index;
 
     let r =
