@@ -69,9 +69,9 @@ where
 
 /// Runs short storage work on the calling task: work that only writes to the page cache and
 /// memory (no fsync, no directory scan), for which a hand-off to tokio's blocking pool and back
-/// costs more than the work itself (a tenth to a fifth of a follower's CPU with one batch per
-/// request). Under the simulation it is [`blocking`] (inline too, and the simulated disk's
-/// latency is still owed).
+/// costs more than the work itself (applying publishes this way took about 5 % off the three
+/// nodes' CPU per publish with one batch per request; BENCHMARKS.md). Under the simulation it
+/// is [`blocking`] (inline too, and the simulated disk's latency is still owed).
 ///
 /// The caller must keep it brief: it holds a runtime worker for as long as it runs.
 pub async fn brief<F, R>(f: F) -> R
