@@ -197,15 +197,7 @@ pub async fn publish(
     data: Option<String>,
     file: Option<PathBuf>,
 ) -> Result<()> {
-    let payload = match (data, file) {
-        (Some(d), _) => d.into_bytes(),
-        (None, Some(f)) => std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?,
-        (None, None) => {
-            let mut buf = Vec::new();
-            std::io::stdin().read_to_end(&mut buf).context("reading stdin")?;
-            buf
-        }
-    };
+    let payload = read_payload(data, file, std::io::stdin().lock())?;
     if frames {
         return publish_lines(client, output, stream, seq, &payload).await;
     }
@@ -217,6 +209,26 @@ pub async fn publish(
             ack.seq, ack.index
         )),
         Output::Text => say(format_args!("published seq {} to {stream} (log index {})", ack.seq, ack.index)),
+    }
+}
+
+/// The payload `runnev publish` sends: DATA as given, else the file `--file` names, else all of
+/// `stdin`. A DATA or `--file` of `-` means stdin, as for most command lines (a payload that is
+/// the one byte `-` is sent with `--file` of a file holding it, or through stdin).
+///
+/// Errors: the file or stdin cannot be read.
+pub fn read_payload(data: Option<String>, file: Option<PathBuf>, mut stdin: impl Read) -> Result<Vec<u8>> {
+    let from_stdin = |stdin: &mut dyn Read| -> Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        stdin.read_to_end(&mut buf).context("reading stdin")?;
+        Ok(buf)
+    };
+    match (data, file) {
+        (Some(d), _) if d == "-" => from_stdin(&mut stdin),
+        (Some(d), _) => Ok(d.into_bytes()),
+        (None, Some(f)) if f.as_os_str() == "-" => from_stdin(&mut stdin),
+        (None, Some(f)) => std::fs::read(&f).with_context(|| format!("reading {}", f.display())),
+        (None, None) => from_stdin(&mut stdin),
     }
 }
 
@@ -963,5 +975,26 @@ mod frames_tests {
         // A line larger than the budget goes alone (the server answers 413 if it is too large).
         let big = [0u8; 100];
         assert_eq!(requests_of(&[&line, &big, &line], 30), vec![(0, 1), (1, 2), (2, 3)]);
+    }
+}
+
+#[cfg(test)]
+mod payload_tests {
+    use super::*;
+
+    #[test]
+    fn a_dash_for_data_or_file_reads_stdin_and_anything_else_is_taken_as_given() {
+        let stdin = || &b"from stdin"[..];
+        assert_eq!(read_payload(Some("-".into()), None, stdin()).unwrap(), b"from stdin");
+        assert_eq!(read_payload(None, Some("-".into()), stdin()).unwrap(), b"from stdin");
+        assert_eq!(read_payload(None, None, stdin()).unwrap(), b"from stdin");
+        assert_eq!(read_payload(Some("--".into()), None, stdin()).unwrap(), b"--");
+        assert_eq!(read_payload(Some("hello".into()), None, stdin()).unwrap(), b"hello");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("p");
+        std::fs::write(&f, b"-").unwrap();
+        assert_eq!(read_payload(None, Some(f), stdin()).unwrap(), b"-", "a file holding a dash is sent as is");
+        let missing = dir.path().join("missing");
+        assert!(read_payload(None, Some(missing), stdin()).is_err());
     }
 }

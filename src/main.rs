@@ -449,10 +449,10 @@ enum Cmd {
         /// Your own seq (from 1), for idempotent retries.
         #[arg(short, long, value_parser = seq)]
         seq: Option<u64>,
-        /// The payload (else --file, else stdin).
+        /// The payload (else --file, else stdin; `-` is stdin).
         #[arg(conflicts_with = "file")]
         data: Option<String>,
-        /// Read the payload from this file.
+        /// Read the payload from this file (`-` is stdin).
         #[arg(short, long)]
         file: Option<PathBuf>,
         /// Publish each line of the input as its own batch, many batches per request (one Raft
