@@ -4,7 +4,7 @@
 //! [`crate::launcher`] starts and stops, and their restarts: a node that exits uncleanly (a crash,
 //! `kill -9`, or a node whose Raft core stopped for good and exited with status 1, the recovery
 //! path `node::run` relies on) is started again on its data, as systemd's `Restart=on-failure`
-//! does for `deploy/runnev.service` ([`Restarts`]). Must never: leave a child running after it returns or
+//! does for `deploy/runnev.service` (`Restarts`). Must never: leave a child running after it returns or
 //! after it dies (children get SIGTERM on a clean stop and, through `PR_SET_PDEATHSIG`, when
 //! this process is killed); start beside a process that holds one of its ports (a node left from
 //! an earlier run would take a node's place and could lead the others); or exit 0 when its

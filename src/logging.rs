@@ -67,7 +67,7 @@ pub fn init(format: LogFormat) {
 /// formation makes it certain at every first start, as every node initialises and campaigns at
 /// term 1 at once. openraft offers no way to lower it to debug, so it is filtered out at its one
 /// call site; the election itself is still logged at info by openraft (`RUST_LOG=openraft=info`).
-/// Repeated replication errors are thinned out as well ([`is_repeated_replication_error`]).
+/// Repeated replication errors are thinned out as well (`is_repeated_replication_error`).
 pub fn init_with(format: LogFormat, default: &str) {
     use tracing_subscriber::filter::{dynamic_filter_fn, filter_fn, FilterExt};
     use tracing_subscriber::layer::SubscriberExt;

@@ -75,7 +75,7 @@ pub struct NodeConfig {
     /// ([`crate::limits::RAFT_STOPPED_EXIT_AFTER_DEFAULT`]).
     pub exit_after_raft_stop: Duration,
     /// The token of `--admin-token-file`: made the cluster's first admin token (grant
-    /// `admin:*`) by whichever node first leads a cluster that has none ([`bootstrap_admin`]).
+    /// `admin:*`) by whichever node first leads a cluster that has none (`bootstrap_admin`).
     pub admin_token: Option<crate::auth::Token>,
 }
 

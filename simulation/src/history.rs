@@ -203,7 +203,7 @@ pub struct BeforeDelete {
     pub read_ms: u64,
     /// The `min_index` it read with.
     pub min_index: u64,
-    /// The retained batches, in seq order: (seq, ts, [`fnv`] of the payload).
+    /// The retained batches, in seq order: (seq, ts, [`fnv`](fn@fnv) of the payload).
     pub batches: Vec<(u64, u64, u64)>,
     /// The stream's `last_seq` as read.
     pub last_seq: u64,

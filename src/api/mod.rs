@@ -8,7 +8,7 @@
 //! the HTTP request to it if that is another node) → `Raft::client_write` replicates the entry to
 //! a majority, each fsyncing it → the state machine applies it → the outcome is answered.
 //!
-//! A node whose Raft core has stopped for good ([`raft_stopped`]: a storage failure, a panic,
+//! A node whose Raft core has stopped for good (`raft_stopped`: a storage failure, a panic,
 //! an internal error of openraft) can neither commit nor apply again until its process
 //! restarts. It then answers every client request on streams and members at once with `503
 //! not_ready` (so clients go to another node), ends its subscriptions and waits, and fails

@@ -5,7 +5,7 @@
 //! decode gets `400` and reaches no Raft state; nor hand openraft an RPC that, with peer TLS on,
 //! did not come over a connection whose verified certificate names the node the RPC claims as
 //! its sender (the candidate of a vote, the leader of an append or snapshot): that is `403
-//! forbidden` ([`super::auth::check_peer`]).
+//! forbidden` (`super::auth::check_peer`).
 
 use axum::body::Body;
 use axum::extract::State;
@@ -99,7 +99,7 @@ fn follows(s: &AppState, vote: &openraft::Vote<crate::raft::NodeId>) -> Result<(
 
 /// `POST /raft/append`: append-entries (Raft paper §5.3). One this node accepts (any answer but
 /// "higher vote") counts as hearing from a leader ([`super::contact`]). A node whose vote gate
-/// is closed answers a leader it cannot tell from a deposed one `503 not_ready` ([`follows`]).
+/// is closed answers a leader it cannot tell from a deposed one `503 not_ready` (`follows`).
 ///
 /// While this node's disk is low ([`crate::disk`]) it takes no new entries, and never lets
 /// them reach openraft (whose core would stop for good on the `ENOSPC` they would meet): it
@@ -172,7 +172,7 @@ pub async fn vote(State(s): State<AppState>, req: Request) -> Result<Response, A
 
 /// `POST /raft/snapshot`: one chunk of install-snapshot (Raft paper §7). One this node accepts
 /// (its vote is not above the sender's) counts as hearing from a leader. As an append, refused
-/// `503 not_ready` from a leader a node with a closed vote gate cannot trust yet ([`follows`]).
+/// `503 not_ready` from a leader a node with a closed vote gate cannot trust yet (`follows`).
 ///
 /// While this node's disk is low it refuses every chunk with `507 storage_full` and
 /// [`DISK_LOW_HEADER`], before openraft sees it: installing writes the whole snapshot.

@@ -251,7 +251,7 @@ pub fn gate_at_start(
 /// current term of each that belongs to a cluster ([`VoteGate::heard`], with the membership it reports): a closed gate
 /// follows a leader only once it knows enough of them ([`VoteGate::admits_leader`]). A peer
 /// that says it formed the cluster after this node, pristine, answered its probe as fresh
-/// proves the cluster new ([`proves_new`]): the gate opens as if this node had formed it (a
+/// proves the cluster new (`proves_new`): the gate opens as if this node had formed it (a
 /// wiped node's stays closed). Returns once the gate is open.
 pub async fn learn_peer_terms(
     gate: std::sync::Arc<VoteGate>,

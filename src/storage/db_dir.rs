@@ -1,7 +1,7 @@
 //! The directory that holds the redb database file, and the creation of the database in it.
 //!
 //! A data directory whose [`DB_FILE`] does not exist yet gets one created atomically
-//! ([`open_database`]): redb creates the database under [`DB_FILE_NEW`], the store's tables are
+//! (`open_database`): redb creates the database under [`DB_FILE_NEW`], the store's tables are
 //! committed durably, the database is closed (which syncs its shutdown header), the file is
 //! renamed to [`DB_FILE`] and the directory is fsynced; only then is it opened under its name.
 //! So a file named [`DB_FILE`] is always one that was completely created once. Why: redb
@@ -14,7 +14,7 @@
 //! it held nothing.
 //!
 //! The directory is a seam ([`DatabaseDir`]): production uses the real file system
-//! ([`FsDatabaseDir`]), the simulation its simulated disk, and both run [`open_database`].
+//! ([`FsDatabaseDir`]), the simulation its simulated disk, and both run `open_database`.
 //!
 //! Owns: the database file's names in the data directory and the order of the creation's steps.
 //! Must never: give a file named [`DB_FILE`] to redb to initialise (only the temporary file is

@@ -14,7 +14,7 @@
 //!
 //! Today a node hosts one group, [`GroupId::CLUSTER`] (id 0): every stream, the cluster's
 //! membership and its tokens. Data formats 1 to 4 kept that group's files at the top of the
-//! data directory; [`adopt_flat_layout`] moves them into `groups/0/` at the first start of a
+//! data directory; `adopt_flat_layout` moves them into `groups/0/` at the first start of a
 //! build of format 5, by renames (nothing is rewritten), after marking the directory format 5.
 //!
 //! Owns: the path of a group's directory and the move of the flat layout into group 0's.

@@ -5,13 +5,13 @@
 //! serves. Must never: acknowledge a write before it is fsynced, or serve a batch that is not
 //! applied (everything in the state-machine tables is committed by Raft).
 //!
-//! Layout (`--data-dir`, [`layout`]): `FORMAT` ([`format`]), and per Raft group, under
+//! Layout (`--data-dir`, [`layout`]): `FORMAT` ([`format`](mod@format)), and per Raft group, under
 //! `groups/<group id>/`:
 //! - `log/<index>.seg`: the Raft log (see [`segments`]);
 //! - `payloads/<stream id>-<first seq>.seg`: batch payloads, each written once when applied,
 //!   per stream in append-only segment files (see [`payloads`]);
-//! - `runnev.redb`: tables [`RAFT_META`], [`SM_META`], [`STREAMS`], [`TOMBSTONES`],
-//!   [`STREAM_IDS`], [`BATCH_INDEX`] (seq → where the payload is, never the payload), [`TOKENS`];
+//! - `runnev.redb`: tables `RAFT_META`, `SM_META`, `STREAMS`, `TOMBSTONES`,
+//!   `STREAM_IDS`, `BATCH_INDEX` (seq → where the payload is, never the payload), `TOKENS`;
 //!   created as `runnev.redb.new` and renamed once complete (see [`db_dir`]);
 //! - `snapshot.bin`: the newest snapshot, a manifest naming the payload segments it holds
 //!   (see [`snapshot`]), replaced atomically by rename.
@@ -19,7 +19,7 @@
 //! The state machine commits without fsync (the log is the durable record and replays it) and
 //! durably every [`crate::limits::SM_DURABLE_EVERY_ENTRIES`] entries or
 //! [`crate::limits::SM_DURABLE_EVERY_BYTES`] bytes, which bounds the replay after a crash.
-//! Every durable commit goes through [`Store::commit_durably`], which fsyncs the payload
+//! Every durable commit goes through `Store::commit_durably`, which fsyncs the payload
 //! segments first: a durable commit also persists the non-durable ones before it, so no durable
 //! state may ever point at payload bytes that are not on disk.
 
@@ -441,12 +441,12 @@ impl Store {
     /// Opens (or creates) the store of Raft group `group` in the data directory `data_dir`, in
     /// the group's directory ([`layout::group_dir`]), creating the directories, the database
     /// (atomically: [`db_dir`]) and every table. A data directory of format 4 or older has its
-    /// group 0 moved into its directory first ([`layout::adopt_flat_layout`]).
+    /// group 0 moved into its directory first (`layout::adopt_flat_layout`).
     ///
     /// Errors: a directory cannot be created; the data directory's `FORMAT` names another data
     /// format ([`StoreError::UnsupportedFormat`], checked before anything else is opened or
     /// moved); the flat layout cannot be moved; the database cannot be created
-    /// ([`db_dir::open_database`]); or redb cannot open the database (another process holds
+    /// (`db_dir::open_database`); or redb cannot open the database (another process holds
     /// it, or it is corrupt).
     pub fn open_group(data_dir: &Path, group: layout::GroupId) -> Result<Arc<Store>, StoreError> {
         let dir = layout::group_dir(data_dir, group);
@@ -1080,7 +1080,7 @@ impl Store {
 
 impl Drop for Store {
     /// redb makes pending non-durable commits durable when the database closes: the payload
-    /// bytes their index rows point at must be on disk first ([`Store::commit_durably`]).
+    /// bytes their index rows point at must be on disk first (`Store::commit_durably`).
     fn drop(&mut self) {
         if let Err(e) = self.payloads.sync() {
             tracing::error!(error = %e, "fsync of payload segments at close failed; the next start replays the log from the last durable state");

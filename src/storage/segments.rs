@@ -22,7 +22,7 @@
 //! a length past the segment or an index out of sequence ends the log, and only the newest
 //! segment may end that way (older segments were fsynced whole before a newer one was written),
 //! and only as a torn write does (a damaged record followed by an intact next one with no zeroed
-//! sector between is a flipped bit, [`intact_record_after`]); anything else is corruption and the
+//! sector between is a flipped bit, `intact_record_after`); anything else is corruption and the
 //! node refuses to start.
 //!
 //! What openraft is told ([`SegmentLog::purged`], [`SegmentLog::last_log_id`]) must be a log it

@@ -10,11 +10,11 @@
 //!
 //! The whole snapshot (`RUNNEVS2`, what is sent and installed, and what a backup holds): the
 //! 8-byte magic, then records, each a u32 LE length and that many bytes of a postcard-encoded
-//! [`Record`]: one `Header`, the `Clock` (the cluster clock of the state machine; a snapshot
+//! `Record`: one `Header`, the `Clock` (the cluster clock of the state machine; a snapshot
 //! without one, from an older build, installs clock 0), then every `Stream`, every `Tombstone`,
 //! every `Token` (salted hashes, never secrets), every `Batch` in (stream, seq) order, then `End`
 //! with the counts, which detects a truncated file. A `Batch` carries the batch in the checked
-//! encoding of data format 2 ([`BatchValue`], keyed by the stream's name), whatever the node
+//! encoding of data format 2 (`BatchValue`, keyed by the stream's name), whatever the node
 //! keeps on disk, so nodes of data formats 2 to 4 exchange snapshots. (`RUNNEVS1`, of data
 //! format 1, is still read.)
 //!
@@ -24,7 +24,7 @@
 //! between), so building one writes a record per stream, not the payloads (Kafka and Redpanda
 //! likewise keep immutable segments rather than copy them). Payload segments are append-only
 //! and retention removes whole ones, so the bytes a span names do not change while its segments
-//! are pinned. A manifest is made whole ([`materialize`]) only when it is sent, into a file
+//! are pinned. A manifest is made whole (`materialize`) only when it is sent, into a file
 //! without a name that is gone once sent; installing a received snapshot appends its payloads
 //! to the node's own segments and replaces it by a manifest of them.
 

@@ -10,7 +10,7 @@
 //! stops the eviction it was asked for, and leaves the metadata as it was.
 //!
 //! Cluster time is monotonic in the replicated state: the state machine keeps the highest `ts`
-//! it has applied (`clock_ms` in [`SM_META`], carried by snapshots), and the effective `ts` of an
+//! it has applied (`clock_ms` in `SM_META`, carried by snapshots), and the effective `ts` of an
 //! entry that carries one (publish, stream create or update, tick) is
 //! `max(proposed ts, clock_ms)`. So a batch's `ts` never goes backwards, within a stream or
 //! across streams, and a leader whose clock is behind can neither stamp batches in the past nor
