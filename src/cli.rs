@@ -218,17 +218,17 @@ pub async fn publish(
 ///
 /// Errors: the file or stdin cannot be read.
 pub fn read_payload(data: Option<String>, file: Option<PathBuf>, mut stdin: impl Read) -> Result<Vec<u8>> {
-    let from_stdin = |stdin: &mut dyn Read| -> Result<Vec<u8>> {
-        let mut buf = Vec::new();
-        stdin.read_to_end(&mut buf).context("reading stdin")?;
-        Ok(buf)
-    };
+    // A `-` names stdin, the source when neither is given (clap refuses both at once).
+    let data = data.filter(|d| d != "-");
+    let file = file.filter(|f| f.as_os_str() != "-");
     match (data, file) {
-        (Some(d), _) if d == "-" => from_stdin(&mut stdin),
         (Some(d), _) => Ok(d.into_bytes()),
-        (None, Some(f)) if f.as_os_str() == "-" => from_stdin(&mut stdin),
         (None, Some(f)) => std::fs::read(&f).with_context(|| format!("reading {}", f.display())),
-        (None, None) => from_stdin(&mut stdin),
+        (None, None) => {
+            let mut buf = Vec::new();
+            stdin.read_to_end(&mut buf).context("reading stdin")?;
+            Ok(buf)
+        }
     }
 }
 
