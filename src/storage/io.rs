@@ -85,6 +85,23 @@ where
     f()
 }
 
+/// Runs blocking storage work that nobody waits for, such as removing the log segments a
+/// purge emptied: on tokio's blocking pool, or inline under the simulation (where it stays
+/// deterministic and its simulated latency is owed to no caller) and outside any tokio runtime
+/// (an offline tool). `f` reports its own failures: it has no caller to return them to.
+pub fn behind<F>(f: F)
+where
+    F: FnOnce() + Send + 'static,
+{
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) if !inline() => drop(runtime.spawn_blocking(f)),
+        _ => {
+            f();
+            OWED_MS.with(|o| o.set(0));
+        }
+    }
+}
+
 /// A snapshot file as openraft reads and writes it (`SnapshotData`): a tokio file in
 /// production, a plain file used synchronously under the simulation, or one not made yet.
 #[derive(Debug)]

@@ -14,6 +14,7 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{RaftLogReader, Vote};
 use redb::ReadableDatabase;
 
+use super::segments::Retired;
 use super::{blocking, decode, encode, raft_err, Entry, Store, StoreError, RAFT_META};
 use crate::raft::{LogId, NodeId, StorageError, TypeConfig};
 
@@ -155,10 +156,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         blocking(move || store.log().truncate(log_id.index)).await.map_err(|e| raft_err(e, true))
     }
 
+    /// Moves the purge point durably, then removes the segments it emptied on tokio's blocking
+    /// pool without waiting: openraft 0.9's core awaits this call, and while it waited for a
+    /// 64 MiB file's removal no entry was replicated or committed (`segments::Retired`).
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let store = self.store.clone();
         let bytes = encode(&log_id).map_err(|e| raft_err(e, true))?;
-        blocking(move || -> Result<(), StoreError> {
+        let retired = blocking(move || -> Result<Option<Retired>, StoreError> {
             // openraft 0.9 purges the log a received snapshot covers as soon as it hands the
             // install to the state machine's worker, before the install has committed
             // (`FollowingHandler::install_full_snapshot`). A crash in between left a purge point
@@ -172,7 +176,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 && store.last_applied()?.is_none_or(|a| a.index < log_id.index)
             {
                 tracing::debug!(upto = %log_id, "purge past the applied log id left to the snapshot install under way");
-                return Ok(());
+                return Ok(None);
             }
             // The purge point is durable before any entry is dropped: recovery skips entries
             // at or below it, so a crash in between leaves no gap below the log.
@@ -180,10 +184,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             if current.is_none_or(|c| c.index < log_id.index) {
                 Self::write_meta(&store, "last_purged", &bytes)?;
             }
-            store.log().purge(log_id)
+            let retired = store.log().purge(log_id)?;
+            Ok(Some(retired))
         })
         .await
-        .map_err(|e| raft_err(e, true))
+        .map_err(|e| raft_err(e, true))?;
+        if let Some(retired) = retired {
+            retired.remove_behind(log_id);
+        }
+        Ok(())
     }
 }
 

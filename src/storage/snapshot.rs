@@ -670,7 +670,8 @@ pub(crate) fn install(store: &Arc<Store>, file: File, meta: &SnapshotMeta) -> Re
         store.payloads().retire(id, None);
     }
     if let Some(last) = meta.last_log_id {
-        store.log().purge(last)?;
+        let retired = store.log().purge(last)?;
+        retired.remove_behind(last);
     }
     // The installed state, now durable, becomes the current snapshot as a manifest of this
     // node's own segments (the received file is not kept: it would hold every payload twice).
