@@ -11,8 +11,9 @@
 # Prints a line per run: build, msgs/s, p50 ms, server CPU µs per publish. The load generator
 # is the runnev-bench next to NEW_RUNNEV (`cargo build --release -p runnev-bench`).
 #
-# Env: COUNT (default 30000 publishes per run, after 5,000 to warm up), CONCURRENCY (default 64),
-# BASE_PORT (default 7600), DIR (default /tmp/runnev-ab).
+# Env: COUNT (default 30000 batches per run, after 5,000 to warm up), CONCURRENCY (default 64),
+# FRAMES (batches per request, SPEC §6; default 1: one batch a request; the CPU is then per
+# batch), BASE_PORT (default 7600), DIR (default /tmp/runnev-ab).
 # Not part of CI: it takes minutes and its figures depend on the machine.
 set -euo pipefail
 
@@ -22,6 +23,8 @@ rounds=${3:-3}
 bench="$(dirname "$new")/runnev-bench"
 count=${COUNT:-30000}
 concurrency=${CONCURRENCY:-64}
+frames=()
+[ "${FRAMES:-1}" -gt 1 ] && frames=(--frames "$FRAMES")
 base=${BASE_PORT:-7600}
 dir=${DIR:-/tmp/runnev-ab}
 tck=$(getconf CLK_TCK)
@@ -61,7 +64,7 @@ for which in "${order[@]}"; do
   "$bench" publish --nodes "$nodes" --concurrency "$concurrency" --count 5000 >/dev/null 2>&1
   mapfile -t pids < <(pgrep -f "runnev serve.*--data-dir $data/")
   before=$(ticks "${pids[@]}")
-  summary=$("$bench" publish --nodes "$nodes" --concurrency "$concurrency" --count "$count" --json 2>/dev/null | tail -1)
+  summary=$("$bench" publish --nodes "$nodes" --concurrency "$concurrency" --count "$count" "${frames[@]}" --json 2>/dev/null | tail -1)
   after=$(ticks "${pids[@]}")
   read -r rate p50 < <(echo "$summary" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(round(d["msgs_per_sec"]), d["p50_ms"])')
   echo "run $run $which: $rate msgs/s, p50 $p50 ms, server CPU $(((after - before) * 1000000 / tck / count)) us per publish"
