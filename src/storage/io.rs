@@ -87,18 +87,16 @@ where
 
 /// Runs blocking storage work that nobody waits for, such as removing the log segments a
 /// purge emptied: on tokio's blocking pool, or inline under the simulation (where it stays
-/// deterministic and its simulated latency is owed to no caller) and outside any tokio runtime
-/// (an offline tool). `f` reports its own failures: it has no caller to return them to.
+/// deterministic, and the simulated latency it owes is owed by the [`blocking`] call it runs
+/// within, as when the work was part of that call) and outside any tokio runtime (an offline
+/// tool). `f` reports its own failures: it has no caller to return them to.
 pub fn behind<F>(f: F)
 where
     F: FnOnce() + Send + 'static,
 {
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) if !inline() => drop(runtime.spawn_blocking(f)),
-        _ => {
-            f();
-            OWED_MS.with(|o| o.set(0));
-        }
+        _ => f(),
     }
 }
 

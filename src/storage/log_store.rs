@@ -14,7 +14,6 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{RaftLogReader, Vote};
 use redb::ReadableDatabase;
 
-use super::segments::Retired;
 use super::{blocking, decode, encode, raft_err, Entry, Store, StoreError, RAFT_META};
 use crate::raft::{LogId, NodeId, StorageError, TypeConfig};
 
@@ -156,13 +155,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         blocking(move || store.log().truncate(log_id.index)).await.map_err(|e| raft_err(e, true))
     }
 
-    /// Moves the purge point durably, then removes the segments it emptied on tokio's blocking
-    /// pool without waiting: openraft 0.9's core awaits this call, and while it waited for a
-    /// 64 MiB file's removal no entry was replicated or committed (`segments::Retired`).
+    /// Moves the purge point durably, then hands the segments it emptied to tokio's blocking
+    /// pool for removal without waiting (`segments::Retired::remove_behind`, after the log's
+    /// lock is released): openraft 0.9's core awaits this call, and while it waited for a
+    /// 64 MiB file's removal no entry was replicated or committed.
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let store = self.store.clone();
         let bytes = encode(&log_id).map_err(|e| raft_err(e, true))?;
-        let retired = blocking(move || -> Result<Option<Retired>, StoreError> {
+        blocking(move || -> Result<(), StoreError> {
             // openraft 0.9 purges the log a received snapshot covers as soon as it hands the
             // install to the state machine's worker, before the install has committed
             // (`FollowingHandler::install_full_snapshot`). A crash in between left a purge point
@@ -176,7 +176,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 && store.last_applied()?.is_none_or(|a| a.index < log_id.index)
             {
                 tracing::debug!(upto = %log_id, "purge past the applied log id left to the snapshot install under way");
-                return Ok(None);
+                return Ok(());
             }
             // The purge point is durable before any entry is dropped: recovery skips entries
             // at or below it, so a crash in between leaves no gap below the log.
@@ -185,14 +185,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 Self::write_meta(&store, "last_purged", &bytes)?;
             }
             let retired = store.log().purge(log_id)?;
-            Ok(Some(retired))
+            retired.remove_behind(log_id);
+            Ok(())
         })
         .await
-        .map_err(|e| raft_err(e, true))?;
-        if let Some(retired) = retired {
-            retired.remove_behind(log_id);
-        }
-        Ok(())
+        .map_err(|e| raft_err(e, true))
     }
 }
 
