@@ -484,6 +484,11 @@ pub struct NodeDisk {
     pub entries: BTreeMap<String, u64>,
 }
 
+/// How often [`DiskPhase::measure_settled`] measures, in ms.
+const SETTLE_POLL_MS: u64 = 500;
+/// The longest [`DiskPhase::measure_settled`] waits for the directories to settle, in ms.
+const SETTLE_MS_MAX: u64 = 10_000;
+
 /// The cluster's disk at one phase.
 #[derive(Debug, Clone, Serialize)]
 pub struct DiskPhase {
@@ -510,6 +515,27 @@ impl DiskPhase {
         let largest = nodes.iter().map(|n| n.bytes).max().unwrap_or(0);
         let bytes_per_payload_byte = if payload_bytes > 0 { largest as f64 / payload_bytes as f64 } else { 0.0 };
         DiskPhase { phase, payload_bytes, nodes, bytes_per_payload_byte }
+    }
+
+    /// [`DiskPhase::measure`] once the data directories stop shrinking: the log segments a
+    /// purge empties are removed in the background after the purge is reported (`purged_index`),
+    /// gently, so a measurement right after it could count some of them. Measures every
+    /// [`SETTLE_POLL_MS`] until two measurements in a row hold the same total, for at most
+    /// [`SETTLE_MS_MAX`] (then the last one).
+    async fn measure_settled(c: &LocalCluster, phase: &'static str, payload_bytes: u64) -> DiskPhase {
+        let total = |d: &DiskPhase| d.nodes.iter().map(|n| n.bytes).sum::<u64>();
+        let deadline = Instant::now() + Duration::from_millis(SETTLE_MS_MAX);
+        let mut last = DiskPhase::measure(c, phase, payload_bytes);
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(SETTLE_POLL_MS)).await;
+            let next = DiskPhase::measure(c, phase, payload_bytes);
+            let settled = total(&next) >= total(&last);
+            last = next;
+            if settled {
+                break;
+            }
+        }
+        last
     }
 
     fn print(&self, json: bool) {
@@ -624,7 +650,7 @@ pub async fn disk(a: DiskArgs) -> Result<(), BenchError> {
             }
         }
         wait_all_applied(c, commit_index(c).await).await?;
-        DiskPhase::measure(c, "snapshotted", payload).print(a.json);
+        DiskPhase::measure_settled(c, "snapshotted", payload).await.print(a.json);
         Ok(())
     })
     .await
