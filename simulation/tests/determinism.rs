@@ -107,7 +107,7 @@ fn seeds_replay_exactly() {
 /// was installed only with `RUST_LOG` set (`runner::init_tracing`: std's hash map keys count
 /// the maps created before). Release only (a swarm seed, slow in debug).
 #[test]
-#[ignore = "a swarm seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "a swarm seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn a_seed_replays_the_same_with_logs_on() {
     let run = |log: Option<&str>| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_simulation"));

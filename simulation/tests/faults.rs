@@ -2,7 +2,7 @@
 //! run's summary line counts what each kind did) and after which every invariant must hold.
 //! Each seed runs in the `simulation` binary, in its own process (a livelock is reported by the
 //! watchdog instead of hanging the test); release only, like the regression seeds
-//! (`cargo test -p simulation --release -- --ignored`, run by `scripts/test`).
+//! (`cargo test -p simulation --profile sim -- --ignored`, run by `scripts/test`).
 
 use std::process::Command;
 
@@ -37,7 +37,7 @@ fn count(summary: &str, what: &str) -> u64 {
 
 /// `SlowDisk`: fsyncs of one node take 10–500 ms while it lasts.
 #[test]
-#[ignore = "release only: cargo test -p simulation --release -- --ignored"]
+#[ignore = "sim profile only: cargo test -p simulation --profile sim -- --ignored"]
 fn a_slow_disk_slows_fsyncs_and_nothing_breaks_seed_43() {
     fires(43, "slow fsyncs");
 }
@@ -45,7 +45,7 @@ fn a_slow_disk_slows_fsyncs_and_nothing_breaks_seed_43() {
 /// `DiskFull`: writes refused with ENOSPC, the node's Raft core stops, it is restarted once
 /// space is back and rejoins on what it stored (a node cannot even start while the disk is full).
 #[test]
-#[ignore = "release only: cargo test -p simulation --release -- --ignored"]
+#[ignore = "sim profile only: cargo test -p simulation --profile sim -- --ignored"]
 fn a_full_disk_refuses_writes_and_the_node_comes_back_seed_15() {
     let summary = fires(15, "ENOSPC");
     assert!(summary.contains("full-disk restarts"), "{summary}");
@@ -54,14 +54,14 @@ fn a_full_disk_refuses_writes_and_the_node_comes_back_seed_15() {
 /// `ClockJumpLeader`: the leader's wall clock jumps by seconds to minutes, both ways; `ts` stays
 /// monotonic per stream (the `ts_order` invariant).
 #[test]
-#[ignore = "release only: cargo test -p simulation --release -- --ignored"]
+#[ignore = "sim profile only: cargo test -p simulation --profile sim -- --ignored"]
 fn clock_jumps_on_the_leader_keep_ts_monotonic_seed_13() {
     fires(13, "clock jumps");
 }
 
 /// `SnapshotCut`: install-snapshot chunks are cut mid-transfer and the leader starts again.
 #[test]
-#[ignore = "release only: cargo test -p simulation --release -- --ignored"]
+#[ignore = "sim profile only: cargo test -p simulation --profile sim -- --ignored"]
 fn an_interrupted_snapshot_transfer_is_started_again_seed_23() {
     fires(23, "snapshot chunks cut");
 }
@@ -69,7 +69,7 @@ fn an_interrupted_snapshot_transfer_is_started_again_seed_23() {
 /// `SnapshotCrash`: the receiving node crashes at one of its first disk operations after a
 /// snapshot chunk reached it (its install's commit, or around it), and restarts.
 #[test]
-#[ignore = "release only: cargo test -p simulation --release -- --ignored"]
+#[ignore = "sim profile only: cargo test -p simulation --profile sim -- --ignored"]
 fn a_crash_during_a_snapshot_install_seed_21() {
     fires(21, "snapshot crashes");
 }
@@ -81,7 +81,7 @@ fn a_crash_during_a_snapshot_install_seed_21() {
 /// acknowledged batches were lost), and a client whose first node was down for good never got
 /// a seq-less publish through (every dial hung until the request timeout: outcome unknown).
 #[test]
-#[ignore = "release only: cargo test -p simulation --release -- --ignored"]
+#[ignore = "sim profile only: cargo test -p simulation --profile sim -- --ignored"]
 fn a_flipped_bit_is_detected_and_never_served_seed_40() {
     fires(40, "rotten logs refused");
 }
@@ -94,7 +94,7 @@ fn a_flipped_bit_is_detected_and_never_served_seed_40() {
 /// vote), and every write sent to it retried a proposal openraft refused at once, waking on
 /// the metrics change its own refusal made: simulated time stopped at 4,701 ms.
 #[test]
-#[ignore = "release only: cargo test -p simulation --release -- --ignored"]
+#[ignore = "sim profile only: cargo test -p simulation --profile sim -- --ignored"]
 fn a_node_leaves_the_voters_during_faults_and_comes_back_seed_6() {
     fires(6, "membership changes");
 }
@@ -107,7 +107,7 @@ fn a_node_leaves_the_voters_during_faults_and_comes_back_seed_6() {
 /// answer from a deleted stream; `subscriber_view`: a gap where a subscriber missed the deleted
 /// stream's batches).
 #[test]
-#[ignore = "release only: cargo test -p simulation --release -- --ignored"]
+#[ignore = "sim profile only: cargo test -p simulation --profile sim -- --ignored"]
 fn streams_deleted_and_created_again_keep_their_seqs_seed_4() {
     let summary = fires(4, "stream deletes");
     assert!(count(&summary, "re-creates") > 0, "{summary}");
@@ -120,7 +120,7 @@ fn streams_deleted_and_created_again_keep_their_seqs_seed_4() {
 /// hold. Seed 6 with wipes on (the default): two wipes, one wiped node seen caught up during the
 /// fault phase.
 #[test]
-#[ignore = "release only: cargo test -p simulation --release -- --ignored"]
+#[ignore = "sim profile only: cargo test -p simulation --profile sim -- --ignored"]
 fn a_wiped_node_rejoins_under_its_old_id_and_is_caught_up_seed_6() {
     let summary = fires_with(&["--seed", "6", "--no-deletes"], "disks wiped");
     assert!(summary.contains("lost disks caught up"), "{summary}");
@@ -131,7 +131,7 @@ fn a_wiped_node_rejoins_under_its_old_id_and_is_caught_up_seed_6() {
 /// on every node, the replaced one included. Seed 5 draws no `Wipe`: the one lost disk is the
 /// replaced one.
 #[test]
-#[ignore = "release only: cargo test -p simulation --release -- --ignored"]
+#[ignore = "sim profile only: cargo test -p simulation --profile sim -- --ignored"]
 fn a_node_that_refuses_its_rotten_log_gets_a_new_disk_and_rejoins_seed_5() {
     let summary = fires_with(&["--seed", "5", "--no-deletes"], "rotten disks replaced");
     assert!(summary.contains("rotten logs refused") && summary.contains("lost disks caught up"), "{summary}");

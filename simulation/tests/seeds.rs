@@ -1,6 +1,6 @@
 //! The simulation in CI: a fixed set of seeds, each run by the `simulation` binary in its own
 //! process (so a livelock is reported by the watchdog instead of hanging the test run), and the
-//! seeds that reproduced bugs, pinned as regression tests (fixed; run in release by scripts/test).
+//! seeds that reproduced bugs, pinned as regression tests (fixed; run in the sim profile by scripts/test).
 //!
 //! `cargo test -p simulation` runs the CI seeds (debug build). Replay one with the command it
 //! prints, e.g. `cargo run -p simulation --release -- --seed 2`.
@@ -48,10 +48,10 @@ macro_rules! ci_seeds {
 }
 
 /// Swarm seeds 1..=50 (every fault kind on in some, most kinds off in others; larger
-/// workloads), swept two at a time, each in its own process, in release by `scripts/test`
-/// (`cargo test -p simulation --release -- --ignored`). About a minute and a half on two cores.
+/// workloads), swept two at a time, each in its own process, in the sim profile by `scripts/test`
+/// (`cargo test -p simulation --profile sim -- --ignored`). About a minute and a half on two cores.
 #[test]
-#[ignore = "a 50-seed sweep: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "a 50-seed sweep: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn swarm_seeds_1_to_50() {
     let (ok, out) = run(&["--seeds", "50", "--start", "1", "--jobs", "2"]);
     let tally = out.lines().filter(|l| l.contains(" seeds: ")).collect::<Vec<_>>().join("\n");
@@ -75,7 +75,7 @@ ci_seeds! {
 /// panics (`snapshot_last_log_id <= committed`) and the node never rejoins. Then bug 2 (the
 /// write path spins when the Raft core has stopped) livelocks the run.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_4_snapshot_ahead_of_durable_state_machine() {
     must_pass_repeatedly(4, 3);
 }
@@ -85,7 +85,7 @@ fn regression_seed_4_snapshot_ahead_of_durable_state_machine() {
 /// with the hole (skipping committed entries) and openraft then panics at
 /// `raft_core.rs:779` (`applying_entries.next().unwrap()`). About one run in two or three.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_215_log_hole_after_duplicated_appends() {
     must_pass_repeatedly(215, 5);
 }
@@ -93,7 +93,7 @@ fn regression_seed_215_log_hole_after_duplicated_appends() {
 /// Bug 3 again, with its consequences on what the node serves: a read with `min_index` that
 /// misses an acknowledged batch and a subscriber that silently skips two seqs.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_160_log_hole_serves_a_silent_gap() {
     must_pass_repeatedly(160, 5);
 }
@@ -102,7 +102,7 @@ fn regression_seed_160_log_hole_serves_a_silent_gap() {
 /// log was purged restarts with a Raft core that quits on a defensive storage error
 /// (`try to get log at index 38 but got Some(103)`) and never rejoins. Five runs in five.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_112_restart_after_snapshot_install_before_purge() {
     must_pass_repeatedly(112, 3);
 }
@@ -112,7 +112,7 @@ fn regression_seed_112_restart_after_snapshot_install_before_purge() {
 /// at index 45 after index 48"); one run in the 400-seed sweep that found it. The deterministic
 /// reproduction is `a_truncation_cut_short_then_a_power_loss_leaves_a_log_that_opens`.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_324_truncation_cut_short_then_power_loss() {
     must_pass_repeatedly(324, 3);
 }
@@ -129,7 +129,7 @@ fn regression_seed_324_truncation_cut_short_then_power_loss() {
 /// `a_lost_truncation_behind_a_newer_purge_point_is_discarded_at_restart` and, in runnev,
 /// `a_snapshot_restored_over_a_stale_log_tail_leaves_a_log_openraft_can_append_to`.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_200860_stale_log_tail_behind_a_newer_purge_point() {
     must_pass_repeatedly(200860, 12);
 }
@@ -140,7 +140,7 @@ fn regression_seed_200860_stale_log_tail_behind_a_newer_purge_point() {
 /// phase ended with n1 outside the voters, unread. The client now works from the leader's view
 /// of the voters.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_9_a_removal_with_a_lost_answer_is_put_back() {
     must_pass_swarm(9);
 }
@@ -150,7 +150,7 @@ fn regression_seed_9_a_removal_with_a_lost_answer_is_put_back() {
 /// (a bit flip) and no membership change could ever be made again. The control client now
 /// takes at most one node out at a time, and the driver flips no bit while a node is out.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_13_never_two_nodes_outside_the_voters() {
     must_pass_swarm(13);
 }
@@ -161,7 +161,7 @@ fn regression_seed_13_never_two_nodes_outside_the_voters() {
 /// leader finished the removal and n2, outside the cluster, could not be read. The heal phase
 /// now waits until every node has been seen a voter for three joint-repair periods.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_1055_a_removal_finished_after_the_heal_check() {
     must_pass_swarm(1055);
 }
@@ -174,7 +174,7 @@ fn regression_seed_1055_a_removal_finished_after_the_heal_check() {
 /// driver now also waits for the lost node's log to reach what the others held when it lost
 /// its disk. The product did right: n3 granted no vote throughout.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_98_a_second_disk_lost_before_the_first_caught_up() {
     must_pass_showing(
         "98",
@@ -198,7 +198,7 @@ fn regression_seed_98_a_second_disk_lost_before_the_first_caught_up() {
 /// `node::tests::a_node_whose_raft_core_stopped_exits_and_a_restart_serves_again` guards the
 /// exit.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_8710_a_node_whose_raft_core_stopped_is_restarted() {
     must_pass_showing("8710", &[], &["slow fsyncs", "clock jumps 3", "stream deletes", "re-creates"]);
 }
@@ -213,7 +213,7 @@ fn regression_seed_8710_a_node_whose_raft_core_stopped_is_restarted() {
 /// `node::tests::a_node_whose_vote_gate_is_closed_does_not_stand_for_election` fails without
 /// the fix.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_16436_a_wiped_node_does_not_stand_for_election() {
     must_pass_showing("16436", &[], &["disks wiped 1", "n2: disk wiped", "snapshot crashes 1"]);
 }
@@ -226,7 +226,7 @@ fn regression_seed_16436_a_wiped_node_does_not_stand_for_election() {
 /// either half) and let n1 lose its disk; it now reads `voter_sets` and counts a node in only
 /// one half as outside the voters, so the flip passes without effect.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_40331_no_disk_lost_while_a_joint_configuration_needs_it() {
     must_pass_showing("40331", &[], &["no bit flipped while another node is outside the voters"]);
 }
@@ -240,7 +240,7 @@ fn regression_seed_40331_no_disk_lost_while_a_joint_configuration_needs_it() {
 /// `tests/membership.rs` (`unsafe_changes_are_refused_and_the_leader_can_leave`, a debug build)
 /// and `api::members::tests` guard the rule).
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_40939_a_removed_leader_proposes_no_membership_change() {
     must_pass_showing("40939", &[], &["membership changes", "clock jumps 3"]);
 }
@@ -251,9 +251,29 @@ fn regression_seed_40939_a_removed_leader_proposes_no_membership_change() {
 /// openraft's `debug_assert!` stopped its Raft core. The API now refuses a change while the
 /// membership is joint (`api::members::refuse_while_joint`).
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_60360_no_membership_change_begins_from_a_joint_configuration() {
     must_pass_showing("60360", &[], &["membership changes 3"]);
+}
+
+/// Seed 66421 (README, found by the `sim` profile): n2, wiped, was caught up by a snapshot
+/// through index 507 while its disk was slow. The leader's install RPC timed out and hung up while
+/// openraft's core was still saving the vote; that dropped the HTTP handler, and with it the
+/// guard that leaves the purge through a received snapshot to its install. The purge point 507
+/// became durable ahead of the install, a power loss came in between, and n2 restarted with its
+/// log purged through 507 and nothing applied: openraft's validity check stopped it (`purge_upto
+/// <= committed`; in release the check is compiled out and the node needed entries it no longer
+/// had). The install and its guard now run in a task of their own, to openraft's answer
+/// (`api::raft_rpc::snapshot`). Only the `sim` profile, which `scripts/test` uses, fails it
+/// without the fix.
+#[test]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
+fn regression_seed_66421_a_hung_up_install_keeps_its_hold_on_the_purge() {
+    must_pass_showing(
+        "66421",
+        &[],
+        &["n2 restarts on an empty log", "crash n2 mid-write (PowerLoss { keep_per_mille: 0 }, at disk operation 25)"],
+    );
 }
 
 /// Lost disks (README, "Round two: lost disks", harness): n1, wiped, restarted while its disk
@@ -265,7 +285,7 @@ fn regression_seed_60360_no_membership_change_begins_from_a_joint_configuration(
 /// and n1's wiped start no longer meets one; the seed still wipes n1 twice and restarts nodes
 /// on full disks, and must pass.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_1026_a_wiped_node_starting_on_a_full_disk_is_restarted() {
     must_pass_showing("1026", &["--no-deletes"], &["disks wiped 2", "n1: disk wiped", "cannot start on a full disk"]);
 }
@@ -279,7 +299,7 @@ fn regression_seed_1026_a_wiped_node_starting_on_a_full_disk_is_restarted() {
 /// node with its vote gate closed now follows a leader only once it knows the current term of
 /// a majority of the other voters and none is past the leader's.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seeds_147_279_a_lost_disk_caught_up_by_a_deposed_leader() {
     for seed in ["147", "279"] {
         must_pass_showing(seed, &[], &["rotten disks replaced"]);
@@ -297,7 +317,7 @@ fn regression_seeds_147_279_a_lost_disk_caught_up_by_a_deposed_leader() {
 /// changes and clock jumps; the case itself is `tests/membership.rs`
 /// `a_wiped_node_is_caught_up_by_the_only_voter_left`.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_5039_a_wiped_learner_and_the_only_voter_left() {
     must_pass_showing("5039", &[], &["membership changes 2", "clock jumps 4"]);
 }
@@ -308,7 +328,7 @@ fn regression_seed_5039_a_wiped_learner_and_the_only_voter_left() {
 /// lost its leadership (a clock jump) n1 granted no vote, and two voters elected no leader for
 /// good. An installed snapshot, or an applied entry, of the leader's term now opens the gate.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_5281_a_wiped_voter_caught_up_by_snapshots() {
     must_pass_showing("5281", &[], &["lost disks caught up", "membership changes"]);
 }
@@ -321,7 +341,7 @@ fn regression_seed_5281_a_wiped_voter_caught_up_by_snapshots() {
 /// reproduction: `a_crash_at_any_operation_of_a_new_store_s_creation_leaves_a_store_that_opens`
 /// (`tests/store_creation_on_sim_disk.rs`).
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_5101_a_crash_while_a_new_store_is_created() {
     must_pass_showing("5101", &[], &["crash n2 mid-write (PowerLoss { keep_per_mille: 188 }, at disk operation 4)"]);
 }
@@ -332,7 +352,7 @@ fn regression_seed_5101_a_crash_while_a_new_store_is_created() {
 /// kept 27 as n2's term (terms only go up), never counted n2 again, and refused the leader of
 /// term 26 for good. A node now answers its durable term (the vote it last saved).
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_6177_a_term_reported_before_it_was_saved() {
     must_pass_showing("6177", &[], &["disks wiped", "full-disk restarts"]);
 }
@@ -344,7 +364,7 @@ fn regression_seed_6177_a_term_reported_before_it_was_saved() {
 /// which Raft cannot survive. The control client now takes no node out while a flipped bit is
 /// pending, as it already did while a lost disk was not caught up.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_6364_no_removal_while_a_flipped_bit_is_pending() {
     must_pass_showing("6364", &[], &["rotten disks replaced", "n1: flipped a bit"]);
 }
@@ -355,7 +375,7 @@ fn regression_seed_6364_no_removal_while_a_flipped_bit_is_pending() {
 /// restarted on a snapshot of a term past its vote, led its old term again and stopped its Raft
 /// core on its own append. A cut now rolls back the node's files on the real file system too.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_6935_a_snapshot_written_after_the_cut() {
     // Which disk operation the cut strikes at moves with the schedule (24 when pinned, 22 from
     // this stop's changes on); what the seed is for is that a power-loss cut strikes n1 mid-write.
@@ -369,7 +389,7 @@ fn regression_seed_6935_a_snapshot_written_after_the_cut() {
 /// refused every vote; when n2 then lost its disk, no leader could be elected again. The gate
 /// now opens in the same storage call as the record.
 #[test]
-#[ignore = "regression seed, slow in debug: scripts/test runs it in release (cargo test -p simulation --release -- --ignored)"]
+#[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_8130_a_vote_gate_left_closed_by_a_dropped_append() {
     must_pass_showing("8130", &[], &["rotten disks replaced", "disks wiped", "slow fsyncs"]);
 }

@@ -188,13 +188,31 @@ pub async fn snapshot(State(s): State<AppState>, req: Request) -> Result<Respons
         return Ok(resp);
     }
     let vote = req.vote;
-    // From the last chunk until the install has finished (openraft answers it then), the log
-    // store leaves the purge through the snapshot to the install (`LogStore::purge`).
-    let _install = match (req.done, req.meta.last_log_id) {
-        (true, Some(last)) => Some(s.store.begin_install(last.index)),
-        _ => None,
+    let answer = match (req.done, req.meta.last_log_id) {
+        // From the last chunk until the install has finished (openraft answers it then), the
+        // log store leaves the purge through the snapshot to the install (`LogStore::purge`).
+        // The guard and openraft's call live in a task of their own, which runs to openraft's
+        // answer even when this handler is dropped: the leader's RPC times out on a slow disk
+        // and hangs up while openraft's core is still saving the vote ahead of that purge.
+        // Dropped with the handler, the guard let the purge through the snapshot become durable
+        // ahead of the install, a crash came in between, and the node restarted with its log
+        // purged through 507 and nothing applied (simulation seed 66421).
+        (true, Some(last)) => {
+            let install = s.store.begin_install(last.index);
+            let raft = s.raft.clone();
+            let task = tokio::spawn(async move {
+                let answer = raft.install_snapshot(req).await;
+                drop(install);
+                answer
+            });
+            match task.await {
+                Ok(answer) => answer,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => return Err(ApiError::NotReady("this node is shutting down".into())),
+            }
+        }
+        _ => s.raft.install_snapshot(req).await,
     };
-    let answer = s.raft.install_snapshot(req).await;
     if matches!(&answer, Ok(r) if r.vote <= vote) {
         s.contact.heard();
         // A snapshot of the leader's own term, installed, is a commit of that term this node

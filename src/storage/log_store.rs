@@ -272,6 +272,15 @@ mod tests {
         assert_eq!(read, vec![id(18, 2, 7)]);
     }
 
+    /// A store in `dir` whose log holds entries 1..=8 of term 1 and whose state machine has
+    /// applied 1..=3, and its log store.
+    async fn applied_3_of_8(dir: &std::path::Path) -> (std::sync::Arc<Store>, LogStore) {
+        let store = Store::open(dir).unwrap();
+        store.log().append((1..=8).map(|i| blank(1, 3, i)).collect()).unwrap().sync().unwrap();
+        StateMachine::new(store.clone()).apply((1..=3).map(|i| blank(1, 3, i)).collect::<Vec<_>>()).await.unwrap();
+        (store.clone(), LogStore::new(store))
+    }
+
     /// Simulation seed 5101 (once a cut rolled back the snapshot files the cut incarnation
     /// wrote): openraft asked to purge the log through a received snapshot's last entry before
     /// the state machine had installed it, and a crash came in between. The purge point was
@@ -281,10 +290,7 @@ mod tests {
     #[tokio::test]
     async fn a_purge_past_the_applied_state_is_left_to_the_snapshot_install_under_way() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        store.log().append((1..=8).map(|i| blank(1, 3, i)).collect()).unwrap().sync().unwrap();
-        StateMachine::new(store.clone()).apply((1..=3).map(|i| blank(1, 3, i)).collect::<Vec<_>>()).await.unwrap();
-        let mut log_store = LogStore::new(store.clone());
+        let (store, mut log_store) = applied_3_of_8(dir.path()).await;
         let install = store.begin_install(6);
         log_store.purge(id(1, 3, 6)).await.unwrap();
         // A crash now, before the install committed: the node restarts on what it stored.
@@ -301,6 +307,24 @@ mod tests {
         // A purge of applied entries goes through during an install too.
         let _install = store.begin_install(8);
         log_store.purge(id(1, 3, 6)).await.unwrap();
+    }
+
+    /// Two installs can overlap (a duplicated install RPC, or a newer snapshot sent while the
+    /// first was installing): the end of one must not end the other's hold on the purge. Before,
+    /// one atomic held the last install begun, and whichever guard dropped first cleared it.
+    #[tokio::test]
+    async fn an_install_that_ends_leaves_an_overlapping_install_in_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, mut log_store) = applied_3_of_8(dir.path()).await;
+        let newer = store.begin_install(7);
+        let older = store.begin_install(5);
+        assert_eq!(store.install_pending_through(), Some(7));
+        drop(older);
+        assert_eq!(store.install_pending_through(), Some(7), "the newer install is still under way");
+        log_store.purge(id(1, 3, 7)).await.unwrap();
+        assert_eq!(log_store.get_log_state().await.unwrap().last_purged_log_id, None, "left to the install");
+        drop(newer);
+        assert_eq!(store.install_pending_through(), None);
     }
 
     #[test]

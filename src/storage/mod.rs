@@ -418,9 +418,9 @@ pub struct Store {
     /// replacing the current snapshot takes.
     snapshot_pin: std::sync::Mutex<Option<payloads::PinId>>,
     disk_low: Arc<AtomicBool>,
-    /// One more than the last log index of a received snapshot being installed, 0 when none
-    /// is ([`Store::begin_install`]).
-    install_through: AtomicU64,
+    /// The last log index of each received snapshot being installed ([`Store::begin_install`]),
+    /// one element per install under way (a duplicated RPC can start two).
+    installs: std::sync::Mutex<Vec<u64>>,
     /// Payload bytes applied since the last snapshot began ([`Store::note_applied_bytes`]).
     bytes_since_snapshot: AtomicU64,
     /// Those bytes that make a snapshot due (`--snapshot-log-bytes`; `u64::MAX`: never).
@@ -539,7 +539,7 @@ impl Store {
             committed_index: AtomicU64::new(0),
             snapshot_pin: std::sync::Mutex::new(Some(pin)),
             disk_low: Arc::default(),
-            install_through: AtomicU64::new(0),
+            installs: std::sync::Mutex::new(Vec::new()),
             bytes_since_snapshot: AtomicU64::new(0),
             snapshot_log_bytes: AtomicU64::new(u64::MAX),
             snapshot_due: tokio::sync::Notify::new(),
@@ -754,13 +754,14 @@ impl Store {
     /// dropped): the log store leaves a purge past the applied state to it
     /// (`log_store::LogStore::purge`).
     pub fn begin_install(self: &Arc<Self>, last_index: u64) -> InstallGuard {
-        self.install_through.store(last_index.saturating_add(1), Ordering::Release);
-        InstallGuard(self.clone())
+        self.installs.lock().unwrap_or_else(|p| p.into_inner()).push(last_index);
+        InstallGuard { store: self.clone(), last_index }
     }
 
-    /// The last log index of the received snapshot being installed, if one is.
+    /// The highest last log index of the received snapshots being installed, if one is: two
+    /// can overlap (a duplicated install RPC), and the end of one leaves the other's in force.
     pub(crate) fn install_pending_through(&self) -> Option<u64> {
-        self.install_through.load(Ordering::Acquire).checked_sub(1)
+        self.installs.lock().unwrap_or_else(|p| p.into_inner()).iter().copied().max()
     }
 
     /// The vote last saved durably (openraft's `save_vote`, or [`Store::seed_vote`]), `None`
@@ -1104,11 +1105,19 @@ pub struct BatchRef<'a> {
 pub use io::blocking;
 
 /// A received snapshot's install under way ([`Store::begin_install`]); dropping it ends it.
-pub struct InstallGuard(Arc<Store>);
+pub struct InstallGuard {
+    store: Arc<Store>,
+    last_index: u64,
+}
 
 impl Drop for InstallGuard {
     fn drop(&mut self) {
-        self.0.install_through.store(0, Ordering::Release);
+        let mut installs = self.store.installs.lock().unwrap_or_else(|p| p.into_inner());
+        let at = installs.iter().position(|&i| i == self.last_index);
+        debug_assert!(at.is_some(), "an install guard of {} with no install recorded", self.last_index);
+        if let Some(at) = at {
+            installs.swap_remove(at);
+        }
     }
 }
 
