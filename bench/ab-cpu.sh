@@ -13,7 +13,9 @@
 #
 # Env: COUNT (default 30000 batches per run, after 5,000 to warm up), CONCURRENCY (default 64),
 # FRAMES (batches per request, SPEC §6; default 1: one batch a request; the CPU is then per
-# batch), BASE_PORT (default 7600), DIR (default /tmp/runnev-ab).
+# batch), RATE (batches per second: an open-loop run on a fixed schedule, latency from the
+# scheduled time, each line then adds p99 and p99.9; use CONCURRENCY=256 so the schedule is kept),
+# WARM (default 5000 batches at c=64 first), BASE_PORT (default 7600), DIR (default /tmp/runnev-ab).
 # Not part of CI: it takes minutes and its figures depend on the machine.
 set -euo pipefail
 
@@ -23,8 +25,10 @@ rounds=${3:-3}
 bench="$(dirname "$new")/runnev-bench"
 count=${COUNT:-30000}
 concurrency=${CONCURRENCY:-64}
-frames=()
-[ "${FRAMES:-1}" -gt 1 ] && frames=(--frames "$FRAMES")
+load=()
+[ "${FRAMES:-1}" -gt 1 ] && load=(--frames "$FRAMES")
+[ -n "${RATE:-}" ] && load+=(--rate "$RATE")
+warm=${WARM:-5000}
 base=${BASE_PORT:-7600}
 dir=${DIR:-/tmp/runnev-ab}
 tck=$(getconf CLK_TCK)
@@ -61,13 +65,15 @@ for which in "${order[@]}"; do
     [ "$ready" = 3 ] && break
     sleep 0.2
   done
-  "$bench" publish --nodes "$nodes" --concurrency "$concurrency" --count 5000 >/dev/null 2>&1
+  "$bench" publish --nodes "$nodes" --concurrency 64 --count "$warm" >/dev/null 2>&1
   mapfile -t pids < <(pgrep -f "runnev serve.*--data-dir $data/")
   before=$(ticks "${pids[@]}")
-  summary=$("$bench" publish --nodes "$nodes" --concurrency "$concurrency" --count "$count" "${frames[@]}" --json 2>/dev/null | tail -1)
+  summary=$("$bench" publish --nodes "$nodes" --concurrency "$concurrency" --count "$count" "${load[@]}" --json 2>/dev/null | tail -1)
   after=$(ticks "${pids[@]}")
-  read -r rate p50 < <(echo "$summary" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(round(d["msgs_per_sec"]), d["p50_ms"])')
-  echo "run $run $which: $rate msgs/s, p50 $p50 ms, server CPU $(((after - before) * 1000000 / tck / count)) us per publish"
+  read -r rate p50 p99 p999 < <(echo "$summary" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(round(d["msgs_per_sec"]), d["p50_ms"], d["p99_ms"], d["p999_ms"])')
+  tail=""
+  [ -n "${RATE:-}" ] && tail=", p99 $p99 ms, p99.9 $p999 ms"
+  echo "run $run $which: $rate msgs/s, p50 $p50 ms$tail, server CPU $(((after - before) * 1000000 / tck / count)) us per publish"
   kill "$local_pid"
   wait "$local_pid" 2>/dev/null || true
   rm -rf "$data"
