@@ -441,8 +441,8 @@ struct EntryHead {
     log_id: LogId,
 }
 
-/// A segment's valid records as recovery found them, and whether it ended cleanly (a zero
-/// length or the end of the file) rather than on a damaged record.
+/// A segment's valid records as recovery found them, and whether it ended cleanly (a header
+/// of zeros or the end of the file) rather than on a damaged record.
 struct Scan {
     locs: Vec<Loc>,
     end: u64,
@@ -483,8 +483,14 @@ fn scan(file: &dyn SegmentFile, segment: u64, capacity: u64) -> Result<Scan, Sto
     while off + HEADER_BYTES as u64 <= capacity {
         file.read_at(off, &mut header)?;
         let Header { len, sum, index } = Header::parse(&header);
-        if len == 0 {
+        if header.iter().all(|b| *b == 0) {
             return Ok(Scan { locs, end: off, clean: true });
+        }
+        // A zero length under a header that is not all zeros is damage, not the end: a flipped
+        // bit of a length with one bit set (32, 64, … bytes) read as the log's clean end, and the
+        // node restarted without the acknowledged entries after it (simulation seed 69595).
+        if len == 0 {
+            return Ok(Scan { locs, end: off, clean: false });
         }
         let expected = locs.last().map_or(segment, |l| l.log_id.index + 1);
         let body_end = off + HEADER_BYTES as u64 + len;
@@ -1310,6 +1316,31 @@ mod tests {
             assert!(err.to_string().contains("not a torn write"), "{err}");
             flip_byte(&dir, at, 0x04);
         }
+        assert_eq!(indexes(&open(&dir, None)), vec![1, 2, 3, 4], "the log is whole again");
+    }
+
+    /// Simulation seed 69595: a flipped bit left a record's length at zero (a length with one
+    /// bit set), and recovery took the zero for the log's clean end: the node restarted without
+    /// the acknowledged entries from there on, led its term again and wrote other entries under
+    /// the same log ids. A header of zeros is the end; a zero length in any other header is
+    /// damage, refused like any flipped bit when an intact record follows.
+    #[test]
+    fn a_flipped_bit_that_zeroes_a_length_is_refused_not_taken_for_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(&dir, None);
+        log.append((1..=4).map(|i| entry(1, i, 40)).collect()).unwrap().sync().unwrap();
+        let second = log.locs[1];
+        drop(log);
+        let fs = FsSegments::new(dir.path().join("log")).unwrap();
+        let f = fs.open(1).unwrap();
+        let mut len = [0u8; 4];
+        f.read_at(second.offset, &mut len).unwrap();
+        f.write_at(second.offset, &[0u8; 4]).unwrap();
+        let err = SegmentLog::open(Arc::new(FsSegments::new(dir.path().join("log")).unwrap()), None)
+            .err()
+            .expect("a record whose length reads zero, followed by intact records, is refused");
+        assert!(err.to_string().contains("not a torn write"), "{err}");
+        f.write_at(second.offset, &len).unwrap();
         assert_eq!(indexes(&open(&dir, None)), vec![1, 2, 3, 4], "the log is whole again");
     }
 
