@@ -11,7 +11,7 @@
 # Prints a line per run: build, msgs/s, p50 ms, server CPU µs per publish. The load generator
 # is the runnev-bench next to NEW_RUNNEV (`cargo build --release -p runnev-bench`).
 #
-# Env: COUNT (default 30000 batches per run, after 5,000 to warm up), CONCURRENCY (default 64),
+# Env: COUNT (default 30000 batches per run, after WARM to warm up), CONCURRENCY (default 64),
 # FRAMES (batches per request, SPEC §6; default 1: one batch a request; the CPU is then per
 # batch), RATE (batches per second: an open-loop run on a fixed schedule, latency from the
 # scheduled time, each line then adds p99 and p99.9; use CONCURRENCY=256 so the schedule is kept),

@@ -1300,6 +1300,13 @@ mod tests {
         assert_eq!(indexes(&open(&dir, None)), vec![1, 2, 3]);
     }
 
+    /// Asserts that the log in `dir` does not open, refused as damage the disk returned rather
+    /// than cut as a torn write; `what` says why it must be refused.
+    fn assert_refused_as_damage(dir: &tempfile::TempDir, what: &str) {
+        let err = SegmentLog::open(Arc::new(FsSegments::new(dir.path().join("log")).unwrap()), None).err().expect(what);
+        assert!(err.to_string().contains("not a torn write"), "{what}: {err}");
+    }
+
     #[test]
     fn a_flipped_bit_before_the_last_record_is_refused_not_cut() {
         let dir = tempfile::tempdir().unwrap();
@@ -1310,10 +1317,7 @@ mod tests {
         // One bit of the second record's body, then (separately) of its length.
         for at in [second.offset + 300, second.offset] {
             flip_byte(&dir, at, 0x04);
-            let err = SegmentLog::open(Arc::new(FsSegments::new(dir.path().join("log")).unwrap()), None)
-                .err()
-                .expect("a flipped bit is refused");
-            assert!(err.to_string().contains("not a torn write"), "{err}");
+            assert_refused_as_damage(&dir, "a flipped bit is refused");
             flip_byte(&dir, at, 0x04);
         }
         assert_eq!(indexes(&open(&dir, None)), vec![1, 2, 3, 4], "the log is whole again");
@@ -1336,10 +1340,7 @@ mod tests {
         let mut len = [0u8; 4];
         f.read_at(second.offset, &mut len).unwrap();
         f.write_at(second.offset, &[0u8; 4]).unwrap();
-        let err = SegmentLog::open(Arc::new(FsSegments::new(dir.path().join("log")).unwrap()), None)
-            .err()
-            .expect("a record whose length reads zero, followed by intact records, is refused");
-        assert!(err.to_string().contains("not a torn write"), "{err}");
+        assert_refused_as_damage(&dir, "a record whose length reads zero, followed by intact records, is refused");
         f.write_at(second.offset, &len).unwrap();
         assert_eq!(indexes(&open(&dir, None)), vec![1, 2, 3, 4], "the log is whole again");
     }
