@@ -104,9 +104,22 @@ impl RunReport {
     }
 }
 
-/// The command that replays seed `seed` with `knobs`.
+/// The cargo profile flag of this build: `--profile sim` when debug assertions are compiled in
+/// (the `sim` profile, or a debug build), `--release` otherwise. A failure that is an assertion
+/// (seed 66421: openraft's `purge_upto <= committed`) does not reproduce in `--release`, where the
+/// assertion is compiled out, so the replay line must name the profile that found it.
+pub fn build_profile_flag() -> &'static str {
+    if cfg!(debug_assertions) {
+        "--profile sim"
+    } else {
+        "--release"
+    }
+}
+
+/// The command that replays seed `seed` with `knobs`, in the profile of this build
+/// ([`build_profile_flag`]).
 pub fn replay_command(seed: u64, knobs: Knobs) -> String {
-    let mut cmd = format!("cargo run -p simulation --release -- --seed {seed}");
+    let mut cmd = format!("cargo run -p simulation {} -- --seed {seed}", build_profile_flag());
     if knobs.fault_phase_ms != Knobs::default().fault_phase_ms {
         cmd.push_str(&format!(" --fault-ms {}", knobs.fault_phase_ms));
     }
@@ -987,5 +1000,18 @@ mod tests {
             Err("n1 is outside the voters".to_string())
         );
         assert!(may_lose_a_disk(1, |o| (o == 2).then_some("refusing its rotten log")).is_err());
+    }
+
+    /// The replay line builds with the assertions of the run that printed it: a `sim` (or debug)
+    /// build prints `--profile sim`, a release build `--release`.
+    #[test]
+    fn the_replay_line_names_the_profile_of_the_run() {
+        let line = replay_command(66421, Knobs::default());
+        let expected = if cfg!(debug_assertions) {
+            "cargo run -p simulation --profile sim -- --seed 66421"
+        } else {
+            "cargo run -p simulation --release -- --seed 66421"
+        };
+        assert_eq!(line, expected);
     }
 }
