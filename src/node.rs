@@ -357,11 +357,13 @@ async fn report_raft_stop(raft: Raft) {
 }
 
 /// Sets the term of the JSON log lines ([`crate::logging::set_term`]) at every change of this
-/// node's Raft metrics; never ends (a stopped core's last term stays).
+/// node's vote; never ends (a stopped core's last term stays). It watches openraft's server
+/// metrics, which change with the vote, role, leader and membership only, not at every log
+/// entry as the full metrics do ([`api::raft_stops`]).
 async fn follow_term(raft: &Raft) -> std::convert::Infallible {
-    let mut rx = raft.metrics();
+    let mut rx = raft.server_metrics();
     loop {
-        crate::logging::set_term(rx.borrow_and_update().current_term);
+        crate::logging::set_term(rx.borrow_and_update().vote.leader_id().get_term());
         if rx.changed().await.is_err() {
             std::future::pending::<()>().await;
         }

@@ -238,11 +238,14 @@ fn regression_seed_40331_no_disk_lost_while_a_joint_configuration_needs_it() {
 /// n2's Raft core (found by the `sim` profile, which checks openraft's `debug_assert!`s; in
 /// release the assertion is compiled out, so this pin guards the run and
 /// `tests/membership.rs` (`unsafe_changes_are_refused_and_the_leader_can_leave`, a debug build)
-/// and `api::members::tests` guard the rule).
+/// and `api::members::tests` guard the rule). Since the waits for the Raft core's stop sleep
+/// through log entries (`api::raft_stops`: fewer task wake-ups, so another schedule) the
+/// harness makes no membership change in this seed's run (its fault log shows none); the pin
+/// checks that it passes with what it still shows, and the rule is guarded by the tests above.
 #[test]
 #[ignore = "regression seed, slow in debug: scripts/test runs it in the sim profile (cargo test -p simulation --profile sim -- --ignored)"]
 fn regression_seed_40939_a_removed_leader_proposes_no_membership_change() {
-    must_pass_showing("40939", &[], &["membership changes", "clock jumps 3"]);
+    must_pass_showing("40939", &[], &["clock jumps 3", "disks wiped 1"]);
 }
 
 /// Seed 60360 (README): a leader in only the old half of a committed joint configuration

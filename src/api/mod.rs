@@ -154,14 +154,22 @@ fn stopped_in(rx: &tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, op
 
 /// Resolves, with the reason, once this node's Raft core has stopped for good: for waits on
 /// the applied index, which a stopped core never moves again.
+///
+/// It waits on openraft's server metrics (vote, role, leader, membership), which change with
+/// elections and membership changes only; the core drops their sender when it ends, after it
+/// reported why in its full metrics. The full metrics change several times per log entry
+/// (append, flush, replication, commit, apply), and a waiter on them was woken as often: every
+/// open subscription, every read waiting for an index and the node's own stop watch, on each
+/// node, at each entry. At one publish in flight that was a fifth of the cluster's CPU
+/// (BENCHMARKS.md, "Wake-ups per entry").
 pub(crate) async fn raft_stops(raft: &Raft) -> String {
-    let mut rx = raft.metrics();
+    let mut server = raft.server_metrics();
     loop {
-        if let Some(why) = stopped_in(&rx) {
+        if let Some(why) = raft_stopped(raft) {
             return why;
         }
-        if rx.changed().await.is_err() {
-            return stopped_in(&rx).unwrap_or_else(|| "the Raft core ended".into());
+        if server.changed().await.is_err() {
+            return raft_stopped(raft).unwrap_or_else(|| "the Raft core ended".into());
         }
     }
 }
@@ -597,6 +605,92 @@ pub(crate) fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Respon
 mod tests {
     use super::*;
     use futures::StreamExt;
+    use std::future::Future;
+    use std::time::Duration;
+
+    /// Counts the wakes of a future it is the waker of.
+    #[derive(Default)]
+    struct CountingWaker(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    impl CountingWaker {
+        fn wakes(&self) -> usize {
+            self.0.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    /// A one-node Raft group on a fresh store in `dir`, formed and leading.
+    async fn one_node_raft(dir: &std::path::Path) -> Raft {
+        let store = crate::storage::Store::open(dir).unwrap();
+        let config = openraft::Config { cluster_name: "test".into(), ..Default::default() }.validate().unwrap();
+        let network = crate::raft::network::Network::new(
+            store.group(),
+            crate::net::http_client(Arc::new(crate::net::TcpDialer)),
+            None,
+            Default::default(),
+        );
+        let raft = Raft::new(
+            1,
+            Arc::new(config),
+            network,
+            crate::storage::log_store::LogStore::new(store.clone()),
+            crate::storage::state_machine::StateMachine::new(store),
+        )
+        .await
+        .unwrap();
+        raft.initialize(std::collections::BTreeMap::from([(1, openraft::BasicNode::new("127.0.0.1:1"))]))
+            .await
+            .unwrap();
+        raft.wait(Some(Duration::from_secs(10))).state(openraft::ServerState::Leader, "leads").await.unwrap();
+        raft
+    }
+
+    fn publish(i: u8) -> crate::raft::Command {
+        crate::raft::Command::Publish {
+            stream: "s".into(),
+            seq: None,
+            ts: 0,
+            auto_create: true,
+            data: bytes::Bytes::from(vec![i; 100]),
+        }
+    }
+
+    /// A wait for the Raft core's stop (every subscription and every read waiting for an index
+    /// holds one) sleeps through log entries and wakes when the core stops. It waited on the
+    /// full metrics, which change several times per entry, and was woken at each: at one
+    /// publish in flight a fifth of the cluster's CPU went to such wake-ups.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wait_for_the_core_s_stop_sleeps_through_entries_and_wakes_at_the_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let raft = one_node_raft(dir.path()).await;
+        let first = raft.client_write(publish(0)).await.unwrap().log_id.index;
+        let counter = Arc::new(CountingWaker::default());
+        let waker = std::task::Waker::from(counter.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut stops = Box::pin(raft_stops(&raft));
+        assert!(stops.as_mut().poll(&mut cx).is_pending(), "the core runs");
+        let mut last = first;
+        for i in 1..=20 {
+            last = raft.client_write(publish(i)).await.unwrap().log_id.index;
+        }
+        assert_eq!(last, first + 20, "twenty entries were committed and applied");
+        assert_eq!(counter.wakes(), 0, "woken by log entries");
+        raft.shutdown().await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while counter.wakes() == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "not woken by the core's stop");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        match stops.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(why) => assert!(!why.is_empty()),
+            std::task::Poll::Pending => panic!("woken at the stop but still waiting"),
+        }
+    }
 
     /// A leader that removed itself keeps a committed vote for itself as a learner: openraft 0.9
     /// still names it `current_leader`; this node must not take itself for the leader then
