@@ -127,14 +127,38 @@ pub(crate) async fn write(
 /// membership without it commits). Proposing would only wait out the commit timeout and answer
 /// "outcome unknown"; checked before anything reaches openraft, so nothing is proposed.
 fn without_quorum(s: &AppState) -> Option<String> {
-    let ms = s.raft.metrics().borrow().millis_since_quorum_ack?;
-    (ms > LEADER_SILENCE_MAX_MS).then(|| {
-        format!(
-            "node {} is leader but no majority of the voters has acknowledged it for {ms} ms: a majority of nodes is \
-             down or partitioned; nothing was proposed",
-            s.node_id
-        )
-    })
+    let acked_ms_ago = s.raft.metrics().borrow().millis_since_quorum_ack;
+    quorum_problem(s.node_id, acked_ms_ago, || s.contact.cut_off(&s.raft, s.node_id))
+}
+
+/// [`without_quorum`] from openraft's `millis_since_quorum_ack` (`acked_ms_ago`, ms) and, when
+/// that is `None`, this node's contact with a leader (`contact`, [`super::contact`]).
+///
+/// `None` means no majority has acknowledged this leader since its election (the votes that
+/// elected it do not count). That lasts one round trip for a leader whose followers are up; for
+/// one whose voters went down right after they elected it, it lasts for good, and such a leader
+/// used to take every write up to the clock check and answer `not_ready` ("cannot tell whether
+/// its own clock is right") for as long as the client retried, instead of `no_leader`
+/// (`tests/cli.rs`, `a_cluster_without_a_majority_says_no_leader_with_exit_6`, when the
+/// survivor won an election with a vote from a node that was stopping). Such a leader is taken
+/// as cut off once it has heard from no leader (as a follower) for [`LEADER_SILENCE_MAX_MS`]
+/// either, as `/readyz` does.
+fn quorum_problem(
+    node_id: NodeId,
+    acked_ms_ago: Option<u64>,
+    contact: impl FnOnce() -> Option<super::contact::Silence>,
+) -> Option<String> {
+    let silence = match acked_ms_ago {
+        Some(ms) => (ms > LEADER_SILENCE_MAX_MS)
+            .then(|| format!("no majority of the voters has acknowledged it for {ms} ms"))?,
+        None => {
+            let silence = contact()?;
+            format!("no majority of the voters has acknowledged it since it was elected, and this node {silence}")
+        }
+    };
+    Some(format!(
+        "node {node_id} is leader but {silence}: a majority of nodes is down or partitioned; nothing was proposed"
+    ))
 }
 
 /// Why the leader cannot take a write for lack of disk, if it cannot: `507 storage_full` when
@@ -286,5 +310,29 @@ async fn forward(s: &AppState, addr: &str, req: &Forwardable) -> Result<Response
     match tokio::time::timeout(Duration::from_millis(FORWARD_TIMEOUT_MS), exchange).await {
         Ok(r) => r,
         Err(_) => Err(ForwardError::Unknown(format!("no answer within {FORWARD_TIMEOUT_MS} ms"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::contact::Silence;
+
+    /// A leader is cut off once a majority has not acknowledged it for LEADER_SILENCE_MAX_MS;
+    /// one no majority has acknowledged since its election is cut off once it has heard from no
+    /// leader for as long either (its voters went down right after they elected it), and not
+    /// before (a new leader's first round trip).
+    #[test]
+    fn a_leader_no_majority_acknowledged_since_its_election_is_cut_off() {
+        let never = || panic!("the contact is asked only when no majority acknowledged the leader");
+        assert_eq!(quorum_problem(1, Some(100), never), None);
+        let cut = quorum_problem(1, Some(LEADER_SILENCE_MAX_MS + 1), never).expect("cut off");
+        assert!(cut.contains("a majority of nodes is down or partitioned"), "{cut}");
+        assert_eq!(quorum_problem(1, None, || None), None, "a new leader in contact is given its round trip");
+        let since = quorum_problem(1, None, || Some(Silence::For(Duration::from_secs(17)))).expect("cut off");
+        assert!(since.contains("since it was elected"), "{since}");
+        assert!(since.contains("has not heard from a leader for 17000 ms"), "{since}");
+        assert!(since.contains("a majority of nodes is down or partitioned"), "{since}");
+        assert!(quorum_problem(1, None, || Some(Silence::Never)).is_some());
     }
 }
