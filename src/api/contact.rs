@@ -36,21 +36,36 @@ impl LeaderContact {
     /// [`LEADER_SILENCE_MAX_MS`] (or it never has since it started): `Some(silence)`, `None`
     /// for "in contact". A leader is in contact while a quorum acknowledged it within the bound.
     pub fn cut_off(&self, raft: &Raft, id: NodeId) -> Option<Silence> {
-        let bound = Duration::from_millis(LEADER_SILENCE_MAX_MS);
-        let leading = {
+        let quorum_ack_ms = {
             let m = raft.metrics();
             let m = m.borrow();
             (super::known_leader(&m, id) == Some(id)).then_some(m.millis_since_quorum_ack).flatten()
         };
-        if let Some(ms) = leading {
-            let s = Duration::from_millis(ms);
-            return (s > bound).then_some(Silence::NoQuorum(s));
-        }
-        match self.last.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.elapsed()) {
-            Some(s) if s <= bound => None,
-            Some(s) => Some(Silence::For(s)),
-            None => Some(Silence::Never),
-        }
+        let since_heard = self.last.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.elapsed());
+        verdict(quorum_ack_ms, since_heard)
+    }
+}
+
+/// The verdict of [`LeaderContact::cut_off`] from its two inputs: `quorum_ack_ms`, how long ago
+/// (ms) a majority of the voters last acknowledged this node, `Some` only while it leads and
+/// has been acknowledged since its election (openraft's `millis_since_quorum_ack`); and
+/// `since_heard`, how long ago it last heard from a leader as a follower (`None`: never since it
+/// started). Either older than [`LEADER_SILENCE_MAX_MS`] is a silence.
+///
+/// A leader no majority has acknowledged since its election (`quorum_ack_ms` `None`) is judged
+/// by its contact as a follower: that gives a new leader its first round trip, and takes one
+/// whose voters went down right after they elected it as cut off once the bound has passed
+/// since it last heard from a leader.
+fn verdict(quorum_ack_ms: Option<u64>, since_heard: Option<Duration>) -> Option<Silence> {
+    let bound = Duration::from_millis(LEADER_SILENCE_MAX_MS);
+    if let Some(ms) = quorum_ack_ms {
+        let s = Duration::from_millis(ms);
+        return (s > bound).then_some(Silence::NoQuorum(s));
+    }
+    match since_heard {
+        Some(s) if s <= bound => None,
+        Some(s) => Some(Silence::For(s)),
+        None => Some(Silence::Never),
     }
 }
 
@@ -74,5 +89,33 @@ impl std::fmt::Display for Silence {
                 write!(f, "is leader but no majority of the voters has acknowledged it for {} ms", d.as_millis())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BOUND: Duration = Duration::from_millis(LEADER_SILENCE_MAX_MS);
+    const PAST: Duration = Duration::from_millis(LEADER_SILENCE_MAX_MS + 1);
+
+    /// A leader is in contact while a majority acknowledged it within the bound, whatever it
+    /// heard as a follower, and cut off (NoQuorum) once that is older than the bound.
+    #[test]
+    fn a_leader_is_judged_by_its_majority_s_last_acknowledgement() {
+        assert_eq!(verdict(Some(100), None), None);
+        assert_eq!(verdict(Some(LEADER_SILENCE_MAX_MS), Some(PAST)), None);
+        assert_eq!(verdict(Some(LEADER_SILENCE_MAX_MS + 1), Some(Duration::ZERO)), Some(Silence::NoQuorum(PAST)));
+    }
+
+    /// A follower, or a leader no majority has acknowledged since its election, is judged by the
+    /// last time it heard from a leader: in contact up to the bound, then silent for that long,
+    /// and silent from its start when it never heard from one.
+    #[test]
+    fn without_an_acknowledgement_the_last_leader_heard_decides() {
+        assert_eq!(verdict(None, Some(Duration::from_millis(100))), None);
+        assert_eq!(verdict(None, Some(BOUND)), None);
+        assert_eq!(verdict(None, Some(PAST)), Some(Silence::For(PAST)));
+        assert_eq!(verdict(None, None), Some(Silence::Never));
     }
 }

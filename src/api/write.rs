@@ -20,8 +20,7 @@ use tokio::time::Instant;
 use super::AppState;
 use crate::error::ApiError;
 use crate::limits::{
-    FORWARDED_ANSWER_BYTES_MAX, FORWARD_HOPS_MAX, FORWARD_TIMEOUT_MS, LEADER_RECHECK_MS, LEADER_SILENCE_MAX_MS,
-    LEADER_WAIT_MS,
+    FORWARDED_ANSWER_BYTES_MAX, FORWARD_HOPS_MAX, FORWARD_TIMEOUT_MS, LEADER_RECHECK_MS, LEADER_WAIT_MS,
 };
 use crate::raft::{Command, NodeId, Outcome};
 
@@ -121,44 +120,32 @@ pub(crate) async fn write(
     .await
 }
 
-/// Why this leader cannot commit a write now, if it cannot: no majority of the voters has
-/// acknowledged it for longer than [`LEADER_SILENCE_MAX_MS`] (openraft's `millis_since_quorum_ack`;
-/// a leader cut off from the others keeps its role, as openraft 0.9 steps down only when a
-/// membership without it commits). Proposing would only wait out the commit timeout and answer
-/// "outcome unknown"; checked before anything reaches openraft, so nothing is proposed.
+/// Why this leader cannot commit a write now, if it cannot: it is cut off from a majority of the
+/// voters for longer than [`crate::limits::LEADER_SILENCE_MAX_MS`]
+/// ([`super::contact::LeaderContact::cut_off`]: openraft's `millis_since_quorum_ack`, or, while
+/// no majority has acknowledged it since its election, its last contact with a leader). A leader
+/// cut off from the others keeps its role, as openraft 0.9 steps down only when a membership
+/// without it commits; proposing would only wait out the commit timeout and answer "outcome
+/// unknown". Checked before anything reaches openraft, so nothing is proposed.
+///
+/// A leader whose voters went down right after they elected it has no acknowledgement at all;
+/// it used to take every write up to the clock check and answer `not_ready` ("cannot tell
+/// whether its own clock is right") for as long as the client retried, instead of `no_leader`
+/// (`tests/cli.rs`, `a_cluster_without_a_majority_says_no_leader_with_exit_6`).
 fn without_quorum(s: &AppState) -> Option<String> {
-    let acked_ms_ago = s.raft.metrics().borrow().millis_since_quorum_ack;
-    quorum_problem(s.node_id, acked_ms_ago, || s.contact.cut_off(&s.raft, s.node_id))
+    s.contact.cut_off(&s.raft, s.node_id).map(|silence| no_quorum_message(s.node_id, silence))
 }
 
-/// [`without_quorum`] from openraft's `millis_since_quorum_ack` (`acked_ms_ago`, ms) and, when
-/// that is `None`, this node's contact with a leader (`contact`, [`super::contact`]).
-///
-/// `None` means no majority has acknowledged this leader since its election (the votes that
-/// elected it do not count). That lasts one round trip for a leader whose followers are up; for
-/// one whose voters went down right after they elected it, it lasts for good, and such a leader
-/// used to take every write up to the clock check and answer `not_ready` ("cannot tell whether
-/// its own clock is right") for as long as the client retried, instead of `no_leader`
-/// (`tests/cli.rs`, `a_cluster_without_a_majority_says_no_leader_with_exit_6`, when the
-/// survivor won an election with a vote from a node that was stopping). Such a leader is taken
-/// as cut off once it has heard from no leader (as a follower) for [`LEADER_SILENCE_MAX_MS`]
-/// either, as `/readyz` does.
-fn quorum_problem(
-    node_id: NodeId,
-    acked_ms_ago: Option<u64>,
-    contact: impl FnOnce() -> Option<super::contact::Silence>,
-) -> Option<String> {
-    let silence = match acked_ms_ago {
-        Some(ms) => (ms > LEADER_SILENCE_MAX_MS)
-            .then(|| format!("no majority of the voters has acknowledged it for {ms} ms"))?,
-        None => {
-            let silence = contact()?;
+/// The `no_leader` message of [`without_quorum`] for leader `node_id` and its `silence`.
+fn no_quorum_message(node_id: NodeId, silence: super::contact::Silence) -> String {
+    use super::contact::Silence;
+    let why = match silence {
+        Silence::NoQuorum(d) => format!("no majority of the voters has acknowledged it for {} ms", d.as_millis()),
+        Silence::For(_) | Silence::Never => {
             format!("no majority of the voters has acknowledged it since it was elected, and this node {silence}")
         }
     };
-    Some(format!(
-        "node {node_id} is leader but {silence}: a majority of nodes is down or partitioned; nothing was proposed"
-    ))
+    format!("node {node_id} is leader but {why}: a majority of nodes is down or partitioned; nothing was proposed")
 }
 
 /// Why the leader cannot take a write for lack of disk, if it cannot: `507 storage_full` when
@@ -318,21 +305,24 @@ mod tests {
     use super::*;
     use crate::api::contact::Silence;
 
-    /// A leader is cut off once a majority has not acknowledged it for LEADER_SILENCE_MAX_MS;
-    /// one no majority has acknowledged since its election is cut off once it has heard from no
-    /// leader for as long either (its voters went down right after they elected it), and not
-    /// before (a new leader's first round trip).
+    /// The no_leader message says which silence cut the leader off: a majority's last
+    /// acknowledgement, or none since its election and none from a leader either.
     #[test]
-    fn a_leader_no_majority_acknowledged_since_its_election_is_cut_off() {
-        let never = || panic!("the contact is asked only when no majority acknowledged the leader");
-        assert_eq!(quorum_problem(1, Some(100), never), None);
-        let cut = quorum_problem(1, Some(LEADER_SILENCE_MAX_MS + 1), never).expect("cut off");
-        assert!(cut.contains("a majority of nodes is down or partitioned"), "{cut}");
-        assert_eq!(quorum_problem(1, None, || None), None, "a new leader in contact is given its round trip");
-        let since = quorum_problem(1, None, || Some(Silence::For(Duration::from_secs(17)))).expect("cut off");
+    fn the_no_quorum_message_says_which_silence_cut_the_leader_off() {
+        let cut = no_quorum_message(1, Silence::NoQuorum(Duration::from_millis(2_500)));
+        assert!(
+            cut.starts_with("node 1 is leader but no majority of the voters has acknowledged it for 2500 ms"),
+            "{cut}"
+        );
+        assert!(cut.contains("a majority of nodes is down or partitioned; nothing was proposed"), "{cut}");
+        let since = no_quorum_message(1, Silence::For(Duration::from_secs(17)));
         assert!(since.contains("since it was elected"), "{since}");
         assert!(since.contains("has not heard from a leader for 17000 ms"), "{since}");
         assert!(since.contains("a majority of nodes is down or partitioned"), "{since}");
-        assert!(quorum_problem(1, None, || Some(Silence::Never)).is_some());
+        let never = no_quorum_message(1, Silence::Never);
+        assert!(
+            never.contains("since it was elected, and this node has not heard from a leader since it started"),
+            "{never}"
+        );
     }
 }
