@@ -193,6 +193,11 @@ pub const JOINT_REPAIR_MS: u64 = 1_000;
 /// (outcome unknown), in ms.
 pub const COMMIT_WAIT_MS: u64 = 10_000;
 
+/// Fewest tokio worker threads a node runs, whatever its CPUs (`TOKIO_WORKER_THREADS`, when
+/// set, decides instead). The Raft core writes and fsyncs each log append on its own worker
+/// ([`crate::storage::io::brief`]); a second worker keeps answering requests meanwhile, and on a
+/// one-CPU host lets the CPU work while the disk does.
+pub const RUNTIME_WORKERS_MIN: usize = 2;
 /// Most commands the leader's proposer packs into one log entry.
 pub const PROPOSAL_COMMANDS_MAX: usize = 512;
 /// Payload bytes past which the proposer closes a batch (a batch always takes one command),

@@ -719,13 +719,35 @@ async fn shutdown_signal() {
     tracing::info!("shutdown signal received");
 }
 
+/// The process's tokio runtime: multi-threaded, with tokio's worker count (`TOKIO_WORKER_THREADS`,
+/// else one per CPU) but at least [`runnev::limits::RUNTIME_WORKERS_MIN`] unless the variable says
+/// otherwise.
+///
+/// Errors: the runtime could not start its threads.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if let Some(workers) = worker_threads(std::env::var_os("TOKIO_WORKER_THREADS").is_some(), cpus) {
+        builder.worker_threads(workers);
+    }
+    builder.build()
+}
+
+/// The worker threads to ask tokio for on a host with `cpus` CPUs: `None` (tokio decides) when
+/// `TOKIO_WORKER_THREADS` is set (`env_set`), else `cpus`, at least
+/// [`runnev::limits::RUNTIME_WORKERS_MIN`].
+fn worker_threads(env_set: bool, cpus: usize) -> Option<usize> {
+    (!env_set).then_some(cpus.max(runnev::limits::RUNTIME_WORKERS_MIN))
+}
+
 fn main() -> std::process::ExitCode {
     // Usage errors exit 2 (clap's own status, Exit::Usage), help and version 0.
     let args = match command().try_get_matches().and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m)) {
         Ok(args) => args,
         Err(e) => e.exit(),
     };
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match runtime() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("runnev: starting the runtime: {e}");
@@ -1035,6 +1057,16 @@ fn reference() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A node runs at least two workers (one may be fsyncing a log append), as many as its CPUs
+    /// beyond that, and exactly what TOKIO_WORKER_THREADS says when it is set.
+    #[test]
+    fn a_node_runs_at_least_two_workers_unless_told_otherwise() {
+        assert_eq!(worker_threads(false, 1), Some(2));
+        assert_eq!(worker_threads(false, 2), Some(2));
+        assert_eq!(worker_threads(false, 16), Some(16));
+        assert_eq!(worker_threads(true, 1), None);
+    }
 
     #[test]
     fn the_definitions_are_consistent() {

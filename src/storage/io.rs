@@ -67,13 +67,21 @@ where
     }
 }
 
-/// Runs short storage work on the calling task: work that only writes to the page cache and
-/// memory (no fsync, no directory scan), for which a hand-off to tokio's blocking pool and back
-/// costs more than the work itself (applying publishes this way took about 5 % off the three
-/// nodes' CPU per publish with one batch per request; BENCHMARKS.md). Under the simulation it
-/// is [`blocking`] (inline too, and the simulated disk's latency is still owed).
+/// Runs storage work on the calling task, for one of two callers:
 ///
-/// The caller must keep it brief: it holds a runtime worker for as long as it runs.
+/// - short work that only writes to the page cache and memory (no fsync, no directory scan),
+///   for which a hand-off to tokio's blocking pool and back costs more than the work itself
+///   (applying publishes this way took about 5 % off the three nodes' CPU per publish with one
+///   batch per request);
+/// - a log append and its fsync ([`super::log_store`]), which openraft 0.9's core awaits before
+///   it handles anything else: the core gains nothing from the hand-off, and it cost each node
+///   two thread wake-ups per entry (inline, c=64 publishes rose 4 % and the CPU per publish fell
+///   6 %, c=1's by 10 %; `tokio::task::block_in_place`, which hands the worker's other tasks to
+///   a new thread first, was 12 % worse than inline; BENCHMARKS.md). The runtime keeps at least
+///   two workers (`limits::RUNTIME_WORKERS_MIN`), so a node whose disk stalls still answers.
+///
+/// Under the simulation it is [`blocking`] (inline too, and the simulated disk's latency is
+/// still owed). It holds a runtime worker for as long as it runs.
 pub async fn brief<F, R>(f: F) -> R
 where
     F: FnOnce() -> R + Send + 'static,
