@@ -131,7 +131,7 @@ fn run(db: &Database, payloads: &PayloadStore, steps: &[Step], from: usize) -> B
             payloads.sync().unwrap();
             let sealed = payloads.seal();
             txn.commit().unwrap();
-            payloads.durable(sealed).unwrap();
+            payloads.durable(sealed);
         } else {
             txn.commit().unwrap();
         }

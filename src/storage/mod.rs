@@ -568,8 +568,7 @@ impl Store {
     /// also persists every non-durable state-machine commit before it, whose index rows point at
     /// those bytes; `txn` holds redb's only write transaction meanwhile, so no other commit
     /// slips in between. Then lets the payload segments retired by states now durable go
-    /// ([`payloads::PayloadStore::durable`]; a failure there is logged and retried at the next
-    /// durable commit: the commit itself succeeded).
+    /// ([`payloads::PayloadStore::durable`]: removed on the blocking pool, nobody waits).
     ///
     /// Errors: the fsync of a payload segment (nothing is committed) or the commit.
     pub(crate) fn commit_durably(&self, txn: redb::WriteTransaction) -> Result<(), StoreError> {
@@ -579,9 +578,7 @@ impl Store {
             self.payloads.unseal(sealed);
             return Err(e.into());
         }
-        if let Err(e) = self.payloads.durable(sealed) {
-            tracing::warn!(error = %e, "removing retired payload segments failed; retried at the next durable commit");
-        }
+        self.payloads.durable(sealed);
         Ok(())
     }
 

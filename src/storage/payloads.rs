@@ -157,9 +157,10 @@ pub trait PayloadDir: Send + Sync {
     /// Makes the segments created so far durable in the directory (`fsync` of the directory).
     fn sync_dir(&self) -> io::Result<()>;
     /// Takes handles of segments appended to and not synced that the store closes
-    /// ([`HandleBudget::dirty`]), to start their write-back away from the caller
+    /// ([`HandleBudget::dirty`]), or that had [`WRITE_BEHIND_AFTER_BYTES`] appended since their
+    /// last hint (the store keeps those open), to start their write-back away from the caller
     /// ([`SegmentFile::start_writeback`]): only a hint, so the next sync finds less to write.
-    /// By default they are closed at once.
+    /// By default they are dropped at once.
     fn write_behind(&self, files: Vec<Arc<dyn SegmentFile>>) {
         drop(files);
     }
@@ -184,6 +185,13 @@ pub const SYNCFS_ABOVE_FILES: usize = 16;
 /// [`HandleBudget::dirty`] handles: past them a batch is closed without the hint (open files
 /// stay bounded).
 pub const WRITE_BEHIND_BATCHES: usize = 2;
+
+/// Bytes appended to one payload segment after which the store hands its handle to
+/// [`PayloadDir::write_behind`] to start its write-back, though it stays open and dirty: the
+/// durable commit's fsync (every 1,000 entries or 64 MiB applied, inside the apply) then finds
+/// little left to write. PostgreSQL starts the write-back of its checkpoint writes every 256 kB
+/// the same way (`checkpoint_flush_after`, `sync_file_range(2)`).
+pub const WRITE_BEHIND_AFTER_BYTES: u64 = 256 * 1024;
 
 /// The write-behind thread's end of [`FsPayloads`]' hand-off: batches of closed handles.
 type WriteBehindSender = std::sync::mpsc::SyncSender<Vec<Arc<dyn SegmentFile>>>;
@@ -481,6 +489,9 @@ struct Inner {
     dirty: BTreeMap<SegmentKey, Option<Arc<dyn SegmentFile>>>,
     /// The segments of `dirty` whose handles are open, at most `budget.dirty`.
     dirty_open: Vec<SegmentKey>,
+    /// Bytes appended to each segment of `dirty` since its last write-back hint, while under
+    /// [`WRITE_BEHIND_AFTER_BYTES`].
+    unhinted: HashMap<SegmentKey, u64>,
     /// How many handles to keep open ([`PayloadDir::handle_budget`]).
     budget: HandleBudget,
     /// Retired segments that a state not yet durable may still refer to.
@@ -559,9 +570,7 @@ pub struct ReadGate<'a> {
 impl Drop for ReadGate<'_> {
     fn drop(&mut self) {
         drop(self.guard.take());
-        if let Err(e) = self.store.remove_removable() {
-            tracing::warn!(error = %e, "removing retired payload segments failed; retried later");
-        }
+        self.store.remove_removable();
     }
 }
 
@@ -659,13 +668,11 @@ impl PayloadStore {
         self.inner().pin(spans)
     }
 
-    /// Releases a pin of [`PayloadStore::pin`]; retired segments it alone kept are removed now
-    /// (or once no reader is in).
-    ///
-    /// Errors: I/O removing a segment; it is tried again later.
-    pub fn unpin(&self, pin: PinId) -> Result<(), StoreError> {
+    /// Releases a pin of [`PayloadStore::pin`]; retired segments it alone kept are handed for
+    /// removal now (or once no reader is in; [`PayloadStore::durable`]).
+    pub fn unpin(&self, pin: PinId) {
         self.inner().pins.remove(&pin);
-        self.remove_removable()
+        self.remove_removable();
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -708,7 +715,8 @@ impl PayloadStore {
         payloads: &[&[u8]],
     ) -> Result<Vec<Location>, StoreError> {
         let mut locations = Vec::with_capacity(payloads.len());
-        let mut closed = Vec::new();
+        // Handles whose write-back to start (closed past the budget, or written past the hint).
+        let mut write_back = Vec::new();
         // Record bytes not yet written: with the room left in a segment, the size of its run.
         let mut left = payloads.iter().fold(0u64, |sum, p| sum.saturating_add(HEADER_BYTES + p.len() as u64));
         let mut inner = self.inner();
@@ -770,11 +778,17 @@ impl PayloadStore {
             if let Some(a) = inner.active.get_mut(&stream) {
                 a.end = end;
             }
-            closed.extend(inner.appended(key, file));
+            let written = inner.unhinted.entry(key).or_default();
+            *written = written.saturating_add(run.len() as u64);
+            if *written >= WRITE_BEHIND_AFTER_BYTES {
+                inner.unhinted.remove(&key);
+                write_back.push(file.clone());
+            }
+            write_back.extend(inner.appended(key, file));
         }
         drop(inner);
-        if !closed.is_empty() {
-            self.dir.write_behind(closed);
+        if !write_back.is_empty() {
+            self.dir.write_behind(write_back);
         }
         debug_assert_eq!(locations.len(), payloads.len());
         Ok(locations)
@@ -796,6 +810,7 @@ impl PayloadStore {
                 )));
             }
             inner.dirty_open.clear();
+            inner.unhinted.clear();
             (std::mem::take(&mut inner.dirty), std::mem::take(&mut inner.created))
         };
         let (dirty, created) = dirty;
@@ -829,6 +844,7 @@ impl PayloadStore {
             if inner.dirty.remove(&key).is_some() {
                 inner.dirty_open.retain(|k| *k != key);
             }
+            inner.unhinted.remove(&key);
             if inner.active.get(&stream).is_some_and(|a| a.first == key.first) {
                 inner.active.remove(&stream);
             }
@@ -851,21 +867,30 @@ impl PayloadStore {
     }
 
     /// Tells the store that the durable commit `sealed` was taken for has committed: its
-    /// segments may go, and are removed now unless a reader is in (then when the last reader
-    /// leaves, or at a later call).
-    ///
-    /// Errors: I/O removing a segment; it is tried again later.
-    pub fn durable(&self, sealed: Sealed) -> Result<(), StoreError> {
+    /// segments may go, and are handed for removal now unless a reader is in (then when the
+    /// last reader leaves, or at a later call). Nobody waits for the removal itself
+    /// ([`PayloadStore::remove_removable`]).
+    pub fn durable(&self, sealed: Sealed) {
         self.inner().removable.extend(sealed.0);
-        self.remove_removable()
+        self.remove_removable();
     }
 
-    /// Removes the removable segments unless a reader is in.
-    fn remove_removable(&self) -> Result<(), StoreError> {
+    /// Hands the removable segments no pin holds to tokio's blocking pool for removal, unless
+    /// a reader is in (then the last reader out, or a later call, does). Nothing waits for the
+    /// removal ([`super::io::behind`]; inline under the simulation and outside a runtime): it
+    /// used to run inside the durable commit of the apply, or in a reader's drop, and unlinking a
+    /// 16 MiB segment on a file system that discards freed blocks takes milliseconds, so a
+    /// deleted stream of a few GiB held every write for seconds. Removing them after the read
+    /// gate is released is safe: a reader that takes the gate later makes its database read
+    /// after the commit that retired them, which no longer refers to them. Its time goes to
+    /// `runnev_payload_segment_remove_seconds`; a failure to the log, and the next start removes
+    /// what is left ([`PayloadStore::open`] removes every segment the durable state does not
+    /// refer to).
+    fn remove_removable(&self) {
         if self.inner().removable.is_empty() {
-            return Ok(());
+            return;
         }
-        let Ok(_excl) = self.gate.try_write() else { return Ok(()) };
+        let Ok(_excl) = self.gate.try_write() else { return };
         let removable = {
             let mut inner = self.inner();
             let (pinned, free): (BTreeSet<SegmentKey>, BTreeSet<SegmentKey>) =
@@ -873,20 +898,25 @@ impl PayloadStore {
             inner.removable = pinned;
             free
         };
-        let mut keys = removable.into_iter();
-        while let Some(key) = keys.next() {
-            match self.dir.remove(key) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    let mut inner = self.inner();
-                    inner.removable.insert(key);
-                    inner.removable.extend(keys);
-                    return Err(e.into());
+        if removable.is_empty() {
+            return;
+        }
+        let dir = Arc::clone(&self.dir);
+        super::io::behind(move || {
+            let started = std::time::Instant::now();
+            for key in removable {
+                match dir.remove(key) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => tracing::warn!(
+                        segment = %key.file_name(),
+                        error = %e,
+                        "removing a retired payload segment failed; the next start removes it"
+                    ),
                 }
             }
-        }
-        Ok(())
+            metrics::histogram!("runnev_payload_segment_remove_seconds").record(started.elapsed().as_secs_f64());
+        });
     }
 
     /// Takes the read gate: hold it from before the database read whose locations the caller
@@ -1210,12 +1240,12 @@ mod tests {
         let gate = s.read_gate();
         let before = s.seal();
         s.retire(1, Some(2));
-        s.durable(before).unwrap();
+        s.durable(before);
         assert_eq!(files(&dir).len(), 2, "not when retired after the durable commit began");
         let failed = s.seal();
         s.unseal(failed);
         assert_eq!(files(&dir).len(), 2, "not when the durable commit failed");
-        s.durable(s.seal()).unwrap();
+        s.durable(s.seal());
         assert_eq!(files(&dir).len(), 2, "not while a reader that may still refer to it is in");
         let record = s.read(&gate, 1, a.segment, 0, (HEADER_BYTES + 40) as usize).unwrap();
         assert_eq!(parse_record(1, 1, 40, &record).unwrap().payload, [1; 40], "that reader still reads it");
@@ -1227,7 +1257,7 @@ mod tests {
         );
         // Retiring every segment of a stream: its next append starts a new segment.
         s.retire(1, None);
-        s.durable(s.seal()).unwrap();
+        s.durable(s.seal());
         assert!(files(&dir).is_empty());
         assert_eq!(s.append(1, 9, 0, 3, b"x").unwrap(), Location { segment: 9, offset: 0, len: 1 });
     }
@@ -1302,7 +1332,7 @@ mod tests {
         let pinned = span(&locs, 4, 9);
         let _held = s.pin(vec![pinned]);
         s.retire(7, Some(9));
-        s.durable(s.seal()).unwrap();
+        s.durable(s.seal());
         let names: Vec<u64> = files(&dir).iter().map(|f| SegmentKey::parse(f).unwrap().first).collect();
         assert_eq!(names, [3, 5, 7, 9], "segment 1 went; 3 to 7 stay for the pin");
         assert_eq!(span_seqs(&s, &pinned).unwrap().len(), 6);
@@ -1313,7 +1343,7 @@ mod tests {
         let (s, pin) = PayloadStore::open_pinned(fs.clone(), 200, &extents, vec![pinned]).unwrap();
         assert_eq!(files(&dir).len(), 4, "pinned segments outside the durable state are kept");
         assert_eq!(span_seqs(&s, &pinned).unwrap().len(), 6);
-        s.unpin(pin).unwrap();
+        s.unpin(pin);
         assert_eq!(files(&dir), ["0000000000000007-00000000000000000009.seg"], "unpinned, they go");
         // Without a pin, open removes them at once.
         drop(s);
@@ -1333,6 +1363,70 @@ mod tests {
         let (s, _pin) = PayloadStore::open_pinned(fs, 200, &behind, vec![span(&locs, 1, 10)]).unwrap();
         assert_eq!(span_seqs(&s, &span(&locs, 1, 10)).unwrap().len(), 10);
     }
+    /// Payload segments whose removal waits until `released` is set.
+    struct SlowRemove {
+        inner: FsPayloads,
+        released: Arc<(Mutex<bool>, std::sync::Condvar)>,
+    }
+
+    impl PayloadDir for SlowRemove {
+        fn list(&self) -> io::Result<Vec<SegmentKey>> {
+            self.inner.list()
+        }
+        fn open(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>> {
+            self.inner.open(key)
+        }
+        fn create(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>> {
+            self.inner.create(key)
+        }
+        fn remove(&self, key: SegmentKey) -> io::Result<()> {
+            let (released, changed) = &*self.released;
+            let mut r = released.lock().unwrap();
+            while !*r {
+                r = changed.wait(r).unwrap();
+            }
+            self.inner.remove(key)
+        }
+        fn truncate(&self, key: SegmentKey, len: u64) -> io::Result<()> {
+            self.inner.truncate(key, len)
+        }
+        fn sync_dir(&self) -> io::Result<()> {
+            self.inner.sync_dir()
+        }
+    }
+
+    /// The durable commit (inside the apply) hands retired segments to the blocking pool and
+    /// returns without waiting for their removal: unlinking a 16 MiB segment takes milliseconds
+    /// on a file system that discards freed blocks, and a deleted stream of a few GiB held
+    /// every write for seconds. The removal still happens.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_durable_commit_does_not_wait_for_the_removal_of_retired_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let released = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let slow =
+            SlowRemove { inner: FsPayloads::new(dir.path().join("payloads")).unwrap(), released: released.clone() };
+        let s = Arc::new(PayloadStore::open(Arc::new(slow), 50, &[]).unwrap());
+        s.append(1, 1, 0, 1, &[1; 40]).unwrap();
+        s.append(1, 2, 0, 2, &[2; 40]).unwrap();
+        s.retire(1, Some(2));
+        let durable = tokio::task::spawn_blocking({
+            let s = s.clone();
+            move || s.durable(s.seal())
+        });
+        let returned = tokio::time::timeout(std::time::Duration::from_secs(5), durable).await;
+        let (flag, changed) = &*released;
+        *flag.lock().unwrap() = true;
+        changed.notify_all();
+        assert!(returned.is_ok(), "the durable commit waited for the removal");
+        for _ in 0..500 {
+            if files(&dir).len() == 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(files(&dir), ["0000000000000001-00000000000000000002.seg"], "the retired segment is removed");
+    }
+
     /// Payload segments whose fsync fails while `fail` is set, counting each file's fsyncs
     /// (through the trait's default `sync_files`: one `sync_data` per dirty segment).
     struct FailingSync {
@@ -1499,6 +1593,33 @@ mod tests {
         assert!(s.inner().dirty.is_empty());
         let loc = Location { segment: 1, offset: 0, len: 8 };
         assert_eq!(read_one(&s, n - 1, 1, loc).2, (n - 1).to_le_bytes());
+    }
+
+    /// A segment's write-back is started (its open handle handed to the write-behind) each time
+    /// WRITE_BEHIND_AFTER_BYTES have been appended to it since the last hint, and a sync starts
+    /// the count again: the durable commit's fsync, inside the apply, then finds little to write.
+    #[test]
+    fn a_segment_s_write_back_starts_every_write_behind_after_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = Arc::new(FailingSync::new(&dir));
+        let behind = fs.behind.clone();
+        let hints = || behind.load(std::sync::atomic::Ordering::SeqCst);
+        let s = PayloadStore::open(fs, 16 << 20, &[]).unwrap();
+        let record = (WRITE_BEHIND_AFTER_BYTES / 4) as usize - HEADER_BYTES as usize;
+        for seq in 1..=3 {
+            s.append(1, seq, 0, seq, &vec![1; record]).unwrap();
+        }
+        assert_eq!(hints(), 0, "three quarters of the bytes: no hint yet");
+        s.append(1, 4, 0, 4, &vec![1; record]).unwrap();
+        assert_eq!(hints(), 1, "the fourth quarter starts the write-back");
+        s.append_run(1, 5, 0, 5, &[&[2u8; 100][..]; 10]).unwrap();
+        assert_eq!(hints(), 1, "the count starts again after a hint");
+        s.sync().unwrap();
+        for seq in 15..=17 {
+            s.append(1, seq, 0, seq, &vec![1; record]).unwrap();
+        }
+        assert_eq!(hints(), 1, "a sync starts the count again: the bytes before it are on disk");
+        assert!(s.inner().dirty.values().all(Option::is_some), "the hinted segment stays open");
     }
 
     /// Appends to many streams (each its own segment) keep a bounded number of files open, and

@@ -142,9 +142,7 @@ pub(crate) struct SnapshotPin {
 impl Drop for SnapshotPin {
     fn drop(&mut self) {
         if let Some(pin) = self.pin.take() {
-            if let Err(e) = self.store.payloads().unpin(pin) {
-                tracing::warn!(error = %e, "removing payload segments a snapshot no longer refers to failed; retried later");
-            }
+            self.store.payloads().unpin(pin);
         }
     }
 }
@@ -481,9 +479,7 @@ fn publish_pinned(store: &Store, tmp: &Path, pin: Option<PinId>) -> Result<File,
     };
     drop(current);
     if let Some(old) = release {
-        if let Err(e) = store.payloads().unpin(old) {
-            tracing::warn!(error = %e, "removing payload segments a snapshot no longer refers to failed; retried later");
-        }
+        store.payloads().unpin(old);
     }
     published
 }

@@ -797,6 +797,19 @@ mod tests {
         v
     }
 
+    /// [`payload_files`] once the removals the last durable commit handed to the blocking pool
+    /// are done ([`crate::storage::payloads::PayloadStore::durable`]): polled until there are
+    /// `n`, for at most 5 s.
+    async fn payload_files_once(dir: &tempfile::TempDir, n: usize) -> Vec<String> {
+        for _ in 0..500 {
+            if payload_files(dir).len() == n {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        payload_files(dir)
+    }
+
     /// A payload is written once, to its stream's segment; retention and deletion free disk by
     /// whole segments once the state that dropped their batches is durable (here: the durable
     /// commit before a snapshot), and what is retained reads back byte for byte.
@@ -818,7 +831,7 @@ mod tests {
         assert_eq!(payload_files(&dir).len(), 5, "retired segments stay until the state is durable");
         sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
         // Batches 15..=20 are retained: segments from seq 13 (13..=16) and 17 (17..=20).
-        let files = payload_files(&dir);
+        let files = payload_files_once(&dir, 2).await;
         assert_eq!(files.len(), 2, "{files:?}");
         assert!(files[0].ends_with("-00000000000000000013.seg"), "{files:?}");
         let view = store.read_batches("s", 0, usize::MAX, usize::MAX).unwrap().unwrap();
@@ -830,7 +843,8 @@ mod tests {
 
         sm.apply([entry(22, Command::DeleteStream { name: "s".into() })]).await.unwrap();
         sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
-        assert!(payload_files(&dir).is_empty(), "{:?}", payload_files(&dir));
+        let files = payload_files_once(&dir, 0).await;
+        assert!(files.is_empty(), "{files:?}");
         // Created again, it continues after its last seq in a segment of a new stream id.
         let cmds = [Command::PutStream { name: "s".into(), retention: None, ts: 30 }, publish("s", None, 31, b"again")];
         sm.apply(cmds.into_iter().enumerate().map(|(i, c)| entry(23 + i as u64, c))).await.unwrap();
@@ -886,7 +900,8 @@ mod tests {
         assert_eq!(send_current_to_a_new_node(&mut sm).await, before);
         // The next snapshot no longer names them: they go.
         sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
-        assert!(payload_files(&dir).is_empty(), "{:?}", payload_files(&dir));
+        let files = payload_files_once(&dir, 0).await;
+        assert!(files.is_empty(), "{files:?}");
         assert!(send_current_to_a_new_node(&mut sm).await.is_empty());
     }
 
