@@ -182,6 +182,27 @@ pub const SUBSCRIBE_CONTACT_CHECK_MS: u64 = 500;
 /// Batches read from storage per step of a subscription.
 pub const SUBSCRIBE_READ_BATCHES: usize = 1_000;
 
+/// Most subscription reads of storage a node runs at once; the others wait their turn. Each read
+/// runs on tokio's blocking pool, where every thread keeps its own stack and allocator heap:
+/// 1,000 SSE subscriptions woken by each applied entry grew a follower's pool to about 200
+/// threads and its memory past 800 MiB (`runnev bench subscribers`, BENCHMARKS.md). A read
+/// takes well under a millisecond when the batches are in the page cache.
+pub const SUBSCRIBE_READS_CONCURRENT_MAX: usize = 8;
+
+/// Payload bytes the open subscriptions of a node read per step, all together: each reads at
+/// most its share (this over the subscriptions open, within [`SUBSCRIBE_READ_BYTES_MIN`] and
+/// [`READ_ANSWER_BYTES_MAX`]). A step's events wait in memory until the client's connection takes
+/// them, and the next step may be read meanwhile, so this bounds a node's memory for lagging
+/// subscribers to about three times it (the events are base64 text, two steps per
+/// subscription): 1,000 subscriptions that each read 1,000 batches of 1 KiB a step held over
+/// 1.5 GiB on a busy follower (`runnev bench subscribers`, BENCHMARKS.md). One subscription
+/// alone still reads [`READ_ANSWER_BYTES_MAX`] a step, as fast catch-up needs.
+pub const SUBSCRIBE_READ_BYTES_TOTAL: usize = 128 * 1024 * 1024;
+
+/// Fewest payload bytes a subscription reads per step however many are open (at least one batch
+/// is always read).
+pub const SUBSCRIBE_READ_BYTES_MIN: usize = 64 * 1024;
+
 /// How long `POST /v1/cluster/members` waits for a new node to catch up before promoting it to
 /// voter, in ms; past it the node stays a learner and the answer is `503 not_ready`.
 pub const MEMBER_CATCHUP_MS: u64 = 10_000;

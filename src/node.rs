@@ -272,6 +272,8 @@ where
         peer_disks,
         security: cfg.security,
         subscribers: Arc::new(tokio::sync::Semaphore::new(cfg.max_subscribers)),
+        max_subscribers: cfg.max_subscribers,
+        subscribe_reads: Arc::new(tokio::sync::Semaphore::new(crate::limits::SUBSCRIBE_READS_CONCURRENT_MAX)),
         body_read_timeout: cfg.body_read_timeout,
         vote_gate: vote_gate.clone(),
     });

@@ -117,6 +117,13 @@ pub struct NodeState {
     pub security: auth::Security,
     /// One permit per subscription being served (`--max-subscribers`).
     pub subscribers: Arc<tokio::sync::Semaphore>,
+    /// `--max-subscribers`: the permits `subscribers` started with.
+    pub max_subscribers: usize,
+    /// One permit per subscription read of storage in progress, at most
+    /// [`crate::limits::SUBSCRIBE_READS_CONCURRENT_MAX`]: each read runs on tokio's blocking
+    /// pool, and a thousand subscriptions woken by one applied entry grew it to hundreds of
+    /// threads.
+    pub subscribe_reads: Arc<tokio::sync::Semaphore>,
     /// Deadline for a request's body, from the end of its head (`--body-read-timeout`).
     pub body_read_timeout: std::time::Duration,
     /// Whether this node may grant votes ([`crate::raft::vote_gate`]): closed while it may have

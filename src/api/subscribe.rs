@@ -33,7 +33,7 @@ use super::AppState;
 use crate::error::ApiError;
 use crate::limits::{
     READ_ANSWER_BYTES_MAX, SUBSCRIBE_CONTACT_CHECK_MS, SUBSCRIBE_KEEPALIVE_MS, SUBSCRIBE_READ_BATCHES,
-    SUBSCRIBE_STREAM_WAIT_MS,
+    SUBSCRIBE_READ_BYTES_MIN, SUBSCRIBE_READ_BYTES_TOTAL, SUBSCRIBE_STREAM_WAIT_MS,
 };
 use crate::storage::{blocking, BatchRef, Store, StoreError};
 use crate::stream;
@@ -125,8 +125,12 @@ async fn refill(c: &mut Cursor) -> bool {
         c.applied.borrow_and_update();
         let store = c.s.store.clone();
         let (name, after) = (c.name.clone(), c.after);
-        let found =
-            blocking(move || read_events(&store, &name, after, SUBSCRIBE_READ_BATCHES, READ_ANSWER_BYTES_MAX)).await;
+        // A turn among the subscriptions reading now (the semaphore is never closed).
+        let Ok(turn) = c.s.subscribe_reads.acquire().await else { return false };
+        let open = c.s.max_subscribers.saturating_sub(c.s.subscribers.available_permits());
+        let bytes_max = read_bytes_max(open);
+        let found = blocking(move || read_events(&store, &name, after, SUBSCRIBE_READ_BATCHES, bytes_max)).await;
+        drop(turn);
         match found {
             Ok(Some(read)) => {
                 if read.gap {
@@ -166,6 +170,13 @@ async fn refill(c: &mut Cursor) -> bool {
             }
         }
     }
+}
+
+/// Payload bytes one step of a subscription reads when `open` subscriptions are open on the node
+/// (this one included): its share of [`SUBSCRIBE_READ_BYTES_TOTAL`], at least
+/// [`SUBSCRIBE_READ_BYTES_MIN`] and at most [`READ_ANSWER_BYTES_MAX`].
+fn read_bytes_max(open: usize) -> usize {
+    (SUBSCRIBE_READ_BYTES_TOTAL / open.max(1)).clamp(SUBSCRIBE_READ_BYTES_MIN, READ_ANSWER_BYTES_MAX)
 }
 
 /// Waits up to [`SUBSCRIBE_STREAM_WAIT_MS`] for this node to know the stream: a node that has not
@@ -368,6 +379,17 @@ mod tests {
 
     /// The events written by hand are, byte for byte, what axum's `Sse` wrote for one `Event` per
     /// batch, gap, `unavailable` and keep-alive (the wire format of docs/http-api.md).
+    /// One subscription reads a whole answer's worth a step (fast catch-up); many share
+    /// SUBSCRIBE_READ_BYTES_TOTAL, down to SUBSCRIBE_READ_BYTES_MIN each.
+    #[test]
+    fn subscriptions_share_the_node_s_read_budget() {
+        assert_eq!(read_bytes_max(0), READ_ANSWER_BYTES_MAX);
+        assert_eq!(read_bytes_max(1), READ_ANSWER_BYTES_MAX);
+        assert_eq!(read_bytes_max(1_000), SUBSCRIBE_READ_BYTES_TOTAL / 1_000);
+        assert_eq!(read_bytes_max(1_000_000), SUBSCRIBE_READ_BYTES_MIN);
+        assert!(read_bytes_max(1_000) * 1_000 <= SUBSCRIBE_READ_BYTES_TOTAL);
+    }
+
     #[tokio::test]
     async fn hand_written_events_are_the_bytes_axum_sse_wrote() {
         let all: Vec<u8> = (0..=255u8).collect();
