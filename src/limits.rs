@@ -216,7 +216,7 @@ pub const COMMIT_WAIT_MS: u64 = 10_000;
 
 /// Fewest tokio worker threads a node runs, whatever its CPUs (`TOKIO_WORKER_THREADS`, when
 /// set, decides instead). The Raft core writes and fsyncs each log append on its own worker
-/// ([`crate::storage::io::brief`]); a second worker keeps answering requests meanwhile, and on a
+/// ([`crate::storage::io::on_caller`]); a second worker keeps answering requests meanwhile, and on a
 /// one-CPU host lets the CPU work while the disk does.
 pub const RUNTIME_WORKERS_MIN: usize = 2;
 /// Most commands the leader's proposer packs into one log entry.

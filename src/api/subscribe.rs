@@ -377,8 +377,6 @@ mod tests {
         assert_eq!(cursor(Some(b"x"), None), Err("invalid_parameter".into()));
     }
 
-    /// The events written by hand are, byte for byte, what axum's `Sse` wrote for one `Event` per
-    /// batch, gap, `unavailable` and keep-alive (the wire format of docs/http-api.md).
     /// One subscription reads a whole answer's worth a step (fast catch-up); many share
     /// SUBSCRIBE_READ_BYTES_TOTAL, down to SUBSCRIBE_READ_BYTES_MIN each.
     #[test]
@@ -390,6 +388,8 @@ mod tests {
         assert!(read_bytes_max(1_000) * 1_000 <= SUBSCRIBE_READ_BYTES_TOTAL);
     }
 
+    /// The events written by hand are, byte for byte, what axum's `Sse` wrote for one `Event` per
+    /// batch, gap, `unavailable` and keep-alive (the wire format of docs/http-api.md).
     #[tokio::test]
     async fn hand_written_events_are_the_bytes_axum_sse_wrote() {
         let all: Vec<u8> = (0..=255u8).collect();

@@ -82,7 +82,7 @@ where
 ///
 /// Under the simulation it is [`blocking`] (inline too, and the simulated disk's latency is
 /// still owed). It holds a runtime worker for as long as it runs.
-pub async fn brief<F, R>(f: F) -> R
+pub async fn on_caller<F, R>(f: F) -> R
 where
     F: FnOnce() -> R + Send + 'static,
     R: Send + 'static,
@@ -301,12 +301,12 @@ mod tests {
 
     use super::SnapshotFile;
 
-    /// Brief work runs on the task that asks for it; blocking work is handed to the pool, on
+    /// Work on the caller runs on the task that asks for it; blocking work is handed to the pool, on
     /// another thread (outside the simulation, which runs both inline).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn brief_work_runs_on_the_calling_thread_and_blocking_work_on_the_pool() {
+    async fn work_on_the_caller_runs_on_the_calling_thread_and_blocking_work_on_the_pool() {
         let here = std::thread::current().id();
-        assert_eq!(super::brief(|| std::thread::current().id()).await, here);
+        assert_eq!(super::on_caller(|| std::thread::current().id()).await, here);
         assert_ne!(super::blocking(|| std::thread::current().id()).await, here);
     }
 

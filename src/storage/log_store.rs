@@ -133,8 +133,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let store = self.store.clone();
         // Written under the log's lock, fsynced after releasing it (readers need not wait). On
         // this task: openraft 0.9's core awaits the append before anything else, so a trip to
-        // the blocking pool would only add two thread wake-ups (`io::brief`).
-        let res = super::io::brief(move || {
+        // the blocking pool would only add two thread wake-ups (`io::on_caller`).
+        let res = super::io::on_caller(move || {
             let pending = store.log().append(entries)?;
             pending.sync()
         })

@@ -473,7 +473,7 @@ fn apply_entries(
 }
 
 /// Whether applying `entry` is page-cache work only (publishes and blanks), so it may run on
-/// the calling task ([`io::brief`]) when no durable commit is due.
+/// the calling task ([`io::on_caller`]) when no durable commit is due.
 fn brief_to_apply(entry: &Entry) -> bool {
     fn publish(cmd: &Command) -> bool {
         match cmd {
@@ -543,7 +543,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // blocking pool and back. Anything else (a durable commit's fsync, a stream deleted or
         // created, a tick walking every stream) goes to the pool.
         let (outcomes, last) = if !durable && entries.iter().all(brief_to_apply) {
-            io::brief(move || apply_entries(&store, entries, false)).await
+            io::on_caller(move || apply_entries(&store, entries, false)).await
         } else {
             blocking(move || apply_entries(&store, entries, durable)).await
         }
