@@ -21,6 +21,7 @@ the section ends with every target of the performance issue beside its figure, t
 the peer ran the same load, and the verdict.
 """
 import datetime
+import functools
 import json
 import statistics
 import sys
@@ -92,6 +93,11 @@ def ratio(a, b):
     return a / b if b else float("nan")
 
 
+def metric(med, system, mode, c, k):
+    """Median `k` of the system's runs of `mode` at concurrency `c`, NaN when none ran."""
+    return med.get((system, mode, c), {}).get(k, float("nan"))
+
+
 def num(x, fmt, unit=""):
     """x formatted and followed by unit, or a dash when it is NaN (not measured)."""
     return "—" if x != x else format(x, fmt) + unit
@@ -135,8 +141,7 @@ def scale_figures(scale):
 
 def targets_table(med, scale):
     """Every target of the performance issue beside Runnev's figure, the peer's and the verdict."""
-    def get(s, mode, c, k):
-        return med.get((s, mode, c), {}).get(k, float("nan"))
+    get = functools.partial(metric, med)
 
     f = scale_figures(scale)
     c64 = ratio(get("runnev", "plain", 64, "msgs_per_sec"), get("nats-always", "plain", 64, "msgs_per_sec"))
@@ -208,8 +213,7 @@ def section(rows, rounds, machine, today=None, scale=None):
                 f"{m['max_ms']:.2f} | {num(m['server_cpu_us_per_msg'], '.0f')} | {m['cpu_us_per_msg']:.0f} | "
                 f"{m['errors']} |")
 
-    def get(s, mode, c, k):
-        return med.get((s, mode, c), {}).get(k, float("nan"))
+    get = functools.partial(metric, med)
 
     opens = [(k, label) for k, label in SYSTEMS if (k, "open", c_open(med, k)) in med]
     if opens:
