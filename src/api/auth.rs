@@ -125,7 +125,13 @@ pub(crate) async fn authorize(
         Ok(None) => Err(ApiError::Unauthorized(
             "this node requires a token: send `Authorization: Bearer TOKEN` (the CLI: --token or RUNNEV_TOKEN)".into(),
         )),
-        Ok(Some(token)) => check_token(&s, &token, need, scope),
+        Ok(Some(token)) => {
+            let forwarded = req.headers().contains_key(super::write::HOPS_HEADER);
+            check_token(&s, &token, need, scope).map_err(|e| match e {
+                Unknown::Token => unknown_token(&s.raft.metrics().borrow(), forwarded),
+                Unknown::Refused(e) => e,
+            })
+        }
     };
     match decided {
         Ok(()) => next.run(req).await,
@@ -137,11 +143,58 @@ pub(crate) async fn authorize(
     }
 }
 
-fn check_token(s: &AppState, token: &Token, need: Permission, scope: Scope<'_>) -> Result<(), ApiError> {
+/// Why [`check_token`] refused a token.
+enum Unknown {
+    /// No token of that name and secret is in this node's state: [`unknown_token`] says
+    /// whether that is final.
+    Token,
+    /// Any other refusal (not a Runnev token, a missing grant, a storage error), final here.
+    Refused(ApiError),
+}
+
+impl From<ApiError> for Unknown {
+    fn from(e: ApiError) -> Unknown {
+        Unknown::Refused(e)
+    }
+}
+
+/// The answer to a token this node's state does not hold: `401 unauthorized`, or
+/// `503 not_ready` when this node may simply not have applied the token's creation yet while
+/// the cluster has:
+/// - it is the leader but has not applied an entry of its own term yet (Raft paper §5.4.2 and
+///   §8: a new leader learns which entries before its term are committed only once its first
+///   entry commits, so it may not yet have applied a token the previous leader created);
+/// - the request was forwarded by another node (`runnev-forward-hops`), which checked the token
+///   against its own state and found it: one of the two is behind, and a retry settles it (a
+///   deleted token is refused `401` by the forwarding node once it applies the delete).
+///
+/// A `503 not_ready` changes nothing and is retried by the client; a `401` is final. A forged
+/// hops header only turns a `401` into retries: it grants nothing.
+fn unknown_token(m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>, forwarded: bool) -> ApiError {
+    let new_leader =
+        m.state == openraft::ServerState::Leader && m.last_applied.map(|l| l.leader_id.term) != Some(m.current_term);
+    if new_leader {
+        ApiError::NotReady(format!(
+            "this node was elected leader at term {} and has not yet applied its predecessors' entries, \
+             which may create this token; retry",
+            m.current_term
+        ))
+    } else if forwarded {
+        ApiError::NotReady(
+            "the node that forwarded this request knows the token and this node has not applied it yet \
+             (or not yet its deletion there); retry"
+                .into(),
+        )
+    } else {
+        ApiError::Unauthorized("unknown token (wrong, deleted, or not yet applied on this node)".into())
+    }
+}
+
+fn check_token(s: &AppState, token: &Token, need: Permission, scope: Scope<'_>) -> Result<(), Unknown> {
     let Some((name, secret)) = token.parts() else {
-        return Err(ApiError::Unauthorized("not a Runnev token".into()));
+        return Err(ApiError::Unauthorized("not a Runnev token".into()).into());
     };
-    let record = s.store.token(name)?;
+    let record = s.store.token(name).map_err(ApiError::from)?;
     match record {
         Some(r) if r.verifies(secret) => {
             if r.allows(need, scope) {
@@ -155,10 +208,12 @@ fn check_token(s: &AppState, token: &Token, need: Permission, scope: Scope<'_>) 
                 Err(ApiError::Forbidden(format!(
                     "token {name:?} has no {} grant on {on}",
                     serde_json::to_value(need).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
-                )))
+                ))
+                .into())
             }
         }
-        _ => Err(ApiError::Unauthorized("unknown token (wrong, deleted, or not yet applied on this node)".into())),
+        // A wrong secret is answered as an unknown name: no answer tells which names exist.
+        _ => Err(Unknown::Token),
     }
 }
 
@@ -381,5 +436,32 @@ mod tests {
         );
         assert_eq!(needs(&get, Some("/v1/auth/tokens"), None), Some((Permission::Admin, Scope::Cluster)));
         assert_eq!(needs(&get, None, None), Some((Permission::Admin, Scope::Cluster)));
+    }
+
+    /// An unknown token is final (`401`) only where this node's state can be trusted to hold it:
+    /// a leader that has applied an entry of its own term, or a node the client asked directly.
+    /// A leader elected before it applied its predecessors' entries, and any node a forwarded
+    /// request reaches, answer `503 not_ready`, which the client retries (the membership test
+    /// `a_wiped_follower_that_returns_at_once_…` failed once in CI on a `401` from a wiped node
+    /// that had just been elected, passed on by the leader it deposed).
+    #[test]
+    fn an_unknown_token_is_final_only_where_this_node_s_state_is_current() {
+        let applied_at = |term| Some(openraft::LogId::new(openraft::CommittedLeaderId::new(term, 1), 40));
+        let mut m = openraft::RaftMetrics::<NodeId, openraft::BasicNode>::new_initial(1);
+        m.state = openraft::ServerState::Leader;
+        m.current_term = 5;
+        m.last_applied = applied_at(4);
+        let fresh = unknown_token(&m, false);
+        assert!(matches!(&fresh, ApiError::NotReady(why) if why.contains("term 5")), "{fresh:?}");
+        m.last_applied = None;
+        assert!(matches!(unknown_token(&m, false), ApiError::NotReady(_)), "a leader that applied nothing");
+        m.last_applied = applied_at(5);
+        assert!(matches!(unknown_token(&m, false), ApiError::Unauthorized(_)), "a leader that applied its term");
+        let passed_on = unknown_token(&m, true);
+        assert!(matches!(&passed_on, ApiError::NotReady(why) if why.contains("forwarded")), "{passed_on:?}");
+        m.state = openraft::ServerState::Follower;
+        m.last_applied = applied_at(4);
+        assert!(matches!(unknown_token(&m, false), ApiError::Unauthorized(_)), "a follower asked directly");
+        assert!(matches!(unknown_token(&m, true), ApiError::NotReady(_)), "a follower a request was forwarded to");
     }
 }

@@ -25,7 +25,7 @@ use crate::limits::{
 use crate::raft::{Command, NodeId, Outcome};
 
 /// Header counting how many times a request has been forwarded.
-const HOPS_HEADER: &str = "runnev-forward-hops";
+pub(super) const HOPS_HEADER: &str = "runnev-forward-hops";
 
 /// The client request as received, kept so it can be forwarded to the leader verbatim.
 pub(crate) struct Forwardable {
