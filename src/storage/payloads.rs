@@ -1363,37 +1363,6 @@ mod tests {
         let (s, _pin) = PayloadStore::open_pinned(fs, 200, &behind, vec![span(&locs, 1, 10)]).unwrap();
         assert_eq!(span_seqs(&s, &span(&locs, 1, 10)).unwrap().len(), 10);
     }
-    /// Payload segments whose removal waits until `released` is set.
-    struct SlowRemove {
-        inner: FsPayloads,
-        released: Arc<(Mutex<bool>, std::sync::Condvar)>,
-    }
-
-    impl PayloadDir for SlowRemove {
-        fn list(&self) -> io::Result<Vec<SegmentKey>> {
-            self.inner.list()
-        }
-        fn open(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>> {
-            self.inner.open(key)
-        }
-        fn create(&self, key: SegmentKey) -> io::Result<Arc<dyn SegmentFile>> {
-            self.inner.create(key)
-        }
-        fn remove(&self, key: SegmentKey) -> io::Result<()> {
-            let (released, changed) = &*self.released;
-            let mut r = released.lock().unwrap();
-            while !*r {
-                r = changed.wait(r).unwrap();
-            }
-            self.inner.remove(key)
-        }
-        fn truncate(&self, key: SegmentKey, len: u64) -> io::Result<()> {
-            self.inner.truncate(key, len)
-        }
-        fn sync_dir(&self) -> io::Result<()> {
-            self.inner.sync_dir()
-        }
-    }
 
     /// The durable commit (inside the apply) hands retired segments to the blocking pool and
     /// returns without waiting for their removal: unlinking a 16 MiB segment takes milliseconds
@@ -1403,8 +1372,7 @@ mod tests {
     async fn a_durable_commit_does_not_wait_for_the_removal_of_retired_segments() {
         let dir = tempfile::tempdir().unwrap();
         let released = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
-        let slow =
-            SlowRemove { inner: FsPayloads::new(dir.path().join("payloads")).unwrap(), released: released.clone() };
+        let slow = InstrumentedDir { removals_held: Some(released.clone()), ..InstrumentedDir::new(&dir) };
         let s = Arc::new(PayloadStore::open(Arc::new(slow), 50, &[]).unwrap());
         s.append(1, 1, 0, 1, &[1; 40]).unwrap();
         s.append(1, 2, 0, 2, &[2; 40]).unwrap();
@@ -1427,9 +1395,11 @@ mod tests {
         assert_eq!(files(&dir), ["0000000000000001-00000000000000000002.seg"], "the retired segment is removed");
     }
 
-    /// Payload segments whose fsync fails while `fail` is set, counting each file's fsyncs
-    /// (through the trait's default `sync_files`: one `sync_data` per dirty segment).
-    struct FailingSync {
+    /// Payload segments with injected faults and counters: an fsync fails while `fail` is set,
+    /// each file's fsyncs are counted (through the trait's default `sync_files`: one
+    /// `sync_data` per dirty segment), as are writes and handles given to `write_behind`, and a
+    /// removal waits, when `removals_held` is given, until its flag is set.
+    struct InstrumentedDir {
         inner: FsPayloads,
         fail: Arc<std::sync::atomic::AtomicBool>,
         syncs: Arc<Mutex<BTreeMap<SegmentKey, u32>>>,
@@ -1438,17 +1408,20 @@ mod tests {
         budget: HandleBudget,
         /// `write_at` calls, all files together.
         writes: Arc<std::sync::atomic::AtomicUsize>,
+        /// When given, a removal waits until the flag is set (the condvar tells it changed).
+        removals_held: Option<Arc<(Mutex<bool>, std::sync::Condvar)>>,
     }
 
-    impl FailingSync {
-        fn new(dir: &tempfile::TempDir) -> FailingSync {
-            FailingSync {
+    impl InstrumentedDir {
+        fn new(dir: &tempfile::TempDir) -> InstrumentedDir {
+            InstrumentedDir {
                 inner: FsPayloads::new(dir.path().join("payloads")).unwrap(),
                 fail: Arc::default(),
                 syncs: Arc::default(),
                 behind: Arc::default(),
                 budget: HandleBudget::default(),
                 writes: Arc::default(),
+                removals_held: None,
             }
         }
 
@@ -1489,7 +1462,7 @@ mod tests {
         }
     }
 
-    impl PayloadDir for FailingSync {
+    impl PayloadDir for InstrumentedDir {
         fn list(&self) -> io::Result<Vec<SegmentKey>> {
             self.inner.list()
         }
@@ -1500,6 +1473,13 @@ mod tests {
             Ok(self.file(key, self.inner.create(key)?))
         }
         fn remove(&self, key: SegmentKey) -> io::Result<()> {
+            if let Some(held) = &self.removals_held {
+                let (released, changed) = &**held;
+                let mut r = released.lock().unwrap();
+                while !*r {
+                    r = changed.wait(r).unwrap();
+                }
+            }
             self.inner.remove(key)
         }
         fn truncate(&self, key: SegmentKey, len: u64) -> io::Result<()> {
@@ -1532,7 +1512,7 @@ mod tests {
             refs.iter().zip(5u64..).map(|(p, seq)| single.append(7, seq, 100, 9, p).unwrap()).collect();
 
         let dir = tempfile::tempdir().unwrap();
-        let fs = FailingSync::new(&dir);
+        let fs = InstrumentedDir::new(&dir);
         let writes = fs.writes.clone();
         let s = PayloadStore::open(Arc::new(fs), 200, &[]).unwrap();
         s.append(7, 1, 90, 8, b"before").unwrap();
@@ -1558,7 +1538,7 @@ mod tests {
     #[test]
     fn a_failed_fsync_fails_every_later_sync() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = FailingSync::new(&dir);
+        let fs = InstrumentedDir::new(&dir);
         let fail = fs.fail.clone();
         let s = PayloadStore::open(Arc::new(fs), 1 << 20, &[]).unwrap();
         s.append(1, 1, 0, 1, b"one").unwrap();
@@ -1601,7 +1581,7 @@ mod tests {
     #[test]
     fn a_segment_s_write_back_starts_every_write_behind_after_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = Arc::new(FailingSync::new(&dir));
+        let fs = Arc::new(InstrumentedDir::new(&dir));
         let behind = fs.behind.clone();
         let hints = || behind.load(std::sync::atomic::Ordering::SeqCst);
         let s = PayloadStore::open(fs, 16 << 20, &[]).unwrap();
@@ -1628,7 +1608,8 @@ mod tests {
     fn appends_to_many_streams_keep_a_bounded_number_of_open_files() {
         let dir = tempfile::tempdir().unwrap();
         let budget = HandleBudget { cached: 40, dirty: 24 };
-        let s = PayloadStore::open(Arc::new(FailingSync { budget, ..FailingSync::new(&dir) }), 1 << 20, &[]).unwrap();
+        let s = PayloadStore::open(Arc::new(InstrumentedDir { budget, ..InstrumentedDir::new(&dir) }), 1 << 20, &[])
+            .unwrap();
         let streams = (budget.dirty + budget.cached) as u64 * 2;
         for round in 1..=2u64 {
             for stream in 0..streams {
@@ -1656,7 +1637,7 @@ mod tests {
     #[test]
     fn appends_to_many_streams_sync_nothing_until_asked_then_everything() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = FailingSync::new(&dir);
+        let fs = InstrumentedDir::new(&dir);
         let (syncs, behind) = (fs.syncs.clone(), fs.behind.clone());
         let dirty_max = fs.budget.dirty;
         let s = PayloadStore::open(Arc::new(fs), 1 << 20, &[]).unwrap();
@@ -1689,7 +1670,7 @@ mod tests {
     fn many_sealed_segments_are_read_with_a_bounded_number_of_open_files() {
         let dir = tempfile::tempdir().unwrap();
         let budget = HandleBudget { cached: 32, dirty: 16 };
-        let s = PayloadStore::open(Arc::new(FailingSync { budget, ..FailingSync::new(&dir) }), 1, &[]).unwrap();
+        let s = PayloadStore::open(Arc::new(InstrumentedDir { budget, ..InstrumentedDir::new(&dir) }), 1, &[]).unwrap();
         let locs: Vec<(u64, Location)> = (1..=(budget.cached as u64 * 4))
             .map(|seq| (seq, s.append(3, seq, 0, seq, &seq.to_le_bytes()).unwrap()))
             .collect();
