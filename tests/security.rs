@@ -77,9 +77,24 @@ async fn send(
     token: Option<&str>,
     body: Bytes,
 ) -> Result<(u16, String), String> {
+    send_with(http, method, url, token, &[], body).await
+}
+
+/// [`send`] with extra `headers`.
+async fn send_with(
+    http: &HttpClient,
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Result<(u16, String), String> {
     let mut req = hyper::Request::builder().method(method).uri(url);
     if let Some(t) = token {
         req = req.header("authorization", format!("Bearer {t}"));
+    }
+    for (name, value) in headers {
+        req = req.header(*name, *value);
     }
     let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
     let exchange = async {
@@ -336,6 +351,20 @@ async fn tokens_are_checked_on_every_node_and_never_kept() {
                 .await
                 .unwrap();
         assert_eq!(status, 401, "node {id}, deleted token: {text}");
+        // The same request as another node forwards it (it found the token in its own state):
+        // this node may only be behind, so `503 not_ready`, which a client retries, not `401`.
+        let (status, text) = send_with(
+            &http,
+            "GET",
+            &url(id, "/v1/streams/orders.eu/batches?after=0"),
+            Some(&reader),
+            &[("runnev-forward-hops", "1")],
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 503, "node {id}, deleted token, forwarded: {text}");
+        assert!(text.contains("\"not_ready\""), "{text}");
     }
     let (status, _) =
         send(&http, "DELETE", &url(leader, "/v1/auth/tokens/reader"), Some(admin), Bytes::new()).await.unwrap();
