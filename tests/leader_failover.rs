@@ -276,3 +276,42 @@ fn check_acks(node: u64, batches: &[Batch], acks: &BTreeMap<u64, &Ack>) {
         batches.len()
     );
 }
+
+/// A write sent to a follower whose leader froze (SIGSTOP: its port still accepts connections,
+/// and nothing answers) while the third node is frozen too, so that no leader can be elected:
+/// the follower answers `503 no_leader` within the client's timeout for one answer
+/// (`CLIENT_REQUEST_TIMEOUT_MS`), instead of holding the write on the frozen leader for the
+/// forward deadline (30 s). A fresh user's trial found `runnev publish` reporting "no Runnev node
+/// reachable" (exit 3) while that follower was up. Once both resume, the same seq publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_answers_a_write_at_once_when_its_leader_is_frozen() {
+    let mut c = Cluster::start(3, &[]).await;
+    let client = c.client();
+    client.put_stream("frozen", None).await.expect("create");
+    client.publish("frozen", Some(1), b"one".to_vec()).await.expect("publish");
+    let leader = c.leader().await;
+    let followers = c.followers().await;
+    let (entry, other) = (followers[0], followers[1]);
+    c.pause(leader);
+    c.pause(other);
+    let http = Http::with_timeout(Duration::from_secs(45));
+    // Right after the freeze (the follower still heard its leader within the bound, so it
+    // forwards) and once the silence is known (it does not forward at all).
+    for (attempt, seq) in [(1, 2), (2, 3)] {
+        let started = Instant::now();
+        let url = format!("{}/v1/streams/frozen/batches?seq={seq}", c.url(entry));
+        let resp = http.post(&url, Bytes::from_static(b"two")).await.expect("an answer");
+        let took = started.elapsed();
+        assert_eq!(resp.status, 503, "attempt {attempt}: {}", resp.describe());
+        assert_eq!(resp.error_code().as_deref(), Some("no_leader"), "attempt {attempt}: {}", resp.describe());
+        assert!(
+            took < Duration::from_millis(runnev::limits::CLIENT_REQUEST_TIMEOUT_MS),
+            "attempt {attempt}: answered after {took:?}: {}",
+            resp.describe()
+        );
+    }
+    c.resume(leader);
+    c.resume(other);
+    let ack = client.publish("frozen", Some(2), b"two".to_vec()).await.expect("after they resume");
+    assert_eq!(ack.seq, 2);
+}

@@ -41,8 +41,32 @@ impl LeaderContact {
             let m = m.borrow();
             (super::known_leader(&m, id) == Some(id)).then_some(m.millis_since_quorum_ack).flatten()
         };
-        let since_heard = self.last.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.elapsed());
-        verdict(quorum_ack_ms, since_heard)
+        verdict(quorum_ack_ms, self.since_heard())
+    }
+
+    /// How long this node has not heard from a leader as a follower, when that is longer than
+    /// [`LEADER_SILENCE_MAX_MS`] (or it never has since it started): `Some(silence)`; `None`
+    /// while a leader's RPCs arrive. What a node that would forward a write to its leader asks
+    /// first: a leader that sends it nothing (stopped, frozen, cut off from it) would not
+    /// answer the write either.
+    pub fn follower_silence(&self) -> Option<Silence> {
+        verdict(None, self.since_heard())
+    }
+
+    /// Resolves, with the silence, once [`LeaderContact::follower_silence`] reports one,
+    /// looking every `every`: raced against a forwarded write, so a leader that stops sending
+    /// RPCs while it holds the write ends the wait within about [`LEADER_SILENCE_MAX_MS`].
+    pub async fn silent(&self, every: Duration) -> Silence {
+        loop {
+            if let Some(silence) = self.follower_silence() {
+                return silence;
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    fn since_heard(&self) -> Option<Duration> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.elapsed())
     }
 }
 
@@ -95,6 +119,25 @@ impl std::fmt::Display for Silence {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A follower's silence starts once it has heard nothing for the bound, and the wait for it
+    /// resolves then, not before; every RPC heard puts it off again.
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_falls_silent_once_it_hears_nothing_for_the_bound() {
+        let contact = LeaderContact::default();
+        assert_eq!(contact.follower_silence(), Some(Silence::Never));
+        contact.heard();
+        assert_eq!(contact.follower_silence(), None);
+        let started = Instant::now();
+        let every = Duration::from_millis(100);
+        tokio::time::sleep(BOUND / 2).await;
+        contact.heard();
+        let silence = contact.silent(every).await;
+        let waited = started.elapsed();
+        assert!(matches!(silence, Silence::For(d) if d > BOUND), "{silence:?}");
+        assert!(waited > BOUND + BOUND / 2, "resolved after {waited:?}: before the bound from the last RPC");
+        assert!(waited <= BOUND + BOUND / 2 + every + every, "resolved after {waited:?}: long after the bound");
+    }
 
     const BOUND: Duration = Duration::from_millis(LEADER_SILENCE_MAX_MS);
     const PAST: Duration = Duration::from_millis(LEADER_SILENCE_MAX_MS + 1);

@@ -177,10 +177,12 @@ fn storage_refusal(s: &AppState) -> Option<ApiError> {
 }
 
 /// Runs `op` if this node is leader, else forwards `req` to the leader, waiting up to
-/// [`LEADER_WAIT_MS`] for one to be known and reachable.
+/// [`LEADER_WAIT_MS`] for one to be known, heard from (an RPC from it within
+/// [`crate::limits::LEADER_SILENCE_MAX_MS`], [`super::contact::LeaderContact::follower_silence`])
+/// and reachable.
 ///
-/// Errors: `503 no_leader` when no leader answered in time or the leader failed mid-request
-/// (outcome unknown: retry, with the same seq to stay idempotent); `503 not_ready` at once when
+/// Errors: `503 no_leader` when no leader answered in time, or the leader failed or fell
+/// silent mid-request (outcome unknown: retry, with the same seq to stay idempotent); `503 not_ready` at once when
 /// this node's Raft core has stopped (it can no longer tell who leads, nor propose); whatever
 /// `op` fails with.
 pub(crate) async fn on_leader<T, F, Fut>(s: &AppState, req: &Forwardable, mut op: F) -> Result<Led<T>, ApiError>
@@ -208,14 +210,22 @@ where
                 Err(OpError::NoQuorum(why)) => last_problem = why,
                 Err(OpError::Fail(e)) => return Err(e),
             },
-            (Some(l), Some(addr)) if req.hops() < FORWARD_HOPS_MAX => match forward(s, &addr, req).await {
-                Ok(resp) => return Ok(Led::Forwarded(resp)),
-                Err(ForwardError::Unreachable(e)) => last_problem = format!("leader {l} at {addr} is unreachable: {e}"),
-                Err(ForwardError::Unknown(e)) => {
-                    return Err(ApiError::OutcomeUnknown(format!(
-                        "leader {l} failed while handling the request ({e}); its outcome is unknown: retry, with the same seq"
-                    )))
-                }
+            // A leader that sends this node nothing (stopped, frozen, cut off from it) would
+            // not answer the write either: wait for one that does, rather than hold the client
+            // on a connection that a frozen process accepts and never answers.
+            (Some(l), Some(addr)) if req.hops() < FORWARD_HOPS_MAX => match s.contact.follower_silence() {
+                Some(silence) => last_problem = format!("leader {l} is not heard from here: this node {silence}"),
+                None => match forward_while_heard(s, &addr, req).await {
+                    Ok(resp) => return Ok(Led::Forwarded(resp)),
+                    Err(ForwardError::Unreachable(e)) => {
+                        last_problem = format!("leader {l} at {addr} is unreachable: {e}")
+                    }
+                    Err(ForwardError::Unknown(e)) => {
+                        return Err(ApiError::OutcomeUnknown(format!(
+                            "leader {l} failed while handling the request ({e}); its outcome is unknown: retry, with the same seq"
+                        )))
+                    }
+                },
             },
             (Some(l), _) => last_problem = format!("leader {l} is not reachable from here"),
             (None, _) => {}
@@ -252,6 +262,19 @@ fn leader_view(
     me: NodeId,
 ) -> (Option<NodeId>, openraft::ServerState, u64, Option<openraft::LogId<NodeId>>) {
     (super::known_leader(m, me), m.state, m.current_term, *m.membership_config.log_id())
+}
+
+/// [`forward`], given up (outcome unknown) once this node stops hearing from a leader: a
+/// leader that froze or was cut off while it held the request sends no more heartbeats, and
+/// the client then hears within about [`crate::limits::LEADER_SILENCE_MAX_MS`] instead of
+/// [`FORWARD_TIMEOUT_MS`], which is longer than a client waits for one answer.
+async fn forward_while_heard(s: &AppState, addr: &str, req: &Forwardable) -> Result<Response, ForwardError> {
+    tokio::select! {
+        answer = forward(s, addr, req) => answer,
+        silence = s.contact.silent(Duration::from_millis(LEADER_RECHECK_MS)) => {
+            Err(ForwardError::Unknown(format!("it went silent while it held the request: this node {silence}")))
+        }
+    }
 }
 
 async fn forward(s: &AppState, addr: &str, req: &Forwardable) -> Result<Response, ForwardError> {
