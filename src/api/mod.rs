@@ -551,7 +551,9 @@ async fn refuse_too_large(mut body: Body, seen: u64, limit_bytes: usize) -> ApiE
 /// the array there.
 ///
 /// Errors: `400 invalid_body` for anything else, including a JSON array for the body or for one
-/// of `objects` (serde would otherwise take a struct's fields from an array, in order).
+/// of `objects` (serde would otherwise take a struct's fields from an array, in order), and a
+/// member named twice in one object (RFC 8259 §4 leaves such a body's meaning to the reader:
+/// `{"retention": {"max_batches": 5, "max_batches": 1}}` must not evict by the last one).
 pub(crate) fn json_object<T: serde::de::DeserializeOwned>(
     bytes: &[u8],
     shape: &str,
@@ -576,7 +578,9 @@ pub(crate) fn json_object<T: serde::de::DeserializeOwned>(
             return Err(expected(format!("{pointer} must be a JSON object")));
         }
     }
-    serde_json::from_value(value).map_err(|e| expected(e.to_string()))
+    // From the bytes, not from `value`: a `serde_json::Value` keeps the last of two members of
+    // one name, while a struct's derived decoder refuses the second (`duplicate field`).
+    serde_json::from_slice(bytes).map_err(|e| expected(e.to_string()))
 }
 
 /// Counts one request in the gauge `runnev_waiting_requests{kind}` while it is alive, and once
@@ -697,6 +701,22 @@ mod tests {
             std::task::Poll::Ready(why) => assert!(!why.is_empty()),
             std::task::Poll::Pending => panic!("woken at the stop but still waiting"),
         }
+    }
+
+    /// A JSON body that names a member twice is `400 invalid_body`, at the top and inside a
+    /// nested object, rather than read as its last value (a fresh user's trial set
+    /// `max_batches` to the second of two values and evicted 29 batches); one naming each once
+    /// is read, and an array where an object belongs is still refused.
+    #[test]
+    fn a_json_body_that_names_a_member_twice_is_refused() {
+        let put = |body: &str| json_object::<crate::wire::PutStream>(body.as_bytes(), "a stream", &["/retention"]);
+        let twice = put(r#"{"retention": {"max_batches": 1}, "retention": {"max_batches": 2}}"#);
+        assert!(matches!(&twice, Err(ApiError::InvalidBody(m)) if m.contains("duplicate field")), "{twice:?}");
+        let nested = put(r#"{"retention": {"max_batches": 5, "max_batches": 1}}"#);
+        assert!(matches!(&nested, Err(ApiError::InvalidBody(m)) if m.contains("duplicate field")), "{nested:?}");
+        let once = put(r#"{"retention": {"max_batches": 5}}"#).expect("a body naming each member once");
+        assert_eq!(once.retention.max_batches, Some(5));
+        assert!(matches!(put(r#"{"retention": [5]}"#), Err(ApiError::InvalidBody(_))));
     }
 
     /// A leader that removed itself keeps a committed vote for itself as a learner: openraft 0.9

@@ -289,10 +289,7 @@ pub async fn clock(State(s): State<AppState>, req: Request) -> Response {
 /// certificate, or with one that names another node than `from`; `500` when the store fails.
 pub async fn formation(
     State(s): State<AppState>,
-    q: Result<
-        axum::extract::Query<std::collections::HashMap<String, String>>,
-        axum::extract::rejection::QueryRejection,
-    >,
+    q: super::streams::QueryPairs,
     req: Request,
 ) -> Result<Response, ApiError> {
     let from = super::streams::param_u64(&super::streams::query(q)?, "from", false)?;

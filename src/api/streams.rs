@@ -33,10 +33,24 @@ pub(super) fn stream_name(path: Result<Path<String>, PathRejection>) -> Result<S
     Ok(name)
 }
 
-pub(super) fn query(
-    q: Result<Query<HashMap<String, String>>, QueryRejection>,
-) -> Result<HashMap<String, String>, ApiError> {
-    q.map(|Query(m)| m).map_err(|e| ApiError::InvalidParameter(format!("bad query string: {e}")))
+/// A request's query string as axum decodes it: its `name=value` pairs, in order.
+pub(super) type QueryPairs = Result<Query<Vec<(String, String)>>, QueryRejection>;
+
+/// The query string's parameters by name.
+///
+/// Errors: `400 invalid_parameter` for a query string that does not decode, or one that names
+/// a parameter twice (`?seq=1&seq=2` has no one meaning; taking the last, as a map would, could
+/// publish at a seq the client did not mean).
+pub(super) fn query(q: QueryPairs) -> Result<HashMap<String, String>, ApiError> {
+    let Query(pairs) = q.map_err(|e| ApiError::InvalidParameter(format!("bad query string: {e}")))?;
+    let mut params = HashMap::with_capacity(pairs.len());
+    for (key, value) in pairs {
+        if params.contains_key(&key) {
+            return Err(ApiError::InvalidParameter(format!("the query string names {key:?} twice")));
+        }
+        params.insert(key, value);
+    }
+    Ok(params)
 }
 
 /// Parses an optional integer parameter within `min..=max`.
@@ -259,7 +273,7 @@ fn is_frames(headers: &HeaderMap) -> bool {
 pub(super) async fn publish(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-    q: Result<Query<HashMap<String, String>>, QueryRejection>,
+    q: QueryPairs,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -523,7 +537,7 @@ async fn wait_applied(s: &AppState, index: u64) -> Result<(), ApiError> {
 pub(super) async fn read(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-    q: Result<Query<HashMap<String, String>>, QueryRejection>,
+    q: QueryPairs,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let name = stream_name(path)?;
@@ -691,5 +705,26 @@ mod read_answer_tests {
         ] {
             assert_eq!(ReadForm::of(&accept(json)), ReadForm::Json, "{json:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(p: &[(&str, &str)]) -> QueryPairs {
+        Ok(Query(p.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()))
+    }
+
+    /// A query string that names a parameter twice is `400 invalid_parameter` (a fresh user's
+    /// trial read `?after=1&after=2` as `after=2`; `?seq=1&seq=2` would have published at seq
+    /// 2); each named once is read by name.
+    #[test]
+    fn a_query_string_that_names_a_parameter_twice_is_refused() {
+        let twice = query(pairs(&[("seq", "1"), ("seq", "2")]));
+        assert!(matches!(&twice, Err(ApiError::InvalidParameter(m)) if m.contains("\"seq\" twice")), "{twice:?}");
+        let once = query(pairs(&[("after", "1"), ("limit", "5")])).expect("each named once");
+        assert_eq!(param_u64(&once, "after", false).unwrap(), Some(1));
+        assert_eq!(once.get("limit").map(String::as_str), Some("5"));
     }
 }

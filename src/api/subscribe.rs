@@ -20,8 +20,8 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
@@ -227,7 +227,7 @@ async fn wait_for_stream(s: &AppState, name: &str) -> Result<(), ApiError> {
 pub(super) async fn subscribe(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-    q: Result<Query<HashMap<String, String>>, QueryRejection>,
+    q: super::streams::QueryPairs,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let name = stream_name(path)?;
