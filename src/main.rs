@@ -565,7 +565,8 @@ struct ServeSecurity {
     /// RPCs. Logged as a warning at every start.
     #[arg(long)]
     insecure: bool,
-    /// Require a token on every request but /healthz and /readyz (see `runnev auth`); needs
+    /// Require a token on every request but /healthz, /readyz, the status page / and
+    /// /v1/openapi.json, which hold no data (see `runnev auth`); needs
     /// the TLS flags (the nodes call each other with their certificates).
     #[arg(long, requires = "tls_ca")]
     auth: bool,
