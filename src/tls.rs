@@ -381,10 +381,19 @@ impl TlsListener {
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
                     let _slot = slot;
-                    let handshake =
-                        tokio::time::timeout(Duration::from_millis(HANDSHAKE_TIMEOUT_MS), acceptor.accept(stream));
+                    let handshake = tokio::time::timeout(Duration::from_millis(HANDSHAKE_TIMEOUT_MS), async {
+                        if sends_plain_http(&stream).await {
+                            refuse_plain_http(stream).await;
+                            return None;
+                        }
+                        Some(acceptor.accept(stream).await)
+                    });
                     match handshake.await {
-                        Ok(Ok(tls)) => {
+                        Ok(None) => {
+                            metrics::counter!("runnev_tls_handshakes_failed_total").increment(1);
+                            tracing::debug!(%remote, "plain HTTP on the TLS port: answered 400 tls_required");
+                        }
+                        Ok(Some(Ok(tls))) => {
                             let identity = tls
                                 .get_ref()
                                 .1
@@ -394,7 +403,7 @@ impl TlsListener {
                             let peer = Peer { remote: Some(remote), tls: true, identity };
                             let _ = tx.send((tls, peer)).await;
                         }
-                        Ok(Err(e)) => {
+                        Ok(Some(Err(e))) => {
                             metrics::counter!("runnev_tls_handshakes_failed_total").increment(1);
                             tracing::debug!(%remote, error = %e, "tls handshake refused");
                         }
@@ -408,6 +417,32 @@ impl TlsListener {
         });
         Ok(TlsListener { ready, local, accepting })
     }
+}
+
+/// Whether a connection's first byte is an ASCII letter: the method of a plain-HTTP request
+/// where a TLS record belongs (a TLS connection opens with a handshake record, content type
+/// 22, RFC 8446 §5.1). Waits for that byte (the caller bounds the wait).
+async fn sends_plain_http(stream: &TcpStream) -> bool {
+    let mut first = [0u8; 1];
+    matches!(stream.peek(&mut first).await, Ok(1) if first[0].is_ascii_alphabetic())
+}
+
+/// Answers a plain-HTTP request on the TLS port `400 tls_required`, with the error body of
+/// every other error (docs/http-api.md), and closes: a client that forgot `https://` (or
+/// `curl --cacert`) reads what to do instead of an unreadable TLS alert ("Received HTTP/0.9").
+/// The request's head is read first, so that closing does not reset the connection before
+/// the answer arrives. Nothing of the request is looked at.
+async fn refuse_plain_http(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = [0u8; 8192];
+    let _ = stream.read(&mut head).await;
+    let body = r#"{"error":{"code":"tls_required","message":"this node speaks TLS only: use https:// and the cluster CA's certificate (curl --cacert CA.pem; the CLI's --ca-file or RUNNEV_CA_FILE)"}}"#;
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(answer.as_bytes()).await;
+    let _ = stream.shutdown().await;
 }
 
 impl Drop for TlsListener {

@@ -393,6 +393,23 @@ async fn tokens_are_checked_on_every_node_and_never_kept() {
     }
 }
 
+/// A plain-HTTP request to a node that speaks TLS is answered `400 tls_required`, with the
+/// usual error body and what to do, rather than a TLS alert that curl shows as "Received
+/// HTTP/0.9" (a fresh user's trial); the node goes on serving TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_http_request_to_a_tls_node_is_told_to_use_tls() {
+    let pki = Pki::new(3);
+    let c = pki.start(3, &[]).await;
+    let url = c.url(1);
+    let port: u16 = url.rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse().ok()).expect("a port");
+    let (_, answer) = common::raw_get(port, "/healthz").await.expect("an answer");
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("\"tls_required\"") && answer.contains("https://"), "{answer}");
+    let anonymous = pki.client(None);
+    let (status, text) = send(&anonymous, "GET", &format!("{url}/healthz"), None, Bytes::new()).await.unwrap();
+    assert_eq!(status, 200, "TLS still served: {text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_loopback_address_needs_tls_or_insecure() {
     let dir = tempfile::tempdir().unwrap();
