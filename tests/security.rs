@@ -174,10 +174,14 @@ async fn forged_raft_rpcs_reach_no_node() {
     for target in c.ids() {
         let url = |path: &str| format!("{}{path}", c.url(target));
         let claimed = if target == 1 { 2 } else { 1 };
-        // Plain HTTP: the node speaks TLS only; no HTTP answer at all.
-        if let Ok(r) = plain.post(&url("/raft/vote").replacen("https://", "http://", 1), forged_vote(claimed)).await {
-            panic!("a plain-HTTP vote got an HTTP answer from node {target}: {}", r.describe());
-        }
+        // Plain HTTP: the node speaks TLS only. It answers `400 tls_required` before any
+        // handshake, from the listener, and no request reaches a handler.
+        let r = plain
+            .post(&url("/raft/vote").replacen("https://", "http://", 1), forged_vote(claimed))
+            .await
+            .unwrap_or_else(|e| panic!("a plain-HTTP vote to node {target} got no answer: {e}"));
+        assert_eq!(r.status, 400, "a plain-HTTP vote to node {target}: {}", r.describe());
+        assert_eq!(r.error_code().as_deref(), Some("tls_required"), "{}", r.describe());
         // TLS without a client certificate: 403 before the body is read.
         for (path, body) in [("/raft/vote", forged_vote(claimed)), ("/raft/append", forged_append(claimed))] {
             let (status, text) = send(&anonymous, "POST", &url(path), None, body).await.unwrap();
