@@ -436,7 +436,14 @@ async fn refuse_plain_http(mut stream: TcpStream) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut head = [0u8; 8192];
     let _ = stream.read(&mut head).await;
-    let body = r#"{"error":{"code":"tls_required","message":"this node speaks TLS only: use https:// and the cluster CA's certificate (curl --cacert CA.pem; the CLI's --ca-file or RUNNEV_CA_FILE)"}}"#;
+    let error = crate::wire::ErrorDetail {
+        code: "tls_required".into(),
+        message: "this node speaks TLS only: use https:// and the cluster CA's certificate (curl --cacert CA.pem; \
+                  the CLI's --ca-file or RUNNEV_CA_FILE)"
+            .into(),
+        frame: None,
+    };
+    let body = serde_json::to_string(&crate::wire::ErrorBody { error }).unwrap_or_default();
     let answer = format!(
         "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
