@@ -346,6 +346,19 @@ pub async fn subscribe(
         }
     };
     let options = SubscribeOptions { max_outage, on_connection: Some(Arc::new(hook)) };
+    // Beside the subscription, never in its way: an outage makes it give up after a few seconds.
+    let ahead_check = (start > 0).then(|| {
+        let (client, stream) = (client.clone(), stream.to_string());
+        tokio::spawn(async move {
+            let info = tokio::time::timeout(CURSOR_AHEAD_CHECK, client.stream(&stream)).await;
+            if let Some(note) =
+                info.ok().and_then(Result::ok).and_then(|i| cursor_ahead_note(&stream, start, i.last_seq))
+            {
+                eprintln!("{note}");
+            }
+        })
+    });
+    let _abort_on_exit = ahead_check.map(|t| t.abort_handle()).map(AbortOnDrop);
     let mut sub = client.subscribe_with(stream, start, options);
     let mut out = std::io::stdout().lock();
     while let Some(item) = sub.next().await {
@@ -385,6 +398,35 @@ pub async fn subscribe(
         }
     }
     Ok(())
+}
+
+/// How long `runnev subscribe` waits for the stream's info to check its cursor against
+/// ([`cursor_ahead_note`]) before it does without the check.
+const CURSOR_AHEAD_CHECK: Duration = Duration::from_secs(5);
+
+/// Aborts a background task when dropped (when the command returns).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The note `runnev subscribe` prints on stderr when its starting cursor `start` is past the
+/// stream's `last_seq` as one node reports it, `None` otherwise. The subscription waits for
+/// batches after the cursor either way (SPEC §2.6: a cursor ahead is not an error); the note
+/// says why nothing may come: after a restore from a backup the rebuilt cluster hands out the
+/// seqs past its cut again, and a consumer ahead of them would dedupe those batches away
+/// (docs/operations.md, "Restoring into a new cluster").
+fn cursor_ahead_note(stream: &str, start: u64, last_seq: u64) -> Option<String> {
+    (start > last_seq).then(|| {
+        format!(
+            "runnev: the cursor {start} is past the last seq of stream {stream}, {last_seq}; waiting for batches after {start}. \
+             That is expected only when publishers set their own seqs and skip ahead; after a restore from a \
+             backup, set the cursor back to {last_seq} (docs/operations.md, \"Restoring into a new cluster\")"
+        )
+    })
 }
 
 /// A stream's retention in words: `max batches 100000, max age 7days`, or `none`.
@@ -996,5 +1038,20 @@ mod payload_tests {
         assert_eq!(read_payload(None, Some(f), stdin()).unwrap(), b"-", "a file holding a dash is sent as is");
         let missing = dir.path().join("missing");
         assert!(read_payload(None, Some(missing), stdin()).is_err());
+    }
+}
+
+#[cfg(test)]
+mod subscribe_tests {
+    use super::*;
+
+    #[test]
+    fn only_a_cursor_past_the_last_seq_gets_the_note() {
+        assert_eq!(cursor_ahead_note("s", 3, 3), None, "caught up");
+        assert_eq!(cursor_ahead_note("s", 2, 3), None, "behind");
+        let note = cursor_ahead_note("orders", 10, 3).expect("ahead");
+        assert!(note.starts_with("runnev: the cursor 10 is past the last seq of stream orders, 3;"), "{note}");
+        assert!(note.contains("set the cursor back to 3"), "{note}");
+        assert!(cursor_ahead_note("s", u64::MAX, 0).is_some());
     }
 }

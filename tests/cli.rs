@@ -267,6 +267,27 @@ async fn commands_take_flags_anywhere_units_and_names_on_a_healthy_cluster() {
     let server = c.http.get(&format!("{}/v1/streams/t1/batches?after=-5", c.url(1))).await.unwrap();
     assert_eq!(server.status, 400, "the server refuses it the same way: {}", server.describe());
 
+    // A cursor past the stream's last seq (42) waits, and says why nothing may come (found by a
+    // fresh user's trial; after a restore it is the consumer that would dedupe new batches away).
+    let mut sub = tokio::process::Command::new(BIN)
+        .args(["subscribe", "t1", "--after", "100", "--nodes", &nodes])
+        .envs(cli_security_env())
+        .env_remove("RUST_LOG")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut notes = BufReader::new(sub.stderr.take().unwrap()).lines();
+    let note = tokio::time::timeout(Duration::from_secs(30), notes.next_line())
+        .await
+        .expect("a note within 30 s")
+        .unwrap()
+        .expect("the subscriber is still running");
+    assert!(note.starts_with("runnev: the cursor 100 is past the last seq of stream t1, 42;"), "{note}");
+    assert!(sub.try_wait().unwrap().is_none(), "the subscription waits after the note");
+    sub.kill().await.unwrap();
+
     // Delete, then a second delete is refused (it was not a lost answer).
     cli(&["streams", "rm", "t4", "-o", "text"], &env).await.expect_code(0, "delete");
     let r = cli(&["streams", "delete", "t4"], &env).await;
