@@ -15,6 +15,20 @@ fn nodes_of(c: &Cluster) -> String {
     c.nodes().iter().map(|n| n.addr()).collect::<Vec<_>>().join(",")
 }
 
+/// `runnev ARGS` running in the background (a subscription), its stdout and stderr piped, killed
+/// when dropped.
+fn subscriber(args: &[&str]) -> tokio::process::Child {
+    tokio::process::Command::new(BIN)
+        .args(args)
+        .envs(cli_security_env())
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 /// With no node listening, every client command fails at once with exit 3 and says where it
 /// looked; `status` too (it used to exit 0, saying "within 10s" of a refusal in 6 ms), and a
 /// subscription with `--max-outage` gives up (it retries for ever without it, see below).
@@ -269,15 +283,7 @@ async fn commands_take_flags_anywhere_units_and_names_on_a_healthy_cluster() {
 
     // A cursor past the stream's last seq (42) waits, and says why nothing may come (found by a
     // fresh user's trial; after a restore it is the consumer that would dedupe new batches away).
-    let mut sub = tokio::process::Command::new(BIN)
-        .args(["subscribe", "t1", "--after", "100", "--nodes", &nodes])
-        .envs(cli_security_env())
-        .env_remove("RUST_LOG")
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut sub = subscriber(&["subscribe", "t1", "--after", "100", "--nodes", &nodes]);
     let mut notes = BufReader::new(sub.stderr.take().unwrap()).lines();
     let note = tokio::time::timeout(Duration::from_secs(30), notes.next_line())
         .await
@@ -390,15 +396,7 @@ async fn a_subscription_outlives_a_full_outage_unless_given_a_max_outage() {
     cli(&["streams", "create", "feed"], &env).await.expect_code(0, "create");
     cli(&["publish", "feed", "--seq", "1", "one"], &env).await.expect_code(0, "publish 1");
 
-    let mut sub = tokio::process::Command::new(BIN)
-        .args(["subscribe", "feed", "--nodes", &nodes])
-        .envs(cli_security_env())
-        .env_remove("RUST_LOG")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut sub = subscriber(&["subscribe", "feed", "--nodes", &nodes]);
     let mut lines = BufReader::new(sub.stdout.take().unwrap()).lines();
     let stderr = sub.stderr.take().unwrap();
     let notes = tokio::spawn(async move {
