@@ -36,20 +36,27 @@ impl<T> Limit<T> {
 /// `7d`, `2w`), as humantime reads them.
 ///
 /// Errors: a text saying what is wrong and what is accepted, for a plain number too (`60` is
-/// refused: seconds or milliseconds?).
+/// refused: seconds or milliseconds?), and for a duration past `u64::MAX` ms (about 584
+/// million years: every duration of the API is whole ms in a `u64`), which would otherwise be
+/// taken as that maximum.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit()) {
         return Err(format!("{t:?} has no unit: write {t}ms, {t}s, {t}m, {t}h or {t}d"));
     }
-    humantime::parse_duration(t)
-        .map_err(|e| format!("{t:?} is not a duration ({e}); write e.g. 500ms, 30s, 15m, 1h, 7d"))
+    let d = humantime::parse_duration(t)
+        .map_err(|e| format!("{t:?} is not a duration ({e}); write e.g. 500ms, 30s, 15m, 1h, 7d"))?;
+    if u64::try_from(d.as_millis()).is_err() {
+        return Err(format!("{t:?} is longer than the longest duration, {} ms", u64::MAX));
+    }
+    Ok(d)
 }
 
 /// Parses a size in bytes: a plain number of bytes, or a number with a unit (`K`/`KiB`,
 /// `M`/`MiB`, `G`/`GiB` are 1024-based here, as `KiB`…; `KB`, `MB`, `GB` are 1000-based).
 ///
-/// Errors: a text saying what is wrong and what is accepted.
+/// Errors: a text saying what is wrong and what is accepted; a size of `u64::MAX` bytes or more
+/// (16 EiB), which would otherwise be taken as that maximum.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let bad = || format!("{t:?} is not a size; write bytes (1048576) or with a unit: 64KiB, 16MiB, 1GiB, 500MB");
@@ -67,7 +74,18 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     if number.is_empty() {
         return Err(bad());
     }
+    let too_large = || format!("{t:?} is larger than the largest size, {} bytes", u64::MAX - 1);
+    if unit.is_empty() && number.bytes().all(|b| b.is_ascii_digit()) {
+        return match number.parse::<u64>() {
+            Ok(n) if n < u64::MAX => Ok(n),
+            _ => Err(too_large()),
+        };
+    }
     let size: ByteSize = format!("{number}{unit}").parse().map_err(|_| bad())?;
+    // bytesize saturates what does not fit in a u64.
+    if size.as_u64() == u64::MAX {
+        return Err(too_large());
+    }
     Ok(size.as_u64())
 }
 
@@ -130,6 +148,9 @@ mod tests {
         assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
         assert!(parse_duration("60").unwrap_err().contains("has no unit"));
         assert!(parse_duration("soon").unwrap_err().contains("not a duration"));
+        // Past u64::MAX ms: refused, not taken as the largest (found by a fresh user's trial).
+        assert!(parse_duration("99999999999999d").unwrap_err().contains("longer than the longest"));
+        assert_eq!(parse_duration("213503982334d"), Ok(Duration::from_secs(213_503_982_334 * 86_400)));
         assert_eq!(parse_duration_limit("none"), Ok(Limit::Unset));
         assert_eq!(parse_duration_limit("2s"), Ok(Limit::Set(Duration::from_secs(2))));
     }
@@ -145,6 +166,10 @@ mod tests {
         assert!(parse_bytes("lots").is_err());
         assert!(parse_bytes("-5").is_err());
         assert!(parse_bytes("5 furlongs").is_err());
+        // Sizes that do not fit in a u64 are refused, not taken as the largest.
+        assert!(parse_bytes("99999999999999999999G").unwrap_err().contains("larger than the largest"));
+        assert!(parse_bytes("99999999999999999999").unwrap_err().contains("larger than the largest"));
+        assert_eq!(parse_bytes("1000PB"), Ok(1_000_000_000_000_000_000));
         assert_eq!(parse_bytes_limit("NONE"), Ok(Limit::Unset));
         assert_eq!(parse_count_limit("none"), Ok(Limit::Unset));
         assert_eq!(parse_count_limit("10"), Ok(Limit::Set(10)));
