@@ -230,6 +230,17 @@ fn age_limit(s: &str) -> Result<Limit<Duration>, String> {
     Ok(limit)
 }
 
+/// `runnev probe`'s URL: `http://` or `https://` and the rest (a bare `HOST:PORT` used to fail
+/// with hyper's "UserAbsoluteUriRequired").
+fn probe_url(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    if t.starts_with("http://") || t.starts_with("https://") {
+        return Ok(t.to_string());
+    }
+    let bare = t.trim_start_matches('/');
+    Err(format!("{t:?} is not a URL: give one whole, e.g. http://{bare}/readyz (https:// with --ca-file)"))
+}
+
 /// `--max-age-ms`: a whole number of ms (its old form), or a duration with its unit.
 fn age_ms(s: &str) -> Result<u64, String> {
     let ms = match s.trim().parse::<u64>() {
@@ -520,6 +531,7 @@ enum Cmd {
     /// Exit 0 if URL answers 2xx within the timeout, else 1 (container health checks).
     Probe {
         /// The URL, e.g. http://127.0.0.1:7001/readyz.
+        #[arg(value_parser = probe_url)]
         url: String,
         /// Timeout, in ms.
         #[arg(long, default_value_t = 2000)]
@@ -1067,6 +1079,14 @@ mod tests {
         assert_eq!(worker_threads(false, 2), Some(2));
         assert_eq!(worker_threads(false, 16), Some(16));
         assert_eq!(worker_threads(true, 1), None);
+    }
+
+    #[test]
+    fn probe_takes_whole_urls_only() {
+        assert_eq!(probe_url("http://127.0.0.1:7001/readyz"), Ok("http://127.0.0.1:7001/readyz".into()));
+        assert_eq!(probe_url(" https://n1:7001/healthz"), Ok("https://n1:7001/healthz".into()));
+        let e = probe_url("127.0.0.1:8101").unwrap_err();
+        assert!(e.contains("e.g. http://127.0.0.1:8101/readyz"), "{e}");
     }
 
     #[test]
