@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use base64::Engine;
 use futures::StreamExt;
 use runnev::client::{
     Client, ClientError, Connection, CursorStore, Deleted, Delivery, FileCursor, RetryPolicy, SubscribeOptions,
@@ -378,8 +377,9 @@ pub async fn subscribe(
                 if output == Output::Text {
                     writeln!(out, "seq {} (ts {}): {}", b.seq, b.ts, String::from_utf8_lossy(&b.data))?;
                 } else {
-                    let data = base64::engine::general_purpose::STANDARD.encode(&b.data);
-                    writeln!(out, "{}", serde_json::json!({"seq": b.seq, "ts": b.ts, "data": data}))?;
+                    // The wire's own shape, in its order (docs/cli.md): seq, ts, data.
+                    let line = runnev::wire::BatchBody::encode(b.seq, b.ts, &b.data);
+                    writeln!(out, "{}", serde_json::to_string(&line)?)?;
                 }
                 b.seq
             }
@@ -571,6 +571,15 @@ pub async fn streams(client: &Client, output: Output, cmd: Option<StreamsCmd>) -
 /// fast it came (MB/s, 10^6 bytes a second).
 pub async fn backup(client: &Client, output: Output, file: &Path) -> Result<()> {
     let started = Instant::now();
+    // Refused before the cluster is asked (it used to fail at the rename, the whole backup
+    // taken and its `.partial` left behind).
+    if file.is_dir() {
+        bail!(
+            "{} is a directory: give the backup file's path, e.g. {}",
+            file.display(),
+            file.join("cluster.backup").display()
+        );
+    }
     let partial = PathBuf::from(format!("{}.partial", file.display()));
     let mut out = tokio::fs::File::create(&partial).await.with_context(|| format!("creating {}", partial.display()))?;
     let sent = client.backup(&mut out).await;
@@ -595,7 +604,10 @@ pub async fn backup(client: &Client, output: Output, file: &Path) -> Result<()> 
             bail!("the backup from {node} did not check out, nothing kept: {e}");
         }
     };
-    std::fs::rename(&partial, file).with_context(|| format!("renaming {} to {}", partial.display(), file.display()))?;
+    if let Err(e) = std::fs::rename(&partial, file) {
+        let _ = std::fs::remove_file(&partial);
+        bail!("renaming {} to {}: {e}; nothing kept", partial.display(), file.display());
+    }
     let secs = started.elapsed().as_secs_f64();
     let mbps = info.bytes as f64 / 1e6 / secs.max(1e-9);
     match output {
@@ -631,7 +643,8 @@ pub async fn restore(
     let mbps = info.bytes as f64 / 1e6 / started.elapsed().as_secs_f64().max(1e-9);
     say(format_args!(
         "node {id}: {} restored from {} (log index {}): {} streams, {} batches, {} in {} ({mbps:.1} MB/s); start it \
-         with runnev serve --id {id} --data-dir {} --peers ...",
+         with runnev serve --id {id} --data-dir {} --listen {} --peers {} and the TLS and token flags of the \
+         new cluster (the backup's tokens, the admin's included, are the new cluster's)",
         data_dir.display(),
         from.display(),
         info.log_index.unwrap_or(0),
@@ -640,6 +653,8 @@ pub async fn restore(
         format_bytes(info.bytes),
         format_duration(started.elapsed()),
         data_dir.display(),
+        peers.get(&id).map_or("HOST:PORT", String::as_str),
+        peers.iter().map(|(n, a)| format!("{n}={a}")).collect::<Vec<_>>().join(","),
     ))
 }
 

@@ -95,6 +95,20 @@ async fn a_backup_under_load_restores_into_a_new_cluster_that_continues_every_st
         assert!(r.stderr.contains("the backup is damaged or truncated"), "{r:#?}");
         assert!(!target.exists(), "nothing created for {}", bad.display());
     }
+    // A missing backup file, and a data directory that is a file, are named as such (found by a
+    // fresh user's trial: both said only "i/o: …"), and nothing is created or changed.
+    let target = dir.path().join("never");
+    let missing = dir.path().join("missing.backup");
+    let r = restore(missing.to_str().unwrap(), target.to_str().unwrap(), "1", "1=127.0.0.1:1").await;
+    r.expect_code(1, "restore from a missing file");
+    assert!(r.stderr.contains(&format!("cannot read the backup file {}", missing.display())), "{r:#?}");
+    assert!(!target.exists(), "nothing created for a missing backup");
+    let a_file = dir.path().join("a-file");
+    std::fs::write(&a_file, b"kept").expect("write");
+    let r = restore(file.to_str().unwrap(), a_file.to_str().unwrap(), "1", "1=127.0.0.1:1").await;
+    r.expect_code(1, "restore into a file");
+    assert!(r.stderr.contains("is not a directory"), "{r:#?}");
+    assert_eq!(std::fs::read(&a_file).expect("read"), b"kept", "the file is unchanged");
 
     // A new cluster from the backup, on other ports.
     let base = free_base(3);
@@ -104,6 +118,9 @@ async fn a_backup_under_load_restores_into_a_new_cluster_that_continues_every_st
         let data = root.join(format!("node-{id}"));
         let r = restore(file.to_str().unwrap(), data.to_str().unwrap(), &id.to_string(), &peers).await;
         r.expect_code(0, "restore");
+        // The start command it prints is whole: `serve` needs --listen too.
+        let listen = format!("--listen 127.0.0.1:{} --peers {peers}", base + id as u16 - 1);
+        assert!(r.stdout.contains(&listen), "{r:#?}");
     }
     let r = restore(file.to_str().unwrap(), root.join("node-1").to_str().unwrap(), "1", &peers).await;
     r.expect_code(1, "restore into a directory that is not empty");
@@ -139,4 +156,32 @@ async fn a_backup_under_load_restores_into_a_new_cluster_that_continues_every_st
     assert_eq!((r.status, r.json()["seq"].as_u64()), (201, Some(cut + 1)), "{}", r.describe());
     let r = b.http.post(&format!("{}/v1/streams/tiny/batches", b.url(lb)), b"after".to_vec()).await.expect("pub");
     assert_eq!((r.status, r.json()["seq"].as_u64()), (201, Some(21)), "{}", r.describe());
+}
+
+/// `runnev backup` just after its cluster's leader died fails over to a live node (it used to
+/// ask the dead leader once, from a follower's view, and fail in milliseconds saying "within
+/// 10s"; found by a fresh user's trial), and a path that is a directory is refused before the
+/// cluster is asked, leaving nothing behind (it used to take the whole backup, fail at the
+/// rename and leave `DIR.partial`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_fails_over_from_a_leader_that_just_died() {
+    let mut c = Cluster::start(3, &[]).await;
+    let leader = c.leader().await;
+    create_stream(&c.http, &c.url(leader), "orders").await;
+    let r = c.http.post(&format!("{}/v1/streams/orders/batches", c.url(leader)), payload("orders", 1)).await;
+    assert_eq!(r.expect("publish").status, 201);
+    let nodes = c.urls().join(",");
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    let r = cli(&["backup", dir.path().to_str().unwrap(), "--nodes", &nodes], &[]).await;
+    r.expect_code(1, "backup to a directory");
+    assert!(r.stderr.contains("is a directory"), "{r:#?}");
+    assert!(!std::path::Path::new(&format!("{}.partial", dir.path().display())).exists(), "no partial file left");
+
+    c.kill_9(leader);
+    let file = dir.path().join("after-failover.backup");
+    let r = cli(&["backup", file.to_str().unwrap(), "--nodes", &nodes], &[]).await;
+    r.expect_code(0, "backup right after the leader died");
+    let info = runnev::storage::backup::check(&file).expect("the saved backup checks out");
+    assert_eq!((info.streams, info.batches), (1, 1), "{info:?}");
 }

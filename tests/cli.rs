@@ -409,7 +409,10 @@ async fn a_subscription_outlives_a_full_outage_unless_given_a_max_outage() {
     });
     async fn next(lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) -> Value {
         let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await.expect("a line within 60 s");
-        serde_json::from_str::<Value>(&line.unwrap().expect("the subscriber is still printing")).unwrap()
+        let line = line.unwrap().expect("the subscriber is still printing");
+        // In docs/cli.md's order (it was alphabetical: data, seq, ts).
+        assert!(line.starts_with(r#"{"seq":"#) && line.contains(r#","ts":"#), "{line}");
+        serde_json::from_str::<Value>(&line).unwrap()
     }
     assert_eq!(next(&mut lines).await["seq"], 1);
 

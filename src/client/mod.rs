@@ -261,7 +261,7 @@ enum Attempt {
     Fail(ClientError),
 }
 
-/// A definitive answer to a call.
+/// One node's answer: a definitive answer to a call, or one attempt's ([`Client::exchange`]).
 struct Answer {
     /// The node that gave it.
     node: String,
@@ -269,16 +269,28 @@ struct Answer {
     status: StatusCode,
     /// Its body.
     bytes: Bytes,
+    /// It carries `Runnev-Outcome: unknown` (a `503` whose write may have been applied).
+    unknown: bool,
     /// Its `Content-Type`, when it has one.
     content_type: Option<hyper::header::HeaderValue>,
+    /// The body of a success answer, unread, when the call asked for it so
+    /// ([`Media::stream_success`]; `bytes` is then empty).
+    stream: Option<hyper::body::Incoming>,
 }
 
 /// The media headers a call sets (besides its token): the body's `Content-Type` and the
-/// `Accept` of the answer, each only when given.
+/// `Accept` of the answer, each only when given; and how a success answer's body is taken.
 #[derive(Debug, Clone, Copy, Default)]
 struct Media {
     content_type: Option<&'static str>,
     accept: Option<&'static str>,
+    /// Hand a success answer's body over unread ([`Answer::stream`]) instead of reading it whole:
+    /// a body of any length (a backup), read as it arrives. The request timeout then covers the
+    /// answer's head only.
+    stream_success: bool,
+    /// Send to the known leader first, as a write is (a backup: the leader's applied state is
+    /// the freshest).
+    to_leader: bool,
 }
 
 /// What a read asks for with `Accept`: binary records first, JSON (which every node can give,
@@ -556,6 +568,12 @@ impl Client {
     /// Remembers which configured node the `Runnev-Leader` header names, if any.
     fn learn_leader(&self, headers: &hyper::HeaderMap) {
         let Some(addr) = headers.get("runnev-leader").and_then(|v| v.to_str().ok()) else { return };
+        self.remember_leader(addr);
+    }
+
+    /// Remembers the configured node at `addr` (`HOST:PORT`) as the leader; none when no
+    /// configured node is at that address (the next attempts rotate).
+    fn remember_leader(&self, addr: &str) {
         let found = self.inner.nodes.iter().position(|n| n.strip_prefix("http://").is_some_and(|a| a == addr));
         self.inner.leader.store(found.unwrap_or(usize::MAX), Ordering::Relaxed);
     }
@@ -576,7 +594,7 @@ impl Client {
         body: &Bytes,
         media: Media,
         timeout: Duration,
-    ) -> Result<(StatusCode, Bytes, bool, Option<hyper::header::HeaderValue>), Attempt> {
+    ) -> Result<Answer, Attempt> {
         let mut req = self.authorized(hyper::Request::builder().method(method.clone()).uri(format!("{node}{path}")));
         if let Some(ct) = media.content_type {
             req = req.header(hyper::header::CONTENT_TYPE, ct);
@@ -597,12 +615,16 @@ impl Client {
             self.learn_leader(resp.headers());
             let unknown = resp.headers().get(crate::error::OUTCOME_HEADER).is_some();
             let content_type = resp.headers().get(hyper::header::CONTENT_TYPE).cloned();
+            if media.stream_success && status.is_success() {
+                let (node, stream) = (node.to_string(), Some(resp.into_body()));
+                return Ok(Answer { node, status, bytes: Bytes::new(), unknown, content_type, stream });
+            }
             let bytes = Limited::new(resp.into_body(), ANSWER_BYTES_MAX)
                 .collect()
                 .await
                 .map_err(|e| Attempt::Retry(format!("{node}: reading the answer: {e}")))?
                 .to_bytes();
-            Ok((status, bytes, unknown, content_type))
+            Ok(Answer { node: node.to_string(), status, bytes, unknown, content_type, stream: None })
         };
         tokio::time::timeout(timeout, run)
             .await
@@ -637,7 +659,7 @@ impl Client {
         let policy = self.inner.policy;
         let started = tokio::time::Instant::now();
         let mut backoff = Backoff::new(policy.backoff_min, policy.backoff_max);
-        let write = method != Method::GET;
+        let write = method != Method::GET || media.to_leader;
         let nodes = self.inner.nodes.len();
         // Whether any node answered over HTTP, and whether an attempt may have been applied.
         let (mut answered, mut maybe_applied) = (false, false);
@@ -651,7 +673,7 @@ impl Client {
                 self.exchange(&node, &method, path, &body, media, policy.request_timeout + extra_timeout).await;
             let mut refused = false;
             let last = match attempt {
-                Ok((status, bytes, unknown, _)) if status == StatusCode::SERVICE_UNAVAILABLE => {
+                Ok(Answer { status, bytes, unknown, .. }) if status == StatusCode::SERVICE_UNAVAILABLE => {
                     answered = true;
                     reached = true;
                     let why = unavailable_text(&node, &bytes);
@@ -661,15 +683,9 @@ impl Client {
                     maybe_applied |= unknown;
                     why
                 }
-                Ok((status, bytes, _, content_type)) if status.is_success() => {
-                    return Ok(Answer { node, status, bytes, content_type })
-                }
-                Ok((status, bytes, _, content_type))
-                    if status == StatusCode::NOT_FOUND && gone_is_done && maybe_applied =>
-                {
-                    return Ok(Answer { node, status, bytes, content_type })
-                }
-                Ok((status, bytes, _, _)) => return Err(api_error(&node, status, &bytes)),
+                Ok(a) if a.status.is_success() => return Ok(a),
+                Ok(a) if a.status == StatusCode::NOT_FOUND && gone_is_done && maybe_applied => return Ok(a),
+                Ok(Answer { status, bytes, .. }) => return Err(api_error(&node, status, &bytes)),
                 Err(Attempt::Fail(e)) => return Err(e),
                 Err(Attempt::NotSent(why)) => {
                     refused = true;
@@ -776,7 +792,7 @@ impl Client {
             Some(s) => format!("/v1/streams/{name}/batches?seq={s}"),
             None => format!("/v1/streams/{name}/batches"),
         };
-        let media = Media { content_type: Some(crate::limits::FRAMES_CONTENT_TYPE), accept: None };
+        let media = Media { content_type: Some(crate::limits::FRAMES_CONTENT_TYPE), ..Media::default() };
         let a = self
             .call_with(Method::POST, &path, (Bytes::from(body), media), Duration::ZERO, seq.is_some(), false)
             .await?;
@@ -831,7 +847,7 @@ impl Client {
         if let Some(i) = min_index {
             path.push_str(&format!("&min_index={i}"));
         }
-        let media = Media { content_type: None, accept: Some(READ_ACCEPT) };
+        let media = Media { accept: Some(READ_ACCEPT), ..Media::default() };
         let a = self
             .call_with(Method::GET, &path, (Bytes::new(), media), Duration::from_millis(wait_ms), true, false)
             .await?;
@@ -963,7 +979,7 @@ impl Client {
         let timeout = self.inner.policy.request_timeout;
         let started = tokio::time::Instant::now();
         match self.exchange(node, &Method::GET, path, &Bytes::new(), Media::default(), timeout).await {
-            Ok((status, bytes, _, _)) => Ok((status, bytes)),
+            Ok(Answer { status, bytes, .. }) => Ok((status, bytes)),
             Err(Attempt::Fail(e)) => Err(e),
             Err(Attempt::Retry(last) | Attempt::NotSent(last)) => {
                 Err(ClientError::Unreachable { nodes: vec![node.to_string()], after: started.elapsed(), last })
@@ -1058,39 +1074,34 @@ impl Client {
     }
 
     /// `GET /v1/backup` from the leader (the node with the freshest applied state; any node
-    /// when none is known), written to `w` as it arrives. Returns the node asked and the bytes
-    /// written. The file is checked by its reader (`runnev backup` checks it before keeping it):
-    /// a body cut short by a failure on the node is a truncated backup.
+    /// when none is known), written to `w` as it arrives. Returns the node that sent it and the
+    /// bytes written. Until a node starts sending, the request fails over between the
+    /// configured nodes and backs off like every call ([`RetryPolicy`]): a leader that just
+    /// died, or a node cut off from its leader (`503 not_ready`), sends it on to the next node.
+    /// Once bytes were written it is not retried (`w` cannot take them back): the file is
+    /// checked by its reader (`runnev backup` checks it before keeping it), and a body cut short
+    /// by a failure on the node is a truncated backup.
     ///
-    /// Errors: the errors of [`Client::any_cluster_view`]; [`ClientError::Api`] for a refusal
-    /// (`503 not_ready` from a node cut off from its leader); [`ClientError::Unavailable`] when
-    /// the node stops sending for longer than the request timeout or the connection breaks;
-    /// [`ClientError::Io`] when `w` fails.
+    /// Errors: [`ClientError::Unreachable`] when no node answered and
+    /// [`ClientError::Unavailable`] when none sent a backup within [`RetryPolicy::give_up_after`];
+    /// [`ClientError::Api`] for a refusal (`403` for a token without the admin grant);
+    /// [`ClientError::Unavailable`] when the node stops sending for longer than the request
+    /// timeout or the connection breaks; [`ClientError::Io`] when `w` fails.
     pub async fn backup(&self, w: &mut (impl tokio::io::AsyncWrite + Unpin)) -> Result<(String, u64), ClientError> {
         use tokio::io::AsyncWriteExt;
         let view = self.any_cluster_view().await?;
-        let leader = view.leader_id.and_then(|l| view.members.iter().find(|m| m.id == l));
-        let node = match leader {
-            Some(m) => format!("http://{}", m.addr),
-            None => self.inner.nodes[self.pick()].clone(),
+        if let Some(leader) = view.leader_id.and_then(|l| view.members.iter().find(|m| m.id == l)) {
+            self.remember_leader(&leader.addr);
+        }
+        let media = Media { stream_success: true, to_leader: true, ..Media::default() };
+        let answer =
+            self.call_with(Method::GET, "/v1/backup", (Bytes::new(), media), Duration::ZERO, true, false).await?;
+        let node = answer.node;
+        let Some(mut body) = answer.stream else {
+            return Err(ClientError::Protocol { node, what: "the backup's answer had no body".into() });
         };
-        let req = self
-            .authorized(hyper::Request::get(format!("{node}/v1/backup")))
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| ClientError::Config(e.to_string()))?;
         let timeout = self.inner.policy.request_timeout;
         let broken = |why: String| ClientError::Unavailable { after: timeout, last: format!("{node}: {why}") };
-        let resp = match tokio::time::timeout(timeout, self.inner.http.request(req)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => return Err(broken(cause_text(&e))),
-            Err(_) => return Err(broken("no answer".into())),
-        };
-        let status = resp.status();
-        let mut body = resp.into_body();
-        if status != StatusCode::OK {
-            let bytes = Limited::new(body, ANSWER_BYTES_MAX).collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-            return Err(api_error(&node, status, &bytes));
-        }
         let mut written = 0u64;
         loop {
             let frame = match tokio::time::timeout(timeout, body.frame()).await {

@@ -174,8 +174,22 @@ fn read(
 /// Errors: [`StoreError::Backup`] for a file that is not a backup, damaged or truncated;
 /// [`StoreError::UnsupportedFormat`] for another data format; I/O errors.
 pub fn check(path: &Path) -> Result<BackupInfo, StoreError> {
-    let file = File::open(path)?;
+    let file = open_backup(path)?;
     Ok(read(BufReader::with_capacity(1 << 20, file), &mut std::io::sink(), |m| m.clone())?.1)
+}
+
+/// Opens the backup file at `path` for reading.
+///
+/// Errors: [`StoreError::Backup`] naming the path when it cannot be opened or is not a file (a
+/// bare "No such file or directory" did not say which of restore's two paths was missing).
+fn open_backup(path: &Path) -> Result<File, StoreError> {
+    let named = |why: String| StoreError::Backup(format!("cannot read the backup file {}: {why}", path.display()));
+    let file = File::open(path).map_err(|e| named(e.to_string()))?;
+    match file.metadata() {
+        Ok(m) if m.is_file() => Ok(file),
+        Ok(_) => Err(named("it is not a regular file".into())),
+        Err(e) => Err(named(e.to_string())),
+    }
 }
 
 /// Lays out a fresh data directory `dir` for node `id` of a new cluster whose voters are
@@ -197,6 +211,12 @@ pub fn restore(
     if !peers.contains_key(&id) {
         return Err(StoreError::Backup(format!("node {id} is not among the peers")));
     }
+    if dir.exists() && !dir.is_dir() {
+        return Err(StoreError::Backup(format!(
+            "{} is not a directory: restore makes a fresh data directory there",
+            dir.display()
+        )));
+    }
     if std::fs::read_dir(dir).map(|mut d| d.next().is_some()).unwrap_or(false) {
         return Err(StoreError::Backup(format!(
             "{} is not empty: restore makes a fresh data directory",
@@ -216,7 +236,7 @@ pub fn restore(
     let tmp = store.dir().join("snapshot.restore.tmp");
     let (meta, info) = {
         let mut out = BufWriter::new(File::create(&tmp)?);
-        let got = read(BufReader::with_capacity(1 << 20, File::open(from)?), &mut out, |m| SnapshotMeta {
+        let got = read(BufReader::with_capacity(1 << 20, open_backup(from)?), &mut out, |m| SnapshotMeta {
             last_log_id: m.last_log_id,
             last_membership: StoredMembership::new(m.last_log_id, Membership::new(vec![voters], nodes)),
             snapshot_id: format!("{}-restored", m.snapshot_id),
