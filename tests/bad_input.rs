@@ -1156,3 +1156,28 @@ async fn chunked_bodies_are_accepted_and_content_encoding_is_stored_verbatim() {
         assert_eq!(b.data, gzip, "seq {}: the bytes as sent, not decompressed", b.seq);
     }
 }
+
+/// A request that asks `Expect: 100-continue` with a `Content-Length` over its route's limit is
+/// answered `413` at once, not `100 Continue` (which told curl to upload the whole body to be
+/// refused; found by a fresh user's trial): a publish, a frames publish and a stream's PUT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_announced_with_expect_continue_is_refused_before_it_is_sent() {
+    let c = Cluster::start(1, &[]).await;
+    create_stream(&c.http, &c.url(1), "big").await;
+    let (addr, auth) = (c.node(1).addr(), c.auth_line());
+    for (what, line, extra) in [
+        ("a publish", "POST /v1/streams/big/batches", ""),
+        ("a frames publish", "POST /v1/streams/big/batches", "Content-Type: application/vnd.runnev.frames\r\n"),
+        ("a stream's PUT", "PUT /v1/streams/big", "Content-Type: application/json\r\n"),
+    ] {
+        let head = format!(
+            "{line} HTTP/1.1\r\nHost: {addr}\r\n{auth}{extra}Expect: 100-continue\r\nContent-Length: 50000000\r\n\r\n"
+        );
+        let answer = tokio::time::timeout(Duration::from_secs(10), raw_exchange(&c, 1, &head, b"")).await;
+        let (answer, body) = answer.unwrap_or_else(|_| panic!("{what}: no answer within 10 s")).expect(what);
+        assert!(answer.starts_with("HTTP/1.1 413"), "{what}: {answer}");
+        assert!(String::from_utf8_lossy(&body).contains("payload_too_large"), "{what}: {body:?}");
+    }
+    let r = c.http.get(&format!("{}/v1/streams/big", c.url(1))).await.expect("info");
+    assert_eq!(r.json()["last_seq"], 0, "nothing was published: {}", r.describe());
+}

@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use super::write::{write, Forwardable, Led};
-use super::{json, read_body, AppState};
+use super::{json, read_request_body, AppState};
 use crate::auth::{Grant, Permission, Scope, Token, TokenRecord, GRANTS_MAX};
 use crate::error::ApiError;
 use crate::limits::ADMIN_BODY_BYTES_MAX;
@@ -284,7 +284,7 @@ pub(super) async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_body(body, ADMIN_BODY_BYTES_MAX).await?;
+    let body = read_request_body(&headers, body, ADMIN_BODY_BYTES_MAX).await?;
     let req: CreateToken =
         super::json_object(&body, r#"{"name", "grants": [{"permission", "streams"}]}"#, &["/grants/*"])?;
     crate::auth::validate_name(&req.name).map_err(ApiError::InvalidBody)?;

@@ -18,7 +18,7 @@ use http_body_util::BodyExt;
 use openraft::{BasicNode, ChangeMembers, Membership, ServerState};
 
 use super::write::{on_leader, op_error, Forwardable, Led, OpError};
-use super::{cluster, json, read_body, AppState};
+use super::{cluster, json, read_request_body, AppState};
 use crate::error::ApiError;
 use crate::limits::{ADMIN_BODY_BYTES_MAX, MEMBER_CATCHUP_MS, PEER_PROBE_BYTES_MAX, PEER_PROBE_MS};
 use crate::raft::{NodeId, Raft};
@@ -131,7 +131,7 @@ pub(super) async fn add(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = read_body(body, ADMIN_BODY_BYTES_MAX).await?;
+    let bytes = read_request_body(&headers, body, ADMIN_BODY_BYTES_MAX).await?;
     let shape = r#"{"id": N, "addr": "HOST:PORT", "voter": bool}"#;
     let b: crate::wire::AddMember = super::json_object(&bytes, shape, &[])?;
     if b.id == 0 {

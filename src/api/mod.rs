@@ -524,6 +524,29 @@ pub(crate) async fn read_body(mut body: Body, limit_bytes: usize) -> Result<byte
     Ok(first.unwrap_or_else(|| more.freeze()))
 }
 
+/// [`read_body`] for an API request whose headers are `headers`: one that asks `Expect:
+/// 100-continue` (RFC 9110 §10.1.1) and declares a `Content-Length` over `limit_bytes` is
+/// answered `413` at once, before any of its body is read. hyper answers `100 Continue` when a
+/// handler first reads the body, so the client then sends none of it (curl asks so for bodies
+/// over 1 MiB; it used to be told to go on and upload all of it to be refused).
+///
+/// Errors: as [`read_body`].
+pub(crate) async fn read_request_body(
+    headers: &axum::http::HeaderMap,
+    body: Body,
+    limit_bytes: usize,
+) -> Result<bytes::Bytes, ApiError> {
+    let declared = axum::body::HttpBody::size_hint(&body).lower();
+    let expects_continue = headers
+        .get(axum::http::header::EXPECT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"));
+    if expects_continue && declared > limit_bytes as u64 {
+        return Err(ApiError::PayloadTooLarge { limit_bytes });
+    }
+    read_body(body, limit_bytes).await
+}
+
 /// The `413 payload_too_large` for a body of which `seen` bytes (declared or read) are over
 /// `limit_bytes`. If the whole body is at most [`DISCARD_BODY_BYTES_MAX`], the rest of it is
 /// read and dropped first (within the body's deadline), so the client finishes its write and

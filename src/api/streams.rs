@@ -16,7 +16,7 @@ use base64::Engine;
 use tokio::time::Instant;
 
 use super::write::{write, Forwardable, Led};
-use super::{json, read_body, AppState};
+use super::{json, read_request_body, AppState};
 use crate::error::ApiError;
 use crate::limits::{
     ADMIN_BODY_BYTES_MAX, FRAMES_CONTENT_TYPE, FRAMES_PER_APPEND_MAX, MIN_INDEX_WAIT_MS, READ_ANSWER_BYTES_MAX,
@@ -143,7 +143,7 @@ pub(super) async fn put(
     body: Body,
 ) -> Result<Response, ApiError> {
     let name = stream_name(path)?;
-    let body = read_body(body, ADMIN_BODY_BYTES_MAX).await?;
+    let body = read_request_body(&headers, body, ADMIN_BODY_BYTES_MAX).await?;
     let retention = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
@@ -297,7 +297,7 @@ pub(super) async fn publish(
         return publish_frames(s, name, seq, method, uri, headers, body).await;
     }
     let limit = s.max_batch_bytes;
-    let body = read_body(body, limit).await?;
+    let body = read_request_body(&headers, body, limit).await?;
     let auto_create = s.auto_create_streams;
     let req = Forwardable::new(method, &uri, headers, body.clone());
     let stream = name.clone();
@@ -328,7 +328,7 @@ async fn publish_frames(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_body(body, s.max_append_bytes).await?;
+    let body = read_request_body(&headers, body, s.max_append_bytes).await?;
     let ranges = wire::decode_frames(&body, FRAMES_PER_APPEND_MAX, s.max_batch_bytes)?;
     let count = ranges.len() as u64;
     if let Some(first) = seq {
