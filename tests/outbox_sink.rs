@@ -245,3 +245,28 @@ async fn outbox_sink_surfaces_a_gap() {
     assert_eq!(seqs, Some(15.0));
     drop_tables(&pg, &[&table]).await;
 }
+
+/// A statement of `--apply-sql` that PostgreSQL refuses is logged in the server's words (it
+/// was logged only as "PostgreSQL: db error", the sink retrying for ever; found by a fresh
+/// user's trial), and nothing is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_sink_logs_a_refused_statement_in_the_server_s_words() {
+    let url = require_pg!("outbox_sink_logs_a_refused_statement_in_the_server_s_words");
+    let c = Cluster::start(1, &[]).await;
+    let pg = connect(&url).await;
+    let stream = "sink-refused";
+    let client = c.client();
+    client.put_stream(stream, None).await.unwrap();
+    client.publish(stream, None, payload("refused", 1)).await.unwrap();
+    let consumer = unique("refused");
+    let sink = Proc::start("sink", &sink_args(&url, &c.urls(), stream, &consumer, "SELECT 1/0"), &[]);
+    until("the refusal is logged", Duration::from_secs(30), || async {
+        let log = sink.log_text();
+        match log.contains("division by zero (SQLSTATE 22012)") {
+            true => Ok(()),
+            false => Err(sink.log_tail(5)),
+        }
+    })
+    .await;
+    assert_eq!(cursor(&pg, &consumer, stream).await, 0, "nothing applied");
+}

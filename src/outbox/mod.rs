@@ -45,7 +45,7 @@ pub const DEFAULT_TABLE: &str = "runnev_outbox";
 #[derive(Debug, thiserror::Error)]
 pub enum OutboxError {
     /// PostgreSQL could not be reached (refused, timed out, DNS) or the connection broke.
-    #[error("cannot reach PostgreSQL at {target}: {source}")]
+    #[error("cannot reach PostgreSQL at {target}: {}", postgres_text(source))]
     Unreachable {
         /// `host:port/dbname` (never the password).
         target: String,
@@ -62,8 +62,11 @@ pub enum OutboxError {
         /// The server's message.
         message: String,
     },
-    /// A table the relay or sink needs does not exist.
-    #[error("PostgreSQL: {message}: create the schema with --init-schema, or apply {file} with psql")]
+    /// A table does not exist: one the relay or sink needs, or one a sink's `--apply-sql` names.
+    #[error(
+        "PostgreSQL: {message}: create the relay's or sink's own tables with --init-schema, or apply {file} with \
+         psql; a table your --apply-sql names is yours to create"
+    )]
     MissingTable {
         /// The server's message (names the table).
         message: String,
@@ -71,7 +74,7 @@ pub enum OutboxError {
         file: &'static str,
     },
     /// Any other PostgreSQL error (a statement failed, a constraint, a serialization failure).
-    #[error("PostgreSQL: {0}")]
+    #[error("PostgreSQL: {}", postgres_text(.0))]
     Postgres(#[source] tokio_postgres::Error),
     /// The Runnev cluster refused or did not answer.
     #[error("Runnev cluster: {0}")]
@@ -90,6 +93,27 @@ pub enum OutboxError {
     /// Bad options (a table name that is not an identifier, a malformed URL).
     #[error("configuration: {0}")]
     Config(String),
+}
+
+/// `e` in the server's own words where it has them: message, SQLSTATE code, detail and hint
+/// (the driver's own text is only "db error"; found by a fresh user's trial, whose sink with
+/// `--apply-sql "SELEC 1"` logged nothing else); otherwise the driver's text and its cause
+/// ("error connecting to server: Connection refused").
+pub fn postgres_text(e: &tokio_postgres::Error) -> String {
+    let Some(db) = e.as_db_error() else {
+        return match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        };
+    };
+    let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    if let Some(detail) = db.detail() {
+        text.push_str(&format!("; {detail}"));
+    }
+    if let Some(hint) = db.hint() {
+        text.push_str(&format!("; hint: {hint}"));
+    }
+    text
 }
 
 impl OutboxError {
@@ -363,6 +387,17 @@ pub(crate) fn count_error(component: &'static str, e: &OutboxError) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection refused says so (it said only "error connecting to server").
+    #[tokio::test]
+    async fn a_driver_error_keeps_its_cause() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let url = format!("postgres://u@127.0.0.1:{port}/d?connect_timeout=5");
+        let e = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.err().expect("nothing listens there");
+        let text = OutboxError::from_pg("u@127.0.0.1/d", e, "sql/outbox.sql").to_string();
+        assert!(text.starts_with("cannot reach PostgreSQL at u@127.0.0.1/d: error connecting to server: "), "{text}");
+        assert!(text.to_lowercase().contains("refused"), "{text}");
+    }
 
     #[test]
     fn identifiers_and_schema_renaming() {
