@@ -48,6 +48,28 @@ async fn a_stopped_cluster_is_reported_unreachable_with_exit_3() {
         println!("{args:?}: exit 3 after {:?}", r.took);
     }
 
+    // A sink for a stream name no stream can have is refused at start (it retried for ever;
+    // found by a fresh user's trial), before it reaches for PostgreSQL or the cluster.
+    let r = cli(
+        &[
+            "sink-postgres",
+            "--postgres",
+            "postgres://u@127.0.0.1:1/d",
+            "--nodes",
+            &nodes,
+            "--stream",
+            "bad/name",
+            "--consumer",
+            "c",
+            "--apply-sql",
+            "SELECT 1",
+        ],
+        &[],
+    )
+    .await;
+    r.expect_code(1, "sink-postgres --stream bad/name");
+    assert!(r.stderr.contains(r#"configuration: --stream "bad/name": stream name"#), "{r:#?}");
+
     let r = cli(&["status", "--nodes", &nodes, "-o", "text"], &[]).await;
     r.expect_code(3, "status");
     assert_eq!(r.stdout.matches("unreachable: Connection refused").count(), 2, "{r:#?}");

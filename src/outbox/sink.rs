@@ -325,11 +325,14 @@ pub struct Sink<A: Apply> {
 impl<A: Apply> Sink<A> {
     /// A sink reading through `client`.
     ///
-    /// Errors: [`OutboxError::Config`] for a malformed URL, an empty consumer or `batch_max` 0.
+    /// Errors: [`OutboxError::Config`] for a malformed URL, an empty consumer, `batch_max` 0, or
+    /// a stream name no stream can have (SPEC §1; it was retried for ever).
     pub fn new(client: Client, opts: SinkOptions, apply: A) -> Result<Sink<A>, OutboxError> {
         if opts.consumer.is_empty() || opts.batch_max == 0 {
             return Err(OutboxError::Config("the consumer name must not be empty and batch_max must be >= 1".into()));
         }
+        crate::stream::validate_name(&opts.stream)
+            .map_err(|e| OutboxError::Config(format!("--stream {:?}: {e}", opts.stream)))?;
         let target = PgTarget::parse(&opts.postgres, "runnev-sink")?;
         Ok(Sink { client, opts, target, apply })
     }
