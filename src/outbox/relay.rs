@@ -401,7 +401,7 @@ impl Relay {
             metrics::gauge!("runnev_outbox_active", "table" => table.clone()).set(0.0);
             count_error("relay", &err);
             let delay = backoff.next_delay();
-            tracing::error!(table = %table, error = %err, retry_in = ?delay, "outbox relay: no PostgreSQL session (it could not start, or broke); connecting again");
+            tracing::error!(table = %table, error = %err, retry_in = ?delay, "outbox relay: no PostgreSQL session (it could not start, or broke); reconnecting");
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = &mut shutdown => return Ok(()),
