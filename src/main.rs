@@ -698,6 +698,25 @@ fn admin_token(path: &std::path::Path) -> Result<runnev::auth::Token> {
     runnev::auth::Token::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
+/// The admin token of a missing `--admin-token-file` at `path`: a new one written there if this
+/// node's state (`store`) has no bootstrap admin token yet; `None`, with a warning and no file
+/// written, if it has one (a restored backup's, or a cluster bootstrapped before the file was
+/// lost): a new token would never be the cluster's, since only a cluster's first leader makes
+/// its admin token (docs/security.md), so the file would only mislead.
+fn admin_token_for(store: &runnev::storage::Store, path: &std::path::Path) -> Result<Option<runnev::auth::Token>> {
+    let (_, bootstrapped) = store.tokens().context("reading the state's tokens")?;
+    if bootstrapped {
+        tracing::warn!(
+            file = %path.display(),
+            "--admin-token-file does not exist and this node's state already has its cluster's admin token \
+             (made at the cluster's bootstrap, or restored from a backup): no new token written, since it \
+             would never be the cluster's; use the cluster's own token file (after a restore, the old cluster's)"
+        );
+        return Ok(None);
+    }
+    admin_token(path).map(Some)
+}
+
 fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>> {
     let mut peers = BTreeMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -900,7 +919,14 @@ async fn run(args: Cli) -> Result<()> {
             for path in tls.iter().flat_map(|t| [&t.ca, &t.cert, &t.key]) {
                 std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
             }
-            let admin_token = security.admin_token_file.as_deref().map(admin_token).transpose()?;
+            // An existing file is read now (a bad one is refused before anything starts); a
+            // missing one is made once the state is open, and only for a cluster that has no
+            // admin token yet ([`admin_token_for`]).
+            let admin_token_file = security.admin_token_file.clone();
+            let mut admin_token = match &admin_token_file {
+                Some(path) if path.exists() => Some(admin_token(path)?),
+                _ => None,
+            };
             runnev::logging::set_node(id);
             // Before the storage opens: its payload segments size their open handles from it.
             match runnev::open_files::raise_soft_to_hard() {
@@ -929,6 +955,10 @@ async fn run(args: Cli) -> Result<()> {
             let tcp = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("binding {listen}"))?;
             let mut env = node::Environment::production(Some(prometheus));
             let node_security = runnev::api::auth::Security { peer_tls: tls.is_some(), auth: security.auth };
+            let store = runnev::storage::Store::open(&data_dir).map_err(|e| cli::store_open_error(&data_dir, e))?;
+            if let Some(path) = admin_token_file.filter(|_| admin_token.is_none()) {
+                admin_token = admin_token_for(&store, &path)?;
+            }
             let cfg = NodeConfig {
                 id,
                 data_dir,
@@ -950,8 +980,6 @@ async fn run(args: Cli) -> Result<()> {
                 body_read_timeout: body_read_timeout.0,
                 exit_after_raft_stop: runnev::limits::RAFT_STOPPED_EXIT_AFTER_DEFAULT,
             };
-            let store =
-                runnev::storage::Store::open(&cfg.data_dir).map_err(|e| cli::store_open_error(&cfg.data_dir, e))?;
             match tls {
                 Some(files) => {
                     let server = runnev::tls::server_config(&files)?;
