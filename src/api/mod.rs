@@ -478,16 +478,42 @@ fn is_body_read_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Reads a whole request body of at most `limit_bytes`.
+/// Reads the whole body of an API request whose headers are `headers`, at most `limit_bytes`.
+///
+/// A declared length (`Content-Length`) over the limit is refused before any of the body is
+/// buffered. If the request also asks `Expect: 100-continue` (RFC 9110 §10.1.1) the `413` goes
+/// out at once, before any of its body is read: hyper answers `100 Continue` when a handler
+/// first reads the body, so the client then sends none of it (curl asks so for bodies over
+/// 1 MiB; it used to be told to go on and upload all of it to be refused).
 ///
 /// Errors: `413 payload_too_large` past the limit, answered once the rest of the body was read
-/// and dropped ([`refuse_too_large`]); `408 request_timeout` when the body's deadline passed
-/// first ([`DeadlineBody`]); `400 invalid_body` if the body breaks off.
-pub(crate) async fn read_body(mut body: Body, limit_bytes: usize) -> Result<bytes::Bytes, ApiError> {
-    // A declared length (Content-Length) over the limit is refused before any of the body is
-    // buffered.
+/// and dropped ([`refuse_too_large`]) unless the client waits for `100 Continue`;
+/// `408 request_timeout` when the body's deadline passed first ([`DeadlineBody`]);
+/// `400 invalid_body` if the body breaks off.
+pub(crate) async fn read_request_body(
+    headers: &axum::http::HeaderMap,
+    body: Body,
+    limit_bytes: usize,
+) -> Result<bytes::Bytes, ApiError> {
+    let expects_continue = headers
+        .get(axum::http::header::EXPECT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"));
+    read_body(body, limit_bytes, expects_continue).await
+}
+
+/// [`read_request_body`] with its `Expect: 100-continue` already read: `waits_for_continue`
+/// (always false for Raft RPCs, which come from the peers' own client and never ask it).
+pub(crate) async fn read_body(
+    mut body: Body,
+    limit_bytes: usize,
+    waits_for_continue: bool,
+) -> Result<bytes::Bytes, ApiError> {
     let declared = axum::body::HttpBody::size_hint(&body).lower();
     if declared > limit_bytes as u64 {
+        if waits_for_continue {
+            return Err(ApiError::PayloadTooLarge { limit_bytes });
+        }
         return Err(refuse_too_large(body, declared, limit_bytes).await);
     }
     // One chunk (the usual small publish) is handed over as it came, without a copy.
@@ -522,29 +548,6 @@ pub(crate) async fn read_body(mut body: Body, limit_bytes: usize) -> Result<byte
         }
     }
     Ok(first.unwrap_or_else(|| more.freeze()))
-}
-
-/// [`read_body`] for an API request whose headers are `headers`: one that asks `Expect:
-/// 100-continue` (RFC 9110 §10.1.1) and declares a `Content-Length` over `limit_bytes` is
-/// answered `413` at once, before any of its body is read. hyper answers `100 Continue` when a
-/// handler first reads the body, so the client then sends none of it (curl asks so for bodies
-/// over 1 MiB; it used to be told to go on and upload all of it to be refused).
-///
-/// Errors: as [`read_body`].
-pub(crate) async fn read_request_body(
-    headers: &axum::http::HeaderMap,
-    body: Body,
-    limit_bytes: usize,
-) -> Result<bytes::Bytes, ApiError> {
-    let declared = axum::body::HttpBody::size_hint(&body).lower();
-    let expects_continue = headers
-        .get(axum::http::header::EXPECT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"));
-    if expects_continue && declared > limit_bytes as u64 {
-        return Err(ApiError::PayloadTooLarge { limit_bytes });
-    }
-    read_body(body, limit_bytes).await
 }
 
 /// The `413 payload_too_large` for a body of which `seen` bytes (declared or read) are over
@@ -603,7 +606,24 @@ pub(crate) fn json_object<T: serde::de::DeserializeOwned>(
     }
     // From the bytes, not from `value`: a `serde_json::Value` keeps the last of two members of
     // one name, while a struct's derived decoder refuses the second (`duplicate field`).
-    serde_json::from_slice(bytes).map_err(|e| expected(e.to_string()))
+    serde_json::from_slice(bytes).map_err(|e| expected(whole_number_text(e.to_string())))
+}
+
+/// serde's text for a number that is not a whole number in range where one is expected, in
+/// the client's terms. serde_json reads an integer past 2^64 − 1 as a float, so `2^64` for a
+/// `u64` field used to be refused as "invalid type: floating point `1.8446744073709552e19`,
+/// expected u64", which names neither the rule nor the range. Any other text is kept.
+fn whole_number_text(serde_text: String) -> String {
+    let Some(rest) = serde_text.strip_prefix("invalid type: floating point `") else {
+        return serde_text;
+    };
+    let Some((number, after)) = rest.split_once('`') else {
+        return serde_text;
+    };
+    let Some(where_) = after.strip_prefix(", expected u64") else {
+        return serde_text;
+    };
+    format!("{number} is not a whole number from 0 to {}{where_}", u64::MAX)
 }
 
 /// Counts one request in the gauge `runnev_waiting_requests{kind}` while it is alive, and once
@@ -742,6 +762,30 @@ mod tests {
         assert!(matches!(put(r#"{"retention": [5]}"#), Err(ApiError::InvalidBody(_))));
     }
 
+    /// A number past 2^64 − 1 (or with a fraction) where a `u64` belongs is refused with the
+    /// rule and the range, not serde's "invalid type: floating point", and changes nothing
+    /// (a fresh user's trial sent `max_age_ms: 18446744073709551616`); other errors keep
+    /// serde's words.
+    #[test]
+    fn a_number_out_of_range_is_refused_in_the_client_s_terms() {
+        let put = |body: &str| json_object::<crate::wire::PutStream>(body.as_bytes(), "a stream", &["/retention"]);
+        let past = put(r#"{"retention": {"max_age_ms": 18446744073709551616}}"#);
+        assert!(
+            matches!(&past, Err(ApiError::InvalidBody(m))
+                if m.contains("1.8446744073709552e+19 is not a whole number from 0 to 18446744073709551615")),
+            "{past:?}"
+        );
+        let fraction = put(r#"{"retention": {"max_batches": 1.5}}"#);
+        assert!(
+            matches!(&fraction, Err(ApiError::InvalidBody(m)) if m.contains("1.5 is not a whole number")),
+            "{fraction:?}"
+        );
+        let negative = put(r#"{"retention": {"max_batches": -1}}"#);
+        assert!(matches!(&negative, Err(ApiError::InvalidBody(m)) if m.contains("invalid value")), "{negative:?}");
+        let max = put(r#"{"retention": {"max_age_ms": 18446744073709551615}}"#).expect("2^64 - 1 is a u64");
+        assert_eq!(max.retention.max_age_ms, Some(u64::MAX));
+    }
+
     /// A leader that removed itself keeps a committed vote for itself as a learner: openraft 0.9
     /// still names it `current_leader`; this node must not take itself for the leader then
     /// (simulation seed 6 with `--membership`). Another node named leader is taken at its word.
@@ -775,10 +819,10 @@ mod tests {
     async fn a_body_that_stops_arriving_is_408_at_its_deadline() {
         let timeout = std::time::Duration::from_secs(2);
         let started = tokio::time::Instant::now();
-        let cut = read_body(Body::new(DeadlineBody::new(stalled_after(b"abc"), timeout)), 1024).await;
+        let cut = read_body(Body::new(DeadlineBody::new(stalled_after(b"abc"), timeout)), 1024, false).await;
         assert!(matches!(cut, Err(ApiError::RequestTimeout(_))), "{cut:?}");
         assert_eq!(started.elapsed(), timeout);
-        let whole = read_body(Body::new(DeadlineBody::new(Body::from("abc"), timeout)), 1024).await;
+        let whole = read_body(Body::new(DeadlineBody::new(Body::from("abc"), timeout)), 1024, false).await;
         assert_eq!(whole.expect("a body in time").as_ref(), b"abc");
     }
 
@@ -797,20 +841,20 @@ mod tests {
     async fn an_oversized_body_is_read_to_its_end_before_413_up_to_the_discard_bound() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let polled = Arc::new(AtomicUsize::new(0));
-        let refused = read_body(counted(100, 10, polled.clone()), 25).await;
+        let refused = read_body(counted(100, 10, polled.clone()), 25, false).await;
         assert!(matches!(refused, Err(ApiError::PayloadTooLarge { limit_bytes: 25 })), "{refused:?}");
         assert_eq!(polled.load(Ordering::Relaxed), 100, "every chunk of the refused body was read");
 
         let chunk = 1024 * 1024;
         let chunks = crate::limits::DISCARD_BODY_BYTES_MAX / chunk + 10;
         let polled = Arc::new(AtomicUsize::new(0));
-        let refused = read_body(counted(chunks, chunk, polled.clone()), 25).await;
+        let refused = read_body(counted(chunks, chunk, polled.clone()), 25, false).await;
         assert!(matches!(refused, Err(ApiError::PayloadTooLarge { .. })), "{refused:?}");
         let read = polled.load(Ordering::Relaxed);
         assert!(read < chunks, "a body past the discard bound is not read to its end ({read} of {chunks})");
         assert!(read * chunk > crate::limits::DISCARD_BODY_BYTES_MAX, "read up to the bound first ({read} chunks)");
 
-        let whole = read_body(counted(3, 10, Arc::new(AtomicUsize::new(0))), 30).await;
+        let whole = read_body(counted(3, 10, Arc::new(AtomicUsize::new(0))), 30, false).await;
         assert_eq!(whole.expect("a body at its limit").len(), 30);
     }
 }

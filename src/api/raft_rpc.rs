@@ -58,7 +58,7 @@ fn check_protocol(headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 async fn decode_rpc<T: DeserializeOwned>(body: Body) -> Result<T, ApiError> {
-    let bytes = read_body(body, RAFT_RPC_BYTES_MAX).await?;
+    let bytes = read_body(body, RAFT_RPC_BYTES_MAX, false).await?;
     postcard::from_bytes(&bytes).map_err(|e| ApiError::InvalidBody(format!("not a Raft RPC: {e}")))
 }
 
