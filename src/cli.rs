@@ -21,6 +21,7 @@ use runnev::client::{
 use runnev::stream::Retention;
 use runnev::units::{format_bytes, format_duration, Limit};
 use runnev::wire::{ClusterView, StreamInfo};
+use tokio_util::task::AbortOnDropHandle;
 
 use super::{ClusterCmd, RetentionArgs, StreamsCmd};
 
@@ -357,7 +358,7 @@ pub async fn subscribe(
             }
         })
     });
-    let _abort_on_exit = ahead_check.map(|t| t.abort_handle()).map(AbortOnDrop);
+    let _abort_on_exit = ahead_check.map(AbortOnDropHandle::new);
     let mut sub = client.subscribe_with(stream, start, options);
     let mut out = std::io::stdout().lock();
     while let Some(item) = sub.next().await {
@@ -403,15 +404,6 @@ pub async fn subscribe(
 /// How long `runnev subscribe` waits for the stream's info to check its cursor against
 /// ([`cursor_ahead_note`]) before it does without the check.
 const CURSOR_AHEAD_CHECK: Duration = Duration::from_secs(5);
-
-/// Aborts a background task when dropped (when the command returns).
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// The note `runnev subscribe` prints on stderr when its starting cursor `start` is past the
 /// stream's `last_seq` as one node reports it, `None` otherwise. The subscription waits for

@@ -88,6 +88,39 @@ async fn a_stopped_cluster_is_reported_unreachable_with_exit_3() {
 
 /// With 1 of 3 nodes up there is no leader: a write ends with exit 6 and the reason in words
 /// with the server's message, never its raw JSON; reads and `status` still work.
+/// The outbox relay's and the sink's counts and request size out of range are usage errors
+/// (exit 2) that name their flag, before anything is contacted (they used to pass the flag
+/// parser and stop at start with "configuration: concurrency and delete batch must be at
+/// least 1", naming no flag).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_flags_out_of_range_are_usage_errors_that_name_the_flag() {
+    let pg = "postgres://runnev@127.0.0.1:1/runnev";
+    let relay = ["outbox-relay", "--postgres", pg];
+    for (flag, value) in [
+        ("--concurrency", "0"),
+        ("--delete-batch", "0"),
+        ("--batch-size", "0"),
+        ("--batch-size", "100001"),
+        ("--max-append-bytes", "2"),
+        ("--max-append-bytes", "65MiB"),
+    ] {
+        let args: Vec<&str> = relay.iter().copied().chain([flag, value]).collect();
+        let r = cli(&args, &[]).await;
+        r.expect_code(2, &format!("outbox-relay {flag} {value}"));
+        assert!(r.stderr.contains(flag), "{r:#?}");
+    }
+    let r = cli(
+        &["outbox-relay", "--postgres", pg, "--max-append-bytes", "64MiB", "--batch-size", "100000", "--help"],
+        &[],
+    )
+    .await;
+    r.expect_code(0, "the bounds themselves are accepted");
+    let r =
+        cli(&["sink-postgres", "--postgres", pg, "--stream", "s", "--consumer", "c", "--batch-size", "0"], &[]).await;
+    r.expect_code(2, "sink-postgres --batch-size 0");
+    assert!(r.stderr.contains("--batch-size"), "{r:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_without_a_majority_says_no_leader_with_exit_6() {
     let mut c = Cluster::start(3, &[]).await;

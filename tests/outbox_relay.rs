@@ -384,17 +384,7 @@ async fn outbox_relay_foreign_publisher_and_a_stuck_stream() {
     relay.set_env("RUNNEV_OUTBOX_FAILPOINT", None);
     relay.spawn();
     until("shared and healthy relayed", Duration::from_secs(30), || async {
-        let n: i64 = pg
-            .query_one(
-                &format!(
-                    "SELECT count(*) FROM {table} o JOIN {table}_progress p USING (stream)
-                     WHERE o.stream <> 'big' AND (o.seq IS NULL OR o.seq > p.published_seq)"
-                ),
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
+        let n = unrelayed_where(&pg, &table, "o.stream <> 'big'").await;
         if n == 0 {
             Ok(())
         } else {
@@ -432,6 +422,64 @@ async fn outbox_relay_foreign_publisher_and_a_stuck_stream() {
     let errors = relay.metric(&c.http, "runnev_outbox_errors_total").await.unwrap_or(0.0);
     assert!(errors >= 1.0, "the stuck row is counted as an error");
     assert!(relay.alive());
+    // The log says how to unblock it, and doing so works: the row deleted, the stream's next
+    // row follows it.
+    assert!(
+        relay.log_text().contains("raise the nodes' --max-batch-bytes, or delete the row"),
+        "{}",
+        relay.log_tail(20)
+    );
+    pg.execute(&format!("DELETE FROM {table} WHERE stream = 'big'"), &[]).await.unwrap();
+    let after = insert_rows(&pg, &table, &["big"], "after", 1).await;
+    wait_relayed(&pg, &table, Duration::from_secs(30), &relay).await;
+    check_streams(&c, &pg, &table, &after).await;
+    drop_outbox(&pg, &table).await;
+}
+
+/// Without `--create-streams`, rows naming a stream that does not exist wait without a seq,
+/// logged and counted, while the other streams' rows are relayed (they used to wait too: the
+/// whole cycle failed on the missing stream); once the stream is created its rows follow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_relay_a_missing_stream_holds_back_only_its_own_rows() {
+    let url = require_pg!("outbox_relay_a_missing_stream_holds_back_only_its_own_rows");
+    let c = Cluster::start(3, &[]).await;
+    let pg = connect(&url).await;
+    let table = unique("ob_missing");
+    create_outbox(&pg, &table).await;
+    let client = c.client();
+    client.put_stream("here", None).await.unwrap();
+    // The missing stream's rows come first: the oldest rows without a seq.
+    let gone = insert_rows(&pg, &table, &["gone"], "gone", 5).await;
+    let here = insert_rows(&pg, &table, &["here"], "here", 5).await;
+    let args: Vec<String> = relay_args(&url, &c.urls(), &table, &["--poll-ms", "100"])
+        .into_iter()
+        .filter(|a| a != "--create-streams")
+        .collect();
+    let relay = Proc::start("relay", &args, &[]);
+    until("the existing stream's rows relayed", Duration::from_secs(30), || async {
+        let n = unrelayed_where(&pg, &table, "o.stream = 'here'").await;
+        if n == 0 {
+            Ok(())
+        } else {
+            Err(format!("{n} rows of 'here' left; relay alive: {}\n{}", relay.alive(), relay.log_tail(10)))
+        }
+    })
+    .await;
+    check_streams(&c, &pg, &table, &here).await;
+    assert_eq!(unassigned(&pg, &table, "gone").await, 5, "the missing stream's rows keep no seq");
+    until("the missing stream logged and counted", Duration::from_secs(30), || async {
+        let errors = relay.metric(&c.http, "runnev_outbox_errors_total").await.unwrap_or(0.0);
+        if relay.log_text().contains("\"gone\", which does not exist") && errors >= 1.0 {
+            Ok(())
+        } else {
+            Err(format!("errors {errors}:\n{}", relay.log_tail(10)))
+        }
+    })
+    .await;
+    assert!(relay.alive(), "{}", relay.log_tail(20));
+    client.put_stream("gone", None).await.unwrap();
+    wait_relayed(&pg, &table, Duration::from_secs(30), &relay).await;
+    check_streams(&c, &pg, &table, &gone).await;
     drop_outbox(&pg, &table).await;
 }
 

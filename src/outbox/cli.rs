@@ -31,22 +31,22 @@ pub struct RelayArgs {
     /// The outbox table; its progress table is TABLE_progress. One active relay per table.
     #[arg(long, default_value = DEFAULT_TABLE)]
     pub table: String,
-    /// Most rows assigned and published per cycle.
-    #[arg(long, default_value_t = 5000)]
+    /// Most rows assigned and published per cycle (1 to 100000).
+    #[arg(long, default_value_t = 5000, value_parser = count_in(1, 100_000))]
     pub batch_size: usize,
     /// Most streams published at once (one request each in flight).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = count_in(1, usize::MAX))]
     pub concurrency: usize,
     /// Largest publish request (a stream's rows as frames, frame headers included): at most
     /// the cluster's --max-append-bytes. Bytes, or with a unit (8MiB). Larger sets are split.
-    #[arg(long, value_name = "SIZE", default_value = "8MiB", value_parser = crate::units::parse_bytes)]
+    #[arg(long, value_name = "SIZE", default_value = "8MiB", value_parser = request_size)]
     pub max_append_bytes: u64,
     /// Keep relayed rows (acknowledged, progress recorded) this long after they were written,
     /// then remove them (e.g. 0s, 10m, 7d).
     #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = crate::units::parse_duration)]
     pub keep_relayed: Duration,
     /// Most relayed rows of one stream removed by one DELETE (the streams' DELETEs of a round share one short transaction).
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 5000, value_parser = count_in(1, usize::MAX))]
     pub delete_batch: usize,
     /// Poll for rows this often (ms) even without a NOTIFY.
     #[arg(long, default_value_t = 1000)]
@@ -90,8 +90,8 @@ pub struct SinkArgs {
     /// Without it, each transaction's batches go into runnev_sink_batches in one statement.
     #[arg(long)]
     pub apply_sql: Option<String>,
-    /// Most batches applied in one transaction.
-    #[arg(long, default_value_t = 5000)]
+    /// Most batches applied in one transaction (at least 1).
+    #[arg(long, default_value_t = 5000, value_parser = count_in(1, usize::MAX))]
     pub batch_size: usize,
     /// Create the sink tables (sql/sink.sql) if missing.
     #[arg(long)]
@@ -99,6 +99,33 @@ pub struct SinkArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+}
+
+/// A clap parser of a count from `min` to `max`: a flag out of range is a usage error that
+/// names the flag (the library's own check, [`super::relay::Relay::new`], did not).
+fn count_in(min: usize, max: usize) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let n: usize = s.trim().parse().map_err(|_| format!("{s:?} is not a whole number"))?;
+        if (min..=max).contains(&n) {
+            Ok(n)
+        } else if max == usize::MAX {
+            Err(format!("{n} is below {min}"))
+        } else {
+            Err(format!("{n} is not from {min} to {max}"))
+        }
+    }
+}
+
+/// `--max-append-bytes`: a size ([`crate::units::parse_bytes`]) that holds a frame header (4
+/// bytes) and is at most [`crate::limits::APPEND_BYTES_MAX`].
+fn request_size(s: &str) -> Result<u64, String> {
+    let n = crate::units::parse_bytes(s)?;
+    let max = crate::limits::APPEND_BYTES_MAX as u64;
+    if (4..=max).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{n} bytes is not from 4 bytes to {max} bytes ({})", crate::units::format_bytes(max)))
+    }
 }
 
 fn failpoint() -> Result<Option<Arc<Failpoint>>> {

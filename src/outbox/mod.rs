@@ -80,8 +80,9 @@ pub enum OutboxError {
     #[error("Runnev cluster: {0}")]
     Cluster(#[from] ClientError),
     /// A stream refused a row for a reason retrying cannot fix by itself (e.g. `413
-    /// payload_too_large`); the relay keeps retrying that stream, and relaying the others.
-    #[error("stream {stream}, seq {seq}: {source}; the row stays unpublished until this is fixed")]
+    /// payload_too_large`); the relay keeps retrying that stream, and relaying the others. The
+    /// message says how to unblock it ([`stuck_fix`]).
+    #[error("stream {stream}, seq {seq}: {source}; the row stays unpublished until {}", stuck_fix(.source))]
     Stuck {
         /// The stream.
         stream: String,
@@ -153,6 +154,20 @@ impl OutboxError {
             OutboxError::Stuck { .. } => "stuck",
             OutboxError::Config(_) => "config",
         }
+    }
+}
+
+/// What unblocks a row the cluster refused for good with `source` (the end of
+/// [`OutboxError::Stuck`]'s message).
+fn stuck_fix(source: &ClientError) -> &'static str {
+    match source.code() {
+        Some("payload_too_large") => {
+            "it fits: raise the nodes' --max-batch-bytes, or delete the row (its stream's later rows then follow)"
+        }
+        Some("unauthorized" | "forbidden") => {
+            "the relay's token may publish to this stream (`runnev auth token create`)"
+        }
+        _ => "the cause above is fixed, or the row is deleted (its stream's later rows then follow)",
     }
 }
 
@@ -277,16 +292,6 @@ impl PgTarget {
 }
 
 pub use crate::client::Backoff;
-
-/// Aborts its task when dropped: a task of the relay or the sink ends with the session that
-/// started it.
-pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// Where a test makes the relay or sink process abort (as `kill -9` would), to prove a crash at
 /// that point loses and repeats nothing. Set with `RUNNEV_OUTBOX_FAILPOINT=NAME[:N]` (abort on

@@ -60,11 +60,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::StreamExt;
 use tokio_postgres::types::Type;
+use tokio_util::task::AbortOnDropHandle;
 
-use super::{
-    count_error, failpoint, is_connection_problem, AbortOnDrop, Backoff, Failpoint, FailpointName, OutboxError,
-    PgTarget,
-};
+use super::{count_error, failpoint, is_connection_problem, Backoff, Failpoint, FailpointName, OutboxError, PgTarget};
 use crate::client::{Client, ClientError};
 
 const SCHEMA_FILE: &str = "sql/outbox.sql";
@@ -224,11 +222,14 @@ struct Pipe {
     flight: Option<InFlight>,
     /// Streams whose row the cluster refused for good, and until when they are left alone.
     resting: BTreeMap<String, Instant>,
+    /// Streams that do not exist (without `--create-streams`), and until when their rows are
+    /// left without a seq: they hold back only their own rows, not the other streams'.
+    missing: BTreeMap<String, Instant>,
 }
 
 /// A cycle whose rows are being published by a task of its own.
 struct InFlight {
-    task: AbortOnDrop<BTreeMap<String, StreamOutcome>>,
+    task: AbortOnDropHandle<BTreeMap<String, StreamOutcome>>,
     /// Per stream, the last seq this cycle carries; the next cycle's rows of the stream follow
     /// it and are published only once this one is acknowledged through it.
     last: BTreeMap<String, u64>,
@@ -247,7 +248,7 @@ impl InFlight {
         if self.landed.is_some() {
             return;
         }
-        let outcomes = (&mut self.task.0).await.unwrap_or_else(|e| {
+        let outcomes = (&mut self.task).await.unwrap_or_else(|e| {
             tracing::error!(error = %e, "the publish task failed; its rows are published again");
             BTreeMap::new()
         });
@@ -285,6 +286,8 @@ struct Prepared<'c> {
     blocked: BTreeSet<String>,
     /// The assignment took a full batch: more rows may be waiting.
     full: bool,
+    /// Streams found not to exist (without `--create-streams`); their rows got no seq.
+    missing: Vec<String>,
     remove: Duration,
     assign: Duration,
 }
@@ -643,7 +646,19 @@ impl Relay {
         pipe: &mut Pipe,
     ) -> Result<Turn, OutboxError> {
         let in_flight = pipe.flight.as_ref().map(|f| f.last.clone()).unwrap_or_default();
-        let mut next = self.prepare(pg, &in_flight).await?;
+        let now = Instant::now();
+        pipe.missing.retain(|_, until| *until > now);
+        let mut next = self.prepare(pg, &in_flight, &pipe.missing).await?;
+        for stream in std::mem::take(&mut next.missing) {
+            let e = OutboxError::Config(format!(
+                "outbox rows name stream {stream:?}, which does not exist: create it, or run the relay with --create-streams; \
+                 its rows wait (the other streams' rows are relayed), and it is looked up again in {}",
+                humantime::format_duration(self.opts.poll)
+            ));
+            tracing::warn!(table = %self.opts.table, stream = %stream, error = %e, "a stream's rows wait");
+            count_error("relay", &e);
+            pipe.missing.insert(stream, now + self.opts.poll);
+        }
         if next.work.is_empty() && !next.full {
             if let Some(f) = pipe.flight.as_mut().filter(|f| f.landed.is_none()) {
                 // Nothing new yet: end the empty transaction and wait for the publish to land, a
@@ -717,7 +732,7 @@ impl Relay {
         let relay = Arc::clone(self);
         let work = std::mem::take(&mut next.work);
         pipe.flight = Some(InFlight {
-            task: AbortOnDrop(tokio::spawn(async move { relay.publish(work).await })),
+            task: AbortOnDropHandle::new(tokio::spawn(async move { relay.publish(work).await })),
             last,
             timing,
             started: Instant::now(),
@@ -735,6 +750,7 @@ impl Relay {
         &self,
         pg: &'c mut tokio_postgres::Client,
         in_flight: &BTreeMap<String, u64>,
+        missing: &BTreeMap<String, Instant>,
     ) -> Result<Prepared<'c>, OutboxError> {
         let t = Instant::now();
         self.remove_relayed(pg).await?;
@@ -753,9 +769,9 @@ impl Relay {
                 "publishing rows assigned but not yet acknowledged (duplicates expected after a crash)"
             );
         }
-        let (fresh, full) = self.assign(&tx, self.opts.batch_size).await?;
+        let (fresh, full, missing) = self.assign(&tx, self.opts.batch_size, missing).await?;
         work.extend(fresh.iter().filter(|r| !blocked.contains(&r.stream)).cloned());
-        Ok(Prepared { tx, work, fresh, blocked, full, remove, assign: t.elapsed() })
+        Ok(Prepared { tx, work, fresh, blocked, full, missing, remove, assign: t.elapsed() })
     }
 
     /// The top-up of `next` (see the module docs): in its open transaction, rows committed since
@@ -875,24 +891,29 @@ impl Relay {
     }
 
     /// The assignment, inside the cycle's transaction `tx`: the oldest `limit` rows
-    /// without a seq get the next seqs of their streams (committed by the caller before any of
-    /// them is published). Returns those rows, per stream in seq order, and whether the batch
-    /// was full (more rows may be waiting).
+    /// without a seq, other than those of the streams in `missing`, get the next seqs of their
+    /// streams (committed by the caller before any of them is published). Returns those rows,
+    /// per stream in seq order, whether the batch was full (more rows may be waiting), and the
+    /// streams newly found not to exist (their rows keep no seq).
     async fn assign(
         &self,
         tx: &tokio_postgres::Transaction<'_>,
         limit: usize,
-    ) -> Result<(Vec<Row>, bool), OutboxError> {
+        missing: &BTreeMap<String, Instant>,
+    ) -> Result<(Vec<Row>, bool, Vec<String>), OutboxError> {
         let (t, p) = (&self.opts.table, &self.progress);
+        let skip: Vec<&str> = missing.keys().map(String::as_str).collect();
         let rows = tx
             .query_typed(
-                &format!("SELECT id, stream, payload FROM {t} WHERE seq IS NULL ORDER BY id LIMIT $1"),
-                &[(&(limit as i64), Type::INT8)],
+                &format!(
+                    "SELECT id, stream, payload FROM {t} WHERE seq IS NULL AND stream <> ALL($2) ORDER BY id LIMIT $1"
+                ),
+                &[(&(limit as i64), Type::INT8), (&skip, Type::TEXT_ARRAY)],
             )
             .await
             .map_err(|e| self.pg_err(e))?;
         if rows.is_empty() {
-            return Ok((Vec::new(), false));
+            return Ok((Vec::new(), false, Vec::new()));
         }
         let full = rows.len() >= limit;
         let mut streams: Vec<String> = rows.iter().map(|r| r.get::<_, String>(1)).collect();
@@ -908,11 +929,15 @@ impl Relay {
             .into_iter()
             .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
             .collect();
+        let mut absent = Vec::new();
         for s in &streams {
             if next.contains_key(s) {
                 continue;
             }
-            let last = self.first_seen(s).await?;
+            let Some(last) = self.first_seen(s).await? else {
+                absent.push(s.clone());
+                continue;
+            };
             tx.execute(
                 &format!(
                     "INSERT INTO {p} (stream, assigned_seq, published_seq) VALUES ($1, $2, $2) ON CONFLICT DO NOTHING"
@@ -929,6 +954,9 @@ impl Relay {
         let mut work = Vec::with_capacity(rows.len());
         for r in rows {
             let stream: String = r.get(1);
+            if absent.contains(&stream) {
+                continue;
+            }
             let n = next.get_mut(&stream).ok_or_else(|| OutboxError::Config(format!("stream {stream} vanished")))?;
             *n += 1;
             ids.push(r.get::<_, i64>(0));
@@ -954,20 +982,19 @@ impl Relay {
         .await
         .map_err(|e| self.pg_err(e))?;
         work.sort_by(|a, b| (&a.stream, a.seq).cmp(&(&b.stream, b.seq)));
-        Ok((work, full))
+        Ok((work, full, absent))
     }
 
-    /// The last seq of a stream the relay has not seen before (creating it if allowed).
-    async fn first_seen(&self, stream: &str) -> Result<u64, OutboxError> {
+    /// The last seq of a stream the relay has not seen before (creating it if allowed); `None`
+    /// if it does not exist and the relay may not create it.
+    async fn first_seen(&self, stream: &str) -> Result<Option<u64>, OutboxError> {
         match self.client.stream(stream).await {
-            Ok(info) => Ok(info.last_seq),
+            Ok(info) => Ok(Some(info.last_seq)),
             Err(e) if e.code() == Some("stream_not_found") && self.opts.create_streams => {
                 let (info, _) = self.client.put_stream(stream, None).await?;
-                Ok(info.last_seq)
+                Ok(Some(info.last_seq))
             }
-            Err(e) if e.code() == Some("stream_not_found") => Err(OutboxError::Config(format!(
-                "outbox rows name stream {stream:?}, which does not exist: create it, or run the relay with --create-streams"
-            ))),
+            Err(e) if e.code() == Some("stream_not_found") => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -1224,7 +1251,7 @@ mod tests {
     #[tokio::test]
     async fn a_stream_not_acknowledged_through_its_last_seq_stopped_short() {
         let mut f = InFlight {
-            task: AbortOnDrop(tokio::spawn(async {
+            task: AbortOnDropHandle::new(tokio::spawn(async {
                 let mut done = BTreeMap::new();
                 let mut whole = StreamOutcome::default();
                 whole.acknowledge(&rows(1..=3, 1), false);

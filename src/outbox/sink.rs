@@ -18,8 +18,9 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use tokio_postgres::types::{ToSql, Type};
+use tokio_util::task::AbortOnDropHandle;
 
-use super::{count_error, failpoint, AbortOnDrop, Backoff, Failpoint, FailpointName, OutboxError, PgTarget};
+use super::{count_error, failpoint, Backoff, Failpoint, FailpointName, OutboxError, PgTarget};
 use crate::client::{Batch, Client, ClientError, Delivery, Gap};
 
 const SCHEMA_FILE: &str = "sql/sink.sql";
@@ -388,7 +389,7 @@ impl<A: Apply> Sink<A> {
         // arrived meanwhile (many batches per transaction under load, one when idle).
         let mut sub = self.client.subscribe(&stream, cursor);
         let (queue, mut deliveries) = tokio::sync::mpsc::channel(self.opts.batch_max);
-        let _reader = AbortOnDrop(tokio::spawn(async move {
+        let _reader = AbortOnDropHandle::new(tokio::spawn(async move {
             while let Some(item) = sub.next().await {
                 if queue.send(item).await.is_err() {
                     break;

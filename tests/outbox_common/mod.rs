@@ -215,10 +215,16 @@ pub async fn progress(pg: &tokio_postgres::Client, table: &str, stream: &str) ->
 
 /// Rows of the outbox not yet acknowledged (no seq, or seq above published_seq).
 pub async fn unrelayed(pg: &tokio_postgres::Client, table: &str) -> i64 {
+    unrelayed_where(pg, table, "true").await
+}
+
+/// [`unrelayed`], of the rows for which the SQL condition `filter` on the outbox row `o` holds
+/// (`o.stream = 'a'`).
+pub async fn unrelayed_where(pg: &tokio_postgres::Client, table: &str, filter: &str) -> i64 {
     pg.query_one(
         &format!(
             "SELECT count(*) FROM {table} o LEFT JOIN {table}_progress p ON p.stream = o.stream
-             WHERE o.seq IS NULL OR p.published_seq IS NULL OR o.seq > p.published_seq"
+             WHERE ({filter}) AND (o.seq IS NULL OR p.published_seq IS NULL OR o.seq > p.published_seq)"
         ),
         &[],
     )
