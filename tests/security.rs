@@ -577,6 +577,20 @@ async fn a_subscription_sends_the_clients_token() {
         Ok(runnev::client::Delivery::Batch(b)) => assert_eq!((b.seq, &b.data[..]), (1, &b"one"[..])),
         other => panic!("expected batch 1, got {other:?}"),
     }
+    // The token deleted, the open subscription gets no batch published after it: the node ends
+    // it, and the client's next request is refused (a fresh user's trial kept reading on a
+    // deleted token for as long as the connection lasted).
+    let (status, text) =
+        send(&http, "DELETE", &url("/v1/auth/tokens/reader"), Some(admin), Bytes::new()).await.unwrap();
+    assert_eq!(status, 204, "{text}");
+    let (status, text) =
+        send(&http, "POST", &url("/v1/streams/feed/batches"), Some(admin), Bytes::from_static(b"two")).await.unwrap();
+    assert_eq!(status, 201, "{text}");
+    let next = tokio::time::timeout(FORM, sub.next()).await.expect("the subscription to end or fail");
+    match next {
+        Some(Err(e)) => assert!(e.to_string().contains("401") || e.to_string().contains("unauthorized"), "{e}"),
+        other => panic!("expected the subscription refused after its token's deletion, got {other:?}"),
+    }
 }
 
 /// The only token with `admin:*` cannot be deleted (`409 last_admin_token`, nothing proposed):

@@ -108,7 +108,7 @@ fn bearer(headers: &HeaderMap) -> Result<Option<Token>, ApiError> {
 pub(crate) async fn authorize(
     State(s): State<AppState>,
     params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
-    req: axum::extract::Request,
+    mut req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     if !s.security.auth {
@@ -127,10 +127,14 @@ pub(crate) async fn authorize(
         )),
         Ok(Some(token)) => {
             let forwarded = req.headers().contains_key(super::write::HOPS_HEADER);
-            check_token(&s, &token, need, scope).map_err(|e| match e {
+            let checked = check_token(&s, &token, need, scope).map_err(|e| match e {
                 Unknown::Token => unknown_token(&s.raft.metrics().borrow(), forwarded),
                 Unknown::Refused(e) => e,
-            })
+            });
+            if checked.is_ok() {
+                req.extensions_mut().insert(AuthorizedBy(token));
+            }
+            checked
         }
     };
     match decided {
@@ -140,6 +144,26 @@ pub(crate) async fn authorize(
             metrics::counter!("runnev_auth_refused_total", "code" => code).increment(1);
             e.into_response()
         }
+    }
+}
+
+/// The token a request was authorized by (a request extension set by [`authorize`]): a
+/// request that lasts, a subscription, checks it again as it goes ([`AuthorizedBy::still_allows`]).
+#[derive(Clone)]
+pub(crate) struct AuthorizedBy(Token);
+
+impl AuthorizedBy {
+    /// Whether this node's applied state still lets the token do `need` on `scope`: false once
+    /// the node has applied the token's deletion (docs/security.md: a deleted token stops
+    /// working on each node as that node applies the delete, open subscriptions included), or
+    /// when its state cannot be read.
+    pub(crate) fn still_allows(&self, s: &AppState, need: Permission, scope: Scope<'_>) -> bool {
+        check_token(s, &self.0, need, scope).is_ok()
+    }
+
+    /// The token's name (never its secret), for logs.
+    pub(crate) fn name(&self) -> &str {
+        self.0.parts().map_or("", |(n, _)| n)
     }
 }
 

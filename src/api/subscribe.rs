@@ -10,7 +10,8 @@
 //! (keep-alives go on); when a stream of that name exists again, it goes on after its cursor, a
 //! gap first for the seqs the deletion removed that it had not sent (a stream created again
 //! continues after the deleted one's last seq, which counts as evicted). It ends when the node
-//! stops, on a storage error, or, after an `unavailable` event, when the node has not heard from
+//! stops, on a storage error, once the node has applied the deletion of the token it was opened
+//! with (no batch applied after that is sent; the client's next request is refused), or, after an `unavailable` event, when the node has not heard from
 //! a leader for [`LEADER_SILENCE_MAX_MS`](crate::limits::LEADER_SILENCE_MAX_MS): a node cut off
 //! cannot tell that it is behind, and its keep-alives would keep the client from failing over.
 
@@ -54,6 +55,9 @@ struct Cursor {
     stopping: watch::Receiver<bool>,
     /// Set once the `unavailable` event is queued: the subscription ends after sending it.
     ending: bool,
+    /// The token the subscription was opened with (nodes run with `--auth`): checked again
+    /// before each read, so the subscription ends once this node applies the token's deletion.
+    token: Option<super::auth::AuthorizedBy>,
     /// This subscription's place under `--max-subscribers`, given back when it ends.
     _slot: Slot,
 }
@@ -131,6 +135,15 @@ async fn refill(c: &mut Cursor) -> bool {
         let bytes_max = read_bytes_max(open);
         let found = blocking(move || read_events(&store, &name, after, SUBSCRIBE_READ_BATCHES, bytes_max)).await;
         drop(turn);
+        // Checked after the read: the token still valid now was valid in the state just read (a
+        // deleted token's name made again has another secret), so no batch applied after the
+        // token's deletion is sent.
+        if let Some(t) = &c.token {
+            if !t.still_allows(&c.s, crate::auth::Permission::Read, crate::auth::Scope::Stream(&c.name)) {
+                tracing::info!(stream = %c.name, token = %t.name(), "ending a subscription: its token was deleted");
+                return false;
+            }
+        }
         match found {
             Ok(Some(read)) => {
                 if read.gap {
@@ -229,6 +242,7 @@ pub(super) async fn subscribe(
     path: Result<Path<String>, PathRejection>,
     q: super::streams::QueryPairs,
     headers: HeaderMap,
+    token: Option<axum::Extension<super::auth::AuthorizedBy>>,
 ) -> Result<Response, ApiError> {
     let name = stream_name(path)?;
     let q = query(q)?;
@@ -255,6 +269,7 @@ pub(super) async fn subscribe(
         applied,
         stopping,
         ending: false,
+        token: token.map(|t| t.0),
         _slot: slot,
     };
     let events = futures::stream::unfold(cursor, |mut c| async move {
