@@ -407,6 +407,13 @@ pub const PEER_DISK_LOW_FRESH_MS: u64 = 1_000;
 /// between it sends heartbeats only (the follower would refuse the entries).
 pub const PEER_DISK_LOW_RETRY_MS: u64 = 1_000;
 
+/// How long a node waits, in ms, before it reports an append or snapshot chunk that a live peer
+/// refused with an error status (`raft::network`): openraft 0.9 resends at once, so without it a
+/// peer that keeps refusing (a certificate that does not fit, not ready) is asked thousands of
+/// times a second. One heartbeat interval ([`RAFT_HEARTBEAT_MS`]): a peer that just became
+/// ready gets its entries at most that much later.
+pub const REFUSED_RPC_PAUSE_MS: u64 = RAFT_HEARTBEAT_MS;
+
 /// Segments of the Raft log start at this size, in bytes, and double up to
 /// [`crate::storage::segments::SEGMENT_BYTES`]: a fresh node needs no 64 MiB at once.
 pub const SEGMENT_BYTES_MIN: u64 = 1024 * 1024;

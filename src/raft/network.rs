@@ -28,7 +28,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{NodeId, TypeConfig};
-use crate::limits::{PEER_DISK_LOW_FRESH_MS, PEER_DISK_LOW_RETRY_MS, RAFT_APPEND_BYTES_MAX, RAFT_RPC_BYTES_MAX};
+use crate::limits::{
+    PEER_DISK_LOW_FRESH_MS, PEER_DISK_LOW_RETRY_MS, RAFT_APPEND_BYTES_MAX, RAFT_RPC_BYTES_MAX, REFUSED_RPC_PAUSE_MS,
+};
 use crate::net::HttpClient;
 use crate::storage::layout::GroupId;
 
@@ -294,6 +296,13 @@ impl PeerConnection {
                 .map_err(|e| proto(format!("reading answer: {e}")))?
                 .to_bytes();
             if !status.is_success() {
+                // A live peer that refuses (401/403: a certificate that does not fit, 503: not
+                // ready, 409: another protocol) refuses the retry too: paced, or openraft 0.9
+                // resends an append the moment the error is reported, thousands of times a
+                // second (a fresh user's trial: 2.8 MB/s of log and 40 % CPU on two nodes).
+                if rpc != RaftRpc::Vote {
+                    tokio::time::sleep(refused_rpc_pause(ttl)).await;
+                }
                 return Err(proto(format!("status {status}: {}", String::from_utf8_lossy(&bytes))));
             }
             postcard::from_bytes::<Result<Resp, RaftError<NodeId, E>>>(&bytes)
@@ -309,6 +318,13 @@ impl PeerConnection {
             }))),
         }
     }
+}
+
+/// How long an append or snapshot chunk that a peer answered with an error status waits before
+/// the error is reported: [`REFUSED_RPC_PAUSE_MS`], at most half the RPC's deadline `ttl` (the
+/// refusal, not a timeout, is what openraft hears).
+fn refused_rpc_pause(ttl: Duration) -> Duration {
+    Duration::from_millis(REFUSED_RPC_PAUSE_MS).min(ttl / 2)
 }
 
 /// How many of `entries`, from the first, fit in `budget` payload bytes: at least one (a
@@ -440,6 +456,36 @@ mod tests {
         disks.record(2, true);
         disks.record(2, false);
         assert!(!disks.is_low(2) && disks.entries_due(2));
+    }
+
+    /// An append that a live peer refuses with an error status (here `503`) is reported only
+    /// after [`REFUSED_RPC_PAUSE_MS`]: openraft 0.9 resends it at once, and a peer refusing for
+    /// good was asked thousands of times a second (a fresh user's trial, a node started with
+    /// another node's certificate). A vote is not paced.
+    #[tokio::test]
+    async fn an_append_a_peer_refuses_is_reported_after_a_pause() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let refuse = || async { (axum::http::StatusCode::SERVICE_UNAVAILABLE, "not_ready") };
+        let app = axum::Router::new()
+            .route(APPEND_PATH, axum::routing::post(refuse))
+            .route(VOTE_PATH, axum::routing::post(refuse));
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let http = crate::net::http_client(Arc::new(crate::net::TcpDialer));
+        let mut network = Network::new(GroupId::CLUSTER, http, None, Arc::default());
+        let mut peer = network.new_client(2, &BasicNode::new(&addr)).await;
+        let option = RPCOption::new(Duration::from_secs(5));
+        let vote = openraft::Vote::new_committed(1, 1);
+        for _ in 0..2 {
+            let append = AppendEntriesRequest { vote, prev_log_id: None, entries: Vec::new(), leader_commit: None };
+            let started = std::time::Instant::now();
+            let refused = peer.append_entries(append, option.clone()).await;
+            assert!(matches!(&refused, Err(RPCError::Network(e)) if e.to_string().contains("503")), "{refused:?}");
+            assert!(started.elapsed() >= Duration::from_millis(REFUSED_RPC_PAUSE_MS), "{:?}", started.elapsed());
+        }
+        let refused = peer.vote(VoteRequest::new(vote, None), option).await;
+        assert!(matches!(&refused, Err(RPCError::Network(_))), "{refused:?}");
+        server.abort();
     }
 
     #[test]
