@@ -573,7 +573,18 @@ pub async fn backup(client: &Client, output: Output, file: &Path) -> Result<()> 
         );
     }
     let partial = PathBuf::from(format!("{}.partial", file.display()));
-    let mut out = tokio::fs::File::create(&partial).await.with_context(|| format!("creating {}", partial.display()))?;
+    // Mode 0600: a backup holds every stream's payloads and the tokens' names, grants and salted
+    // hashes (it was written 0644 under the usual umask). A partial file left by an older run
+    // is removed first, so that it cannot lend the new one its mode.
+    let _ = std::fs::remove_file(&partial);
+    let mut out = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&partial)
+        .await
+        .with_context(|| format!("creating {}", partial.display()))?;
     let sent = client.backup(&mut out).await;
     let synced = out.sync_all().await;
     drop(out);

@@ -119,7 +119,13 @@ struct At {
 }
 
 impl At {
+    /// Errors: a `--ca-file` that cannot be read is a local problem (exit 1, docs/cli.md), named
+    /// before the client is made (it was a usage error, exit 2); the rest as
+    /// [`runnev::client::Client::from_flags`].
     fn client(&self) -> Result<runnev::client::Client> {
+        if let Some(ca) = &self.ca_file {
+            std::fs::File::open(ca).with_context(|| format!("reading --ca-file {}", ca.display()))?;
+        }
         Ok(runnev::client::Client::from_flags(&self.nodes, self.ca_file.as_deref(), self.token.as_deref())?)
     }
 }
@@ -238,7 +244,9 @@ fn probe_url(s: &str) -> Result<String, String> {
         return Ok(t.to_string());
     }
     let bare = t.trim_start_matches('/');
-    Err(format!("{t:?} is not a URL: give one whole, e.g. http://{bare}/readyz (https:// with --ca-file)"))
+    // `HOST:PORT/PATH` keeps its path; a bare `HOST:PORT` gets `/readyz`.
+    let example = if bare.contains('/') { format!("http://{bare}") } else { format!("http://{bare}/readyz") };
+    Err(format!("{t:?} is not a URL: give one whole, e.g. {example} (https:// with --ca-file)"))
 }
 
 /// `--max-age-ms`: a whole number of ms (its old form), or a duration with its unit.
@@ -1115,6 +1123,9 @@ mod tests {
         assert_eq!(probe_url(" https://n1:7001/healthz"), Ok("https://n1:7001/healthz".into()));
         let e = probe_url("127.0.0.1:8101").unwrap_err();
         assert!(e.contains("e.g. http://127.0.0.1:8101/readyz"), "{e}");
+        // With a path, the path is kept (it was doubled: `…/readyz/readyz`).
+        let e = probe_url("127.0.0.1:8101/healthz").unwrap_err();
+        assert!(e.contains("e.g. http://127.0.0.1:8101/healthz (https://"), "{e}");
     }
 
     #[test]

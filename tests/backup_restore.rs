@@ -74,6 +74,11 @@ async fn a_backup_under_load_restores_into_a_new_cluster_that_continues_every_st
     let said: serde_json::Value = serde_json::from_str(r.stdout.trim()).expect("JSON when not on a terminal");
     assert_eq!((said["streams"].as_u64(), said["file"].as_str()), (Some(2), file.to_str()), "{r:#?}");
     assert!(!dir.path().join("cluster.backup.partial").exists(), "the partial file is renamed away");
+    // Readable by its owner only: it holds every payload and the tokens' salted hashes (it was
+    // 0644; found by a fresh user's trial).
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&file).expect("the backup").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the backup's mode is {mode:o}");
     stop.store(true, Ordering::Relaxed);
     let last_acked = load.await.expect("load task");
     let info = runnev::storage::backup::check(&file).expect("the saved backup checks out");

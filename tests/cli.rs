@@ -121,6 +121,16 @@ async fn outbox_flags_out_of_range_are_usage_errors_that_name_the_flag() {
     assert!(r.stderr.contains("--batch-size"), "{r:#?}");
 }
 
+/// A `--ca-file` that cannot be read is a local problem, exit 1 as docs/cli.md says, naming the
+/// file (it was exit 2, a usage error; found by a fresh user's trial).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_ca_file_is_a_local_problem() {
+    let missing = "/nonexistent/runnev-ca.pem";
+    let r = cli(&["--ca-file", missing, "streams", "ls", "--nodes", "127.0.0.1:1"], &[]).await;
+    r.expect_code(1, "an unreadable --ca-file");
+    assert!(r.stderr.contains(&format!("reading --ca-file {missing}")), "{r:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_without_a_majority_says_no_leader_with_exit_6() {
     let mut c = Cluster::start(3, &[]).await;
