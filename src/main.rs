@@ -927,6 +927,14 @@ async fn run(args: Cli) -> Result<()> {
             for path in tls.iter().flat_map(|t| [&t.ca, &t.cert, &t.key]) {
                 std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
             }
+            // Certificates that do not fit this node are a configuration mistake, refused now
+            // rather than by every peer later.
+            if let Some(files) = &tls {
+                runnev::tls::check_node_files(files, id).map_err(|e| match e {
+                    runnev::tls::TlsError::Mismatch { .. } => cli::usage(&format!("--tls-cert: {e}")),
+                    other => other.into(),
+                })?;
+            }
             // An existing file is read now (a bad one is refused before anything starts); a
             // missing one is made once the state is open, and only for a cluster that has no
             // admin token yet ([`admin_token_for`]).

@@ -62,6 +62,15 @@ pub enum TlsError {
         /// What is wrong with it.
         what: String,
     },
+    /// A certificate that does not fit the node given it (another node's, another CA's, a
+    /// client's; [`check_node_files`]).
+    #[error("{}: {what}", path.display())]
+    Mismatch {
+        /// The certificate file.
+        path: PathBuf,
+        /// What does not fit, and what to do.
+        what: String,
+    },
     /// rustls refused the configuration (a key that does not match its certificate, say).
     #[error("tls configuration: {0}")]
     Config(String),
@@ -117,6 +126,40 @@ pub fn roots(ca: &Path) -> Result<Arc<RootCertStore>, TlsError> {
         store.add(cert).map_err(|e| TlsError::Pem { path: ca.to_path_buf(), what: format!("not a CA: {e}") })?;
     }
     Ok(Arc::new(store))
+}
+
+/// Checks, before node `id` serves, that its files fit it: the certificate chains to the CA of
+/// `files.ca` and is valid now (as its peers will verify it when it dials them), and it names
+/// node `id` (`runnev://node/<id>`, [`identity_of`]). Without this a node started with another
+/// node's certificate, another cluster's CA or a client certificate ran, refused by every peer,
+/// and said only that it was waiting for a majority.
+///
+/// Errors: [`TlsError::Mismatch`] naming the file and what to use instead; a file that cannot
+/// be read or parsed as [`load_certs`] and [`roots`].
+pub fn check_node_files(files: &TlsFiles, id: NodeId) -> Result<(), TlsError> {
+    let certs = load_certs(&files.cert)?;
+    let Some((leaf, chain)) = certs.split_first() else {
+        return Err(TlsError::Pem { path: files.cert.clone(), what: "holds no certificate".into() });
+    };
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots(&files.ca)?, provider())
+        .build()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let mismatch = |what: String| TlsError::Mismatch { path: files.cert.clone(), what };
+    verifier.verify_client_cert(leaf, chain, rustls::pki_types::UnixTime::now()).map_err(|e| {
+        mismatch(format!(
+            "is not a valid certificate of the CA in {} ({e}): give every node certificates from the cluster's one CA",
+            files.ca.display()
+        ))
+    })?;
+    let names = match identity_of(leaf) {
+        Identity::Node(n) if n == id => return Ok(()),
+        Identity::Node(n) => format!("node {n}"),
+        Identity::Client(c) => format!("a client ({c:?}), not a node"),
+        Identity::Anonymous | Identity::Unnamed => "no node".into(),
+    };
+    Err(mismatch(format!(
+        "names {names}, but this node is --id {id}: give it its own certificate (`runnev cert create-node --id {id}`)"
+    )))
 }
 
 /// The server side of a node: its certificate, and client certificates verified against the

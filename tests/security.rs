@@ -218,6 +218,70 @@ async fn forged_raft_rpcs_reach_no_node() {
     assert_eq!(views(&c, &anonymous, &pki.admin).await.iter().map(|v| v.2).max(), Some(term));
 }
 
+/// A node started with certificates that do not fit it (another node's, a client's, or one of
+/// another CA) is refused at start with exit 2, naming the file and what to use: it used to run,
+/// refused by every peer, saying only that it waited for a majority (a fresh user's trial).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_refuses_certificates_that_do_not_fit_it() {
+    let pki = Pki::new(2);
+    let ca = runnev::tls::read_ca(&pki.dir).unwrap();
+    let client = issue(&ca, &Subject::Client("ops".into()), &[]).unwrap();
+    write_public(&pki.dir.join("client.pem"), &client.cert_pem).unwrap();
+    write_private(&pki.dir.join("client.key"), &client.key_pem).unwrap();
+    let other = create_ca("another cluster").unwrap();
+    write_public(&pki.dir.join("other-ca.pem"), &other.cert_pem).unwrap();
+    let base = free_base(2);
+    let peers = format!("1=127.0.0.1:{base},2=127.0.0.1:{}", base + 1);
+    let path = |name: &str| pki.dir.join(name).display().to_string();
+    let cases = [
+        (
+            "another node's certificate",
+            path("ca.pem"),
+            path("node-1.pem"),
+            path("node-1.key"),
+            "names node 1, but this node is --id 2",
+        ),
+        (
+            "a client certificate",
+            path("ca.pem"),
+            path("client.pem"),
+            path("client.key"),
+            "names a client (\"ops\"), not a node",
+        ),
+        (
+            "another CA",
+            path("other-ca.pem"),
+            path("node-2.pem"),
+            path("node-2.key"),
+            "is not a valid certificate of the CA in",
+        ),
+    ];
+    for (what, ca, cert, key, says) in cases {
+        let data = tempfile::tempdir().unwrap();
+        let listen = format!("127.0.0.1:{}", base + 1);
+        let args = [
+            "serve",
+            "--id",
+            "2",
+            "--data-dir",
+            data.path().to_str().unwrap(),
+            "--listen",
+            &listen,
+            "--peers",
+            &peers,
+            "--tls-ca",
+            &ca,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ];
+        let r = tokio::time::timeout(FORM, cli(&args, &[])).await.unwrap_or_else(|_| panic!("{what}: the node ran"));
+        r.expect_code(2, what);
+        assert!(r.stderr.contains(says) && r.stderr.contains("--tls-cert"), "{what}: {r:#?}");
+    }
+}
+
 /// Waits until every node has applied the leader's commit index as of now.
 async fn wait_all_applied(c: &Cluster, http: &HttpClient, admin: &str) {
     let leader = c.leader().await;
