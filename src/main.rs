@@ -130,6 +130,33 @@ impl At {
     }
 }
 
+/// A token's name ([`runnev::auth::validate_name`]), checked before the cluster is asked (it
+/// was refused by the node, exit 4).
+fn token_name(s: &str) -> Result<String, String> {
+    runnev::auth::validate_name(s).map(|()| s.to_string())
+}
+
+/// A client certificate's name: the rule of a token's name, in the words of a client.
+fn client_name(s: &str) -> Result<String, String> {
+    runnev::auth::validate_name(s)
+        .map(|()| s.to_string())
+        .map_err(|_| format!("{s:?} is not a client name: 1 to 64 characters of A-Z a-z 0-9 . -"))
+}
+
+/// The cluster CA in `dir` for `runnev cert create-node / create-client`; a missing one says
+/// how to make it (it said only "No such file or directory").
+fn cluster_ca(dir: &std::path::Path) -> Result<runnev::tls::Issued> {
+    runnev::tls::read_ca(dir).map_err(|e| match e {
+        runnev::tls::TlsError::File { ref source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            anyhow::anyhow!(
+                "{e}: no cluster CA in {0}; make it first with `runnev cert create-ca --dir {0}`",
+                dir.display()
+            )
+        }
+        other => other.into(),
+    })
+}
+
 /// A node id: a whole number from 1 (SPEC §5).
 fn node_id(s: &str) -> Result<u64, String> {
     match s.trim().parse::<u64>() {
@@ -636,8 +663,8 @@ enum CertCmd {
         /// Where the CA is and the files go.
         #[arg(long, default_value = "certs")]
         dir: PathBuf,
-        /// The client's name.
-        #[arg(long)]
+        /// The client's name: 1-64 of A-Z a-z 0-9 . -
+        #[arg(long, value_parser = client_name)]
         name: String,
     },
 }
@@ -658,6 +685,7 @@ enum TokenCmd {
     /// Create a token and print it (the only time its secret is shown).
     Create {
         /// Its name: 1-64 of A-Z a-z 0-9 . -
+        #[arg(value_parser = token_name)]
         name: String,
         /// PERMISSION:PATTERN, e.g. publish:orders.* or read:* (repeat for several);
         /// permissions: read, publish, admin.
@@ -823,7 +851,7 @@ fn resolve(top: &TopClientArgs, at: &ClientArgs) -> At {
 
 /// `runnev cert …`: writes the files and says where they are.
 fn cert(cmd: CertCmd) -> Result<()> {
-    use runnev::tls::{create_ca, issue, read_ca, write_private, write_public, Subject};
+    use runnev::tls::{create_ca, issue, write_private, write_public, Subject};
     match cmd {
         CertCmd::Ca { dir } => {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -833,7 +861,7 @@ fn cert(cmd: CertCmd) -> Result<()> {
             println!("wrote {0}/ca.pem and {0}/ca.key (keep the key offline)", dir.display());
         }
         CertCmd::Node { dir, id, hosts } => {
-            let issued = issue(&read_ca(&dir)?, &Subject::Node(id), &hosts)?;
+            let issued = issue(&cluster_ca(&dir)?, &Subject::Node(id), &hosts)?;
             write_public(&dir.join(format!("node-{id}.pem")), &issued.cert_pem)?;
             write_private(&dir.join(format!("node-{id}.key")), &issued.key_pem)?;
             println!("wrote {0}/node-{id}.pem and {0}/node-{id}.key", dir.display());
@@ -848,8 +876,7 @@ fn cert(cmd: CertCmd) -> Result<()> {
             println!("wrote {} (keep it secret: it holds the admin token)", path.display());
         }
         CertCmd::Client { dir, name } => {
-            runnev::auth::validate_name(&name).map_err(|e| cli::usage(&e))?;
-            let issued = issue(&read_ca(&dir)?, &Subject::Client(name.clone()), &[])?;
+            let issued = issue(&cluster_ca(&dir)?, &Subject::Client(name.clone()), &[])?;
             write_public(&dir.join(format!("client-{name}.pem")), &issued.cert_pem)?;
             write_private(&dir.join(format!("client-{name}.key")), &issued.key_pem)?;
             println!("wrote {0}/client-{name}.pem and {0}/client-{name}.key", dir.display());

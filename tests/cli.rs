@@ -121,6 +121,26 @@ async fn outbox_flags_out_of_range_are_usage_errors_that_name_the_flag() {
     assert!(r.stderr.contains("--batch-size"), "{r:#?}");
 }
 
+/// Names checked before anything is asked or written, each in its own words (exit 2): a token
+/// name (it was refused by the node, exit 4), a client certificate's name (it said "not a token
+/// name"); and `cert create-node` without a CA says how to make one (found by a fresh user's
+/// trial).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cert_and_token_names_are_checked_locally() {
+    let r = cli(&["auth", "token", "create", "a_b", "--grant", "read:*", "--nodes", "127.0.0.1:1"], &[]).await;
+    r.expect_code(2, "a token name with _");
+    assert!(r.stderr.contains("\"a_b\" is not a token name"), "{r:#?}");
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let certs_arg = certs.to_str().unwrap();
+    let r = cli(&["cert", "create-client", "--dir", certs_arg, "--name", "bad name"], &[]).await;
+    r.expect_code(2, "a client name with a space");
+    assert!(r.stderr.contains("\"bad name\" is not a client name"), "{r:#?}");
+    let r = cli(&["cert", "create-node", "--dir", certs_arg, "--id", "1", "--host", "127.0.0.1"], &[]).await;
+    r.expect_code(1, "a node certificate without a CA");
+    assert!(r.stderr.contains(&format!("runnev cert create-ca --dir {certs_arg}")), "{r:#?}");
+}
+
 /// A `--ca-file` that cannot be read is a local problem, exit 1 as docs/cli.md says, naming the
 /// file (it was exit 2, a usage error; found by a fresh user's trial).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
