@@ -216,6 +216,22 @@ async fn assert_raft_runs(c: &Cluster, id: u64) {
     assert_eq!(h.status, 200, "node {id} /healthz: {}", h.describe());
 }
 
+/// `/readyz` of node `id` says its disk is low (`low`), or not: a node that takes no new entries
+/// is no place to send traffic (it used to answer `ready` while falling behind; a fresh user's
+/// trial).
+async fn assert_ready_says_disk_low(c: &Cluster, id: u64, low: bool) {
+    wait_for(&format!("node {id} /readyz saying disk low={low}"), WAIT, POLL, || async {
+        let r = c.http.get(&format!("{}/readyz", c.url(id))).await.map_err(|e| e.to_string())?;
+        let says = r.status == 503 && r.text().starts_with("disk low: ");
+        if says == low {
+            Ok(())
+        } else {
+            Err(r.describe())
+        }
+    })
+    .await
+}
+
 /// Reads on node `id` answer from what it has applied.
 async fn assert_reads(c: &Cluster, id: u64, at_least: usize) {
     let r = c.http.get(&format!("{}/v1/streams/{STREAM}/batches?after=0&limit=1000", c.url(id))).await.expect("read");
@@ -249,6 +265,7 @@ async fn a_full_disk_refuses_writes_with_507_keeps_raft_running_and_recovers_by_
     }
     assert_raft_runs(&c, low).await;
     wait_disk(&c, low, true).await;
+    assert_ready_says_disk_low(&c, low, true).await;
     wait_leader_knows(&c, leader, &[low], true).await;
     let held = view(&c, low).await.last_log_index;
     for i in 0..20 {
@@ -259,6 +276,7 @@ async fn a_full_disk_refuses_writes_with_507_keeps_raft_running_and_recovers_by_
     assert_reads(&c, low, 10).await;
     disk(low).free();
     wait_disk(&c, low, false).await;
+    assert_ready_says_disk_low(&c, low, false).await;
     let commit = c.leader_commit_index().await;
     ledger.check_all(&c, commit).await;
     assert_eq!(view(&c, low).await.disk.map(|d| d.low), Some(false));

@@ -137,7 +137,8 @@ pub(super) async fn health(State(s): State<AppState>) -> Response {
 }
 
 /// `GET /readyz`: 200 when this node knows a leader and has applied all it knows is committed;
-/// 503 as soon as its Raft core has stopped.
+/// 503 as soon as its Raft core has stopped, and while its disk is low (it takes no new
+/// entries, so a follower falls behind without knowing it and a leader refuses writes).
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -146,13 +147,25 @@ pub(super) async fn health(State(s): State<AppState>) -> Response {
     tag = "node",
     responses(
         (status = 200, description = "`ready`: a member that knows a leader and has applied everything it knows is committed", content_type = "text/plain", body = String),
-        (status = 503, description = "Not ready, with the reason: `no leader known`, `applying: A of C committed`, `not a member of the cluster`, `leader without a quorum`, `leader whose clock is out of bounds`, `raft stopped: …`", content_type = "text/plain", body = String),
+        (status = 503, description = "Not ready, with the reason: `no leader known`, `applying: A of C committed`, `not a member of the cluster`, `leader without a quorum`, `leader whose clock is out of bounds`, `disk low: …`, `raft stopped: …`", content_type = "text/plain", body = String),
     )
 )]
 pub(super) async fn ready(State(s): State<AppState>) -> Response {
     let v = view_of(&s);
     if let Some(why) = &v.raft_stopped {
         return (StatusCode::SERVICE_UNAVAILABLE, format!("raft stopped: {why}\n")).into_response();
+    }
+    if let Some(d) = v.disk.as_ref().filter(|d| d.low) {
+        // A follower whose disk is low is sent heartbeats only, so its commit index stops where
+        // its log does: it would look caught up while every read it serves falls further behind.
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "disk low: {} bytes free, {} kept free; this node takes no new entries until space is freed\n",
+                d.free_bytes, d.min_free_bytes
+            ),
+        )
+            .into_response();
     }
     let quorum_ack_ms = s.raft.metrics().borrow().millis_since_quorum_ack;
     if v.leader_id == Some(s.node_id) && quorum_ack_ms.is_none_or(|ms| ms > crate::limits::LEADER_SILENCE_MAX_MS) {
