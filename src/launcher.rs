@@ -622,7 +622,7 @@ impl LocalCluster {
         if node.is_running() {
             return Err(LaunchError::AlreadyRunning(id));
         }
-        std::fs::create_dir_all(&node.data_dir)?;
+        crate::storage::create_private_dir(&node.data_dir)?;
         let mut cmd = Command::new(&exe);
         cmd.arg("serve")
             .arg("--id")

@@ -50,6 +50,16 @@ use crate::stream::StreamMeta;
 const LEGACY_LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 /// Raft metadata: `"vote"` → `Vote`, `"last_purged"` → `LogId`, postcard-encoded.
 pub(crate) const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
+
+/// Creates `dir` and its missing parents, each readable by its owner only (mode 0700): a data
+/// directory holds every payload and the tokens' salted hashes. An existing directory keeps its
+/// mode (an operator may have chosen it).
+///
+/// Errors: the file system's.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
 /// Key in [`RAFT_META`] present while a node that lost its disk has not been caught up by a
 /// leader (`raft::formation::guard_wiped_node`): it grants no vote meanwhile.
 const CATCHING_UP: &str = "catching_up";
@@ -486,7 +496,7 @@ impl Store {
         db: &impl db_dir::DatabaseDir,
         files: impl FnOnce() -> Result<(Arc<dyn segments::SegmentDir>, Arc<dyn payloads::PayloadDir>), StoreError>,
     ) -> Result<Arc<Store>, StoreError> {
-        std::fs::create_dir_all(data_dir)?;
+        create_private_dir(data_dir)?;
         let mut mark = format::check(data_dir)?;
         if layout::adopt_flat_layout(data_dir, mark)? > 0 {
             mark = false; // marked before the first file moved
@@ -1223,6 +1233,24 @@ mod tests {
         assert_eq!(&out[..4], b"head");
         assert_eq!(&out[4..], &reference[..]);
         assert_eq!(encode(&()).unwrap(), Vec::<u8>::new());
+    }
+
+    /// A data directory the node makes is its owner's only (mode 0700; it was 0755 under the
+    /// usual umask, and a fresh user's trial found every payload file readable by any user);
+    /// one that exists keeps its mode.
+    #[test]
+    fn a_new_data_directory_is_private_and_an_existing_one_keeps_its_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let root = tempfile::tempdir().unwrap();
+        let fresh = root.path().join("a/b/data");
+        drop(Store::open(&fresh).unwrap());
+        assert_eq!((mode(&fresh), mode(&root.path().join("a"))), (0o700, 0o700));
+        let existing = root.path().join("existing");
+        std::fs::create_dir(&existing).unwrap();
+        std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o750)).unwrap();
+        drop(Store::open(&existing).unwrap());
+        assert_eq!(mode(&existing), 0o750);
     }
 
     #[test]
