@@ -138,9 +138,9 @@ fn token_name(s: &str) -> Result<String, String> {
 
 /// A client certificate's name: the rule of a token's name, in the words of a client.
 fn client_name(s: &str) -> Result<String, String> {
-    runnev::auth::validate_name(s)
-        .map(|()| s.to_string())
-        .map_err(|_| format!("{s:?} is not a client name: 1 to 64 characters of A-Z a-z 0-9 . -"))
+    runnev::auth::validate_name(s).map(|()| s.to_string()).map_err(|_| {
+        format!("{s:?} is not a client name: 1 to {} characters of A-Z a-z 0-9 . -", runnev::auth::TOKEN_NAME_CHARS_MAX)
+    })
 }
 
 /// The cluster CA in `dir` for `runnev cert create-node / create-client`; a missing one says

@@ -11,9 +11,10 @@
 //! gap first for the seqs the deletion removed that it had not sent (a stream created again
 //! continues after the deleted one's last seq, which counts as evicted). It ends when the node
 //! stops, on a storage error, once the node has applied the deletion of the token it was opened
-//! with (no batch applied after that is sent; the client's next request is refused), or, after an `unavailable` event, when the node has not heard from
-//! a leader for [`LEADER_SILENCE_MAX_MS`](crate::limits::LEADER_SILENCE_MAX_MS): a node cut off
-//! cannot tell that it is behind, and its keep-alives would keep the client from failing over.
+//! with (no batch applied after that is sent; the client's next request is refused), or, after
+//! an `unavailable` event, when the node has not heard from a leader for
+//! [`LEADER_SILENCE_MAX_MS`](crate::limits::LEADER_SILENCE_MAX_MS): a node cut off cannot tell
+//! that it is behind, and its keep-alives would keep the client from failing over.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -56,7 +57,7 @@ struct Cursor {
     /// Set once the `unavailable` event is queued: the subscription ends after sending it.
     ending: bool,
     /// The token the subscription was opened with (nodes run with `--auth`): checked again
-    /// before each read, so the subscription ends once this node applies the token's deletion.
+    /// after each read, so the subscription ends once this node applies the token's deletion.
     token: Option<super::auth::AuthorizedBy>,
     /// This subscription's place under `--max-subscribers`, given back when it ends.
     _slot: Slot,
