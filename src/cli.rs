@@ -54,7 +54,8 @@ pub enum Exit {
     /// A local problem: a file that cannot be read or written, a node that cannot start or whose
     /// Raft core stopped (`serve` exits so for its supervisor to restart it).
     Local = 1,
-    /// The command line is wrong (clap's status for its own usage errors).
+    /// The command line is wrong (clap's status for its own usage errors), or its TLS settings
+    /// do not fit the cluster ([`ClientError::Tls`]).
     Usage = 2,
     /// No node answered at all: nothing listens at the `--nodes` given.
     Unreachable = 3,
@@ -76,7 +77,9 @@ impl Exit {
         match self {
             Exit::Success => "success",
             Exit::Local => "a local problem: a file that cannot be read or written, a node that cannot start or whose Raft core stopped",
-            Exit::Usage => "usage: an unknown command or flag, or a value that does not parse",
+            Exit::Usage => {
+                "usage: an unknown command or flag, a value that does not parse, or TLS settings (--ca-file, --nodes) that do not fit the cluster"
+            }
             Exit::Unreachable => "unreachable: no Runnev node answered at the --nodes given",
             Exit::Refused => "refused: the cluster answered with an error (its code and message are printed)",
             Exit::Unknown => "unknown outcome: a publish without --seq may or may not have been stored",
@@ -110,7 +113,7 @@ fn exit_of_client(e: &ClientError) -> Exit {
         ClientError::OutcomeUnknown(_) => Exit::Unknown,
         ClientError::Unreachable { .. } => Exit::Unreachable,
         ClientError::Unavailable { .. } => Exit::Unavailable,
-        ClientError::InvalidStreamName(_) | ClientError::Config(_) => Exit::Usage,
+        ClientError::InvalidStreamName(_) | ClientError::Config(_) | ClientError::Tls { .. } => Exit::Usage,
         _ => Exit::Local,
     }
 }
@@ -749,6 +752,12 @@ pub async fn status(client: &Client, output: Output) -> Result<()> {
             }
         }
     }
+    // A client whose --ca-file does not fit the cluster is misconfigured, not cut off.
+    if rows.iter().all(|(_, v)| matches!(v, Err(ClientError::Tls { .. }))) {
+        if let Some((_, Err(e))) = rows.pop() {
+            return Err(e.into());
+        }
+    }
     let views: Vec<&ClusterView> = rows.iter().filter_map(|(_, v)| v.as_ref().ok()).collect();
     if views.is_empty() {
         let last = rows.iter().filter_map(|(n, v)| v.as_ref().err().map(|e| format!("{n}: {}", why(n, e)))).next_back();
@@ -830,7 +839,7 @@ fn print_view(output: Output, headline: &str, v: &ClusterView) -> Result<()> {
 /// Whether `addr` answers `/healthz` within a second, asked over `client`'s transport (TLS with
 /// its CA when the cluster runs it); the problem if not.
 async fn node_answers(client: &Client, addr: &str) -> Result<(), String> {
-    let url = format!("http://{addr}/healthz");
+    let url = format!("{}/healthz", client.url_of(addr));
     match runnev::net::get(client.transport(), &url, Duration::from_secs(1), runnev::limits::CLI_PROBE_BYTES_MAX).await
     {
         Ok((s, _)) if s.is_success() => Ok(()),
@@ -839,10 +848,12 @@ async fn node_answers(client: &Client, addr: &str) -> Result<(), String> {
     }
 }
 
-fn not_answering_note(id: u64, addr: &str, why: &str) -> String {
+fn not_answering_note(client: &Client, id: u64, addr: &str, why: &str) -> String {
+    let url = client.url_of(addr);
+    let ca = if url.starts_with("https://") { " --ca-file CA" } else { "" };
     format!(
         "node {id} does not answer at {addr} from here ({why}): is `runnev serve --id {id} --listen {addr} …` running \
-         there? Check with `runnev probe http://{addr}/healthz` (from a machine that reaches it)"
+         there? Check with `runnev probe {url}/healthz{ca}` (from a machine that reaches it)"
     )
 }
 
@@ -875,7 +886,7 @@ pub async fn cluster(client: &Client, output: Output, cmd: ClusterCmd) -> Result
             let view = client.add_member(id, &addr, false).await?;
             if let Err(why) = node_answers(client, &addr).await {
                 if !wait_voter {
-                    eprintln!("runnev: note: {}", not_answering_note(id, &addr, &why));
+                    eprintln!("runnev: note: {}", not_answering_note(client, id, &addr, &why));
                 }
             }
             if !wait_voter {
@@ -939,7 +950,7 @@ async fn wait_voter_promotion(client: &Client, id: u64, addr: &str, timeout: Dur
         );
         let answers = node_answers(client, addr).await;
         match &answers {
-            Err(why) if answered_before => eprintln!("runnev: note: {}", not_answering_note(id, addr, why)),
+            Err(why) if answered_before => eprintln!("runnev: note: {}", not_answering_note(client, id, addr, why)),
             Ok(()) if !answered_before => eprintln!("runnev: node {id} answers at {addr} now"),
             _ => {}
         }
@@ -995,18 +1006,17 @@ pub fn bench(args: Vec<std::ffi::OsString>) -> anyhow::Error {
 pub async fn probe(url: &str, timeout: Duration, ca: Option<&std::path::Path>) -> Result<()> {
     use std::sync::Arc;
     let tcp: Arc<dyn runnev::net::Dialer> = Arc::new(runnev::net::TcpDialer);
-    let (dialer, url) = match (ca, url.strip_prefix("https://")) {
-        // The dialer speaks TLS; the request itself is addressed as plain http.
-        (Some(ca), Some(rest)) => {
+    // The dialer decides TLS; the URL keeps its scheme, so messages say how the node was asked.
+    let dialer = match (ca, url.starts_with("https://")) {
+        (Some(ca), true) => {
             let config = runnev::tls::client_config(ca, None)?;
-            let tls: Arc<dyn runnev::net::Dialer> = Arc::new(runnev::tls::TlsDialer::new(tcp, config));
-            (tls, format!("http://{rest}"))
+            Arc::new(runnev::tls::TlsDialer::new(tcp, config)) as Arc<dyn runnev::net::Dialer>
         }
-        (None, Some(_)) => bail!("{url}: an https:// URL needs the cluster CA's certificate (--ca-file)"),
-        (_, None) => (tcp, url.to_string()),
+        (None, true) => bail!("{url}: an https:// URL needs the cluster CA's certificate (--ca-file)"),
+        (_, false) => tcp,
     };
     let http = runnev::net::http_client(dialer);
-    match runnev::net::get(&http, &url, timeout, runnev::limits::CLI_PROBE_BYTES_MAX).await {
+    match runnev::net::get(&http, url, timeout, runnev::limits::CLI_PROBE_BYTES_MAX).await {
         Ok((status, _)) if status.is_success() => Ok(()),
         Ok((status, _)) => bail!("{url} answered {status}"),
         Err(e) => bail!("{e}"),

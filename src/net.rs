@@ -138,7 +138,7 @@ impl tower::Service<Uri> for DialConnector {
             let dialed = tokio::time::timeout(limit, dialer.dial_negotiated(addr.clone())).await.map_err(|_| {
                 io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("connecting to {addr}: no answer within {} ms", crate::limits::DIAL_TIMEOUT_MS),
+                    format!("connecting to {addr}: no answer within {}", crate::units::format_duration(limit)),
                 )
             })??;
             Ok(DialedIo(TokioIo::new(dialed.io), dialed.http2))

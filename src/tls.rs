@@ -559,6 +559,53 @@ impl Dialer for TlsDialer {
     }
 }
 
+/// Why a TLS handshake with a node failed in a way that trying again cannot mend, in words
+/// that name the fix: the node's certificate is not from the CA the client trusts, not for the
+/// address dialed, expired or not yet valid, or the node speaks plain HTTP. `None` for any
+/// other failure (a refused connection, a timeout, a reset), which another try may get past.
+///
+/// `e` is any error whose chain holds the [`rustls::Error`] of the handshake, as tokio-rustls
+/// wraps it in an [`io::Error`] and hyper wraps that again.
+pub fn refusal(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use rustls::CertificateError as C;
+    let mut next = Some(e);
+    while let Some(err) = next {
+        let tls = err
+            .downcast_ref::<rustls::Error>()
+            .or_else(|| err.downcast_ref::<io::Error>()?.get_ref()?.downcast_ref::<rustls::Error>());
+        let why = match tls {
+            Some(rustls::Error::InvalidCertificate(c)) => match c {
+                C::UnknownIssuer | C::BadSignature => {
+                    "the node's certificate is not signed by the CA given with --ca-file or RUNNEV_CA_FILE: \
+                     give the cluster CA's certificate (ca.crt)"
+                        .to_string()
+                }
+                C::NotValidForName | C::NotValidForNameContext { .. } => {
+                    "the node's certificate is not issued for the address dialed: give --nodes as the names or \
+                     addresses the nodes' certificates were issued for (`runnev cert create-node --host`)"
+                        .to_string()
+                }
+                C::Expired | C::ExpiredContext { .. } => {
+                    "the node's certificate has expired: issue it again (`runnev cert create-node`)".to_string()
+                }
+                C::NotValidYet | C::NotValidYetContext { .. } => {
+                    "the node's certificate is not valid yet: is this machine's clock or the CA's wrong?".to_string()
+                }
+                other => format!("the node's certificate was refused: {other:?}"),
+            },
+            Some(rustls::Error::InvalidMessage(_)) => {
+                "the node seems to serve plain HTTP: leave out --ca-file and RUNNEV_CA_FILE".to_string()
+            }
+            _ => {
+                next = err.source();
+                continue;
+            }
+        };
+        return Some(why);
+    }
+    None
+}
+
 /// A certificate and its key, PEM-encoded, as `runnev cert` writes them.
 #[derive(Debug, Clone)]
 pub struct Issued {
@@ -656,6 +703,26 @@ pub fn read_ca(dir: &Path) -> Result<Issued, TlsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each handshake failure that no retry mends gets its fix in words, found inside the
+    /// `io::Error` tokio-rustls wraps it in; other failures are left to the retry loop.
+    #[test]
+    fn a_handshake_that_cannot_succeed_is_told_with_its_fix() {
+        use rustls::CertificateError as C;
+        let wrapped = |e: rustls::Error| io::Error::new(io::ErrorKind::InvalidData, e);
+        for (e, words) in [
+            (rustls::Error::InvalidCertificate(C::UnknownIssuer), "not signed by the CA given with --ca-file"),
+            (rustls::Error::InvalidCertificate(C::NotValidForName), "not issued for the address dialed"),
+            (rustls::Error::InvalidCertificate(C::Expired), "has expired"),
+            (rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType), "serve plain HTTP"),
+        ] {
+            let why = refusal(&wrapped(e.clone())).unwrap_or_default();
+            assert!(why.contains(words), "{e:?}: {why}");
+            assert_eq!(refusal(&e).as_deref(), Some(why.as_str()), "{e:?} unwrapped");
+        }
+        assert_eq!(refusal(&io::Error::from(io::ErrorKind::ConnectionRefused)), None);
+        assert_eq!(refusal(&io::Error::new(io::ErrorKind::TimedOut, "tls handshake timed out")), None);
+    }
 
     fn der(pem: &str) -> CertificateDer<'static> {
         CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()

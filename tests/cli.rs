@@ -43,7 +43,8 @@ async fn a_stopped_cluster_is_reported_unreachable_with_exit_3() {
     ] {
         let r = cli(&args, &[]).await;
         r.expect_code(3, &format!("{args:?}"));
-        assert!(r.stderr.starts_with("runnev: no Runnev node reachable at http://127.0.0.1:"), "{r:#?}");
+        let at = format!("runnev: no Runnev node reachable at {}://127.0.0.1:", cli_scheme());
+        assert!(r.stderr.starts_with(&at), "{r:#?}");
         assert!(r.stderr.contains("Connection refused"), "{r:#?}");
         println!("{args:?}: exit 3 after {:?}", r.took);
     }
@@ -174,8 +175,8 @@ async fn a_cluster_without_a_majority_says_no_leader_with_exit_6() {
     let r = cli(&["publish", "orders", "--seq", "1", "x", "--nodes", &nodes], &[]).await;
     r.expect_code(6, "publish without a majority");
     assert!(r.stderr.contains("no leader: a majority of nodes is down or partitioned"), "{r:#?}");
-    // The client names a node as it was given (HOST:PORT is `http://HOST:PORT`; its dialer decides TLS).
-    assert!(r.stderr.contains(&format!("{} said: ", c.node(survivor).url())), "the server's message: {r:#?}");
+    // The client names a node by how it reaches it (HOST:PORT is `https://HOST:PORT` over TLS).
+    assert!(r.stderr.contains(&format!("{} said: ", c.url(survivor))), "the server's message: {r:#?}");
     assert!(!r.stderr.contains('{'), "no raw JSON: {r:#?}");
 
     let r = cli(&["streams", "ls", "--nodes", &nodes], &[]).await;
@@ -448,7 +449,12 @@ async fn cluster_add_returns_with_the_learner_and_waits_for_a_voter_on_request()
     assert!(r.stdout.starts_with(&format!("added node 5 at {ghost} as a learner")), "{r:#?}");
     assert!(r.stdout.contains(&format!("5 (learner, {ghost})")), "{r:#?}");
     assert!(r.stderr.contains(&format!("node 5 does not answer at {ghost}")), "{r:#?}");
-    assert!(r.stderr.contains(&format!("runnev probe http://{ghost}/healthz")), "{r:#?}");
+    let probe = if c.secure() {
+        format!("runnev probe https://{ghost}/healthz --ca-file CA")
+    } else {
+        format!("runnev probe http://{ghost}/healthz")
+    };
+    assert!(r.stderr.contains(&probe), "{r:#?}");
     let r = cli(&["cluster", "add", "5", &ghost, "--wait-voter", "--timeout", "3s"], &env).await;
     r.expect_code(6, "waiting for a node that is not running");
     assert!(r.stderr.contains("is still a learner"), "{r:#?}");

@@ -478,6 +478,42 @@ async fn a_plain_http_request_to_a_tls_node_is_told_to_use_tls() {
     assert_eq!(status, 200, "TLS still served: {text}");
 }
 
+/// The command line over TLS shows the nodes as `https://` (it showed `http://`, found by a
+/// fresh user's trial), and a `--ca-file` of another CA is a usage error, exit 2 after one try
+/// of each node, naming the fix (it was retried for a second and reported as exit 3, "no node
+/// reachable", an outage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_over_tls_shows_https_and_names_a_ca_that_does_not_fit() {
+    let pki = Pki::new(3);
+    let c = pki.start(3, &[]).await;
+    let nodes = c.nodes().iter().map(|n| n.addr()).collect::<Vec<_>>().join(",");
+    let (ca, token) = (pki.ca().to_string_lossy().into_owned(), pki.admin.clone());
+    let r =
+        cli(&["status", "-o", "text", "--nodes", &nodes], &[("RUNNEV_CA_FILE", &ca), ("RUNNEV_TOKEN", &token)]).await;
+    r.expect_code(0, "status over TLS");
+    for n in c.nodes() {
+        assert!(r.stdout.contains(&format!("https://{} ", n.addr())), "{r:#?}");
+    }
+    assert!(!r.stdout.contains("http://"), "{r:#?}");
+
+    let other = tempfile::tempdir().unwrap();
+    let other_ca = other.path().join("ca.pem");
+    write_public(&other_ca, &create_ca("another CA").unwrap().cert_pem).unwrap();
+    let other_ca = other_ca.to_string_lossy().into_owned();
+    for args in [&["streams", "list"][..], &["status"], &["publish", "s", "--seq", "1", "x"]] {
+        let mut args = args.to_vec();
+        args.extend(["--nodes", nodes.as_str()]);
+        let r = cli(&args, &[("RUNNEV_CA_FILE", &other_ca), ("RUNNEV_TOKEN", &token)]).await;
+        r.expect_code(2, &format!("{args:?} trusting another CA"));
+        assert!(r.stderr.contains("TLS with https://127.0.0.1:"), "{r:#?}");
+        assert!(r.stderr.contains("not signed by the CA given with --ca-file"), "{r:#?}");
+    }
+    // https:// without a CA to verify it with is refused before anything is sent.
+    let r = cli(&["streams", "list", "--nodes", &c.url(1)], &[("RUNNEV_CA_FILE", ""), ("RUNNEV_TOKEN", &token)]).await;
+    r.expect_code(2, "https:// without --ca-file");
+    assert!(r.stderr.contains("needs the cluster CA's certificate"), "{r:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_loopback_address_needs_tls_or_insecure() {
     let dir = tempfile::tempdir().unwrap();

@@ -162,6 +162,16 @@ pub enum ClientError {
     /// The node list is empty or a URL is malformed.
     #[error("client configuration: {0}")]
     Config(String),
+    /// Every node refused this client's TLS, or this client refused every node's, in a way
+    /// that trying again cannot mend: the client's `--ca-file` does not fit the cluster (its
+    /// words name the fix; [`crate::tls::refusal`]). Not retried beyond one round of the nodes.
+    #[error("TLS with {node} failed: {why}")]
+    Tls {
+        /// The last node tried.
+        node: String,
+        /// What does not fit, and what to do.
+        why: String,
+    },
     /// Writing what the cluster sent to a local file or pipe failed.
     #[error("writing locally: {0}")]
     Io(#[from] std::io::Error),
@@ -259,6 +269,14 @@ enum Attempt {
     Retry(String),
     /// Stop: a definitive answer or a local problem.
     Fail(ClientError),
+    /// The TLS handshake failed in a way another try cannot mend ([`crate::tls::refusal`]):
+    /// try the other nodes, and stop when all of them fail so.
+    Tls {
+        /// The node.
+        node: String,
+        /// Why, in words.
+        why: String,
+    },
 }
 
 /// One node's answer: a definitive answer to a call, or one attempt's ([`Client::exchange`]).
@@ -364,6 +382,29 @@ fn tls_hint(last: &str) -> &'static str {
     }
 }
 
+/// How the nodes are reached: the scheme of their URLs in a [`Client`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scheme {
+    /// Plain HTTP.
+    Http,
+    /// TLS, verified against the cluster CA.
+    Https,
+}
+
+impl Scheme {
+    fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+}
+
+/// `HOST:PORT` of a node's base URL (`http://HOST:PORT` or `https://HOST:PORT`).
+pub fn authority_of(node: &str) -> &str {
+    node.strip_prefix("http://").or_else(|| node.strip_prefix("https://")).unwrap_or(node)
+}
+
 impl Client {
     /// A client over `nodes` (base URLs like `http://127.0.0.1:7001`, or `127.0.0.1:7001`, which
     /// means the same), dialing over TCP.
@@ -371,7 +412,7 @@ impl Client {
     /// Errors: [`ClientError::Config`] if `nodes` is empty or an entry is not `HOST:PORT` or
     /// `http://HOST:PORT`.
     pub fn new(nodes: &[String]) -> Result<Client, ClientError> {
-        Client::with_dialer(nodes, Arc::new(TcpDialer), RetryPolicy::default())
+        Client::over(nodes, http_client(Arc::new(TcpDialer)), RetryPolicy::default(), Some(Scheme::Http))
     }
 
     /// A client over `nodes` that speaks TLS to them when `ca` (the cluster CA's certificate)
@@ -406,12 +447,9 @@ impl Client {
             }
             None => Arc::new(TcpDialer),
         };
-        // The dialer decides TLS: with a CA, `https://HOST:PORT` means the node at HOST:PORT.
-        let nodes: Vec<String> = match ca {
-            Some(_) => nodes.iter().map(|n| n.trim().replacen("https://", "http://", 1)).collect(),
-            None => nodes.to_vec(),
-        };
-        Ok(Client::over(&nodes, http_client_speaking(dialer, version), RetryPolicy::default())?.with_token(token))
+        let scheme = if ca.is_some() { Scheme::Https } else { Scheme::Http };
+        Ok(Client::over(nodes, http_client_speaking(dialer, version), RetryPolicy::default(), Some(scheme))?
+            .with_token(token))
     }
 
     /// This client, sending `token` as `Authorization: Bearer` on every request (nodes run with
@@ -461,29 +499,52 @@ impl Client {
     ///
     /// Errors: as [`Client::new`].
     pub fn with_dialer(nodes: &[String], dialer: Arc<dyn Dialer>, policy: RetryPolicy) -> Result<Client, ClientError> {
-        Client::over(nodes, http_client(dialer), policy)
+        Client::over(nodes, http_client(dialer), policy, None)
     }
 
-    /// A client over `nodes` sending its requests on `http`.
+    /// A client over `nodes` sending its requests on `http`. With `scheme` (the transport is
+    /// known: TLS or not), every node is written with it, so that messages show how the node
+    /// is reached: `HOST:PORT` and `http://HOST:PORT` become `https://HOST:PORT` over TLS, and
+    /// `https://` without TLS is refused. Without (a dialer of the caller's), `http://` and
+    /// `https://` are kept as given and `HOST:PORT` means `http://HOST:PORT`; the dialer decides
+    /// TLS either way.
     ///
     /// Errors: as [`Client::new`].
-    fn over(nodes: &[String], http: HttpClient, policy: RetryPolicy) -> Result<Client, ClientError> {
+    fn over(
+        nodes: &[String],
+        http: HttpClient,
+        policy: RetryPolicy,
+        scheme: Option<Scheme>,
+    ) -> Result<Client, ClientError> {
         if nodes.is_empty() {
             return Err(ClientError::Config("no node given".into()));
         }
         let mut clean = Vec::new();
         for n in nodes {
             let n = n.trim().trim_end_matches('/');
-            // `HOST:PORT` without a scheme means `http://HOST:PORT`.
-            let n = if n.contains("://") { n.to_string() } else { format!("http://{n}") };
-            let bad =
-                || ClientError::Config(format!("{n:?} is not a node address: write HOST:PORT or http://HOST:PORT"));
+            let bare = n.strip_prefix("http://").or_else(|| n.strip_prefix("https://"));
+            let n = match (scheme, bare) {
+                (None, Some(_)) => n.to_string(),
+                (None, None) if !n.contains("://") => format!("http://{n}"),
+                (Some(Scheme::Http), Some(_)) if n.starts_with("https://") => {
+                    return Err(ClientError::Config(format!(
+                        "{n:?}: https:// needs the cluster CA's certificate (--ca-file or RUNNEV_CA_FILE)"
+                    )))
+                }
+                (Some(scheme), Some(rest)) => format!("{}://{rest}", scheme.as_str()),
+                (Some(scheme), None) if !n.contains("://") => format!("{}://{n}", scheme.as_str()),
+                (_, None) => {
+                    return Err(ClientError::Config(format!(
+                    "{n:?}: a node is reached over http:// (or https:// with the cluster CA's certificate: --ca-file)"
+                )))
+                }
+            };
+            let bad = || {
+                ClientError::Config(format!(
+                    "{n:?} is not a node address: write HOST:PORT, http://HOST:PORT or https://HOST:PORT"
+                ))
+            };
             let uri: hyper::Uri = n.parse().map_err(|_| bad())?;
-            if uri.scheme_str() != Some("http") {
-                return Err(ClientError::Config(format!(
-                    "{n:?}: only http:// is supported (https:// with the cluster CA's certificate: --ca-file)"
-                )));
-            }
             match uri.authority() {
                 Some(a) if a.port_u16().is_some() && !a.host().is_empty() => {}
                 _ => return Err(bad()),
@@ -543,6 +604,13 @@ impl Client {
         &self.inner.nodes
     }
 
+    /// The URL of the node at `addr` (`HOST:PORT`, as membership lists it) the way this client
+    /// reaches its nodes: `https://HOST:PORT` over TLS, else `http://HOST:PORT`.
+    pub fn url_of(&self, addr: &str) -> String {
+        let scheme = self.inner.nodes.first().and_then(|n| n.split_once("://")).map_or("http", |(s, _)| s);
+        format!("{scheme}://{addr}")
+    }
+
     /// The retry policy.
     pub fn policy(&self) -> RetryPolicy {
         self.inner.policy
@@ -574,7 +642,7 @@ impl Client {
     /// Remembers the configured node at `addr` (`HOST:PORT`) as the leader; none when no
     /// configured node is at that address (the next attempts rotate).
     fn remember_leader(&self, addr: &str) {
-        let found = self.inner.nodes.iter().position(|n| n.strip_prefix("http://").is_some_and(|a| a == addr));
+        let found = self.inner.nodes.iter().position(|n| authority_of(n) == addr);
         self.inner.leader.store(found.unwrap_or(usize::MAX), Ordering::Relaxed);
     }
 
@@ -605,7 +673,9 @@ impl Client {
         let req = req.body(Full::new(body.clone())).map_err(|e| Attempt::Fail(ClientError::Config(e.to_string())))?;
         let run = async {
             let resp = self.inner.http.request(req).await.map_err(|e| {
-                if e.is_connect() {
+                if let Some(why) = crate::tls::refusal(&e) {
+                    Attempt::Tls { node: node.to_string(), why }
+                } else if e.is_connect() {
                     Attempt::NotSent(format!("{node}: {}", cause_text(&e)))
                 } else {
                     Attempt::Retry(format!("{node}: {}", cause_text(&e)))
@@ -667,11 +737,16 @@ impl Client {
         let mut reached = false;
         // Refused connections since the last pause: a full round of them earns a backoff.
         let mut refused_in_a_row = 0usize;
+        // TLS handshakes failed for good in a row: a full round of them ends the call.
+        let mut tls_refused_in_a_row = 0usize;
         loop {
             let node = self.inner.nodes[if write { self.pick_for_write() } else { self.pick() }].clone();
             let attempt =
                 self.exchange(&node, &method, path, &body, media, policy.request_timeout + extra_timeout).await;
             let mut refused = false;
+            if !matches!(attempt, Err(Attempt::Tls { .. })) {
+                tls_refused_in_a_row = 0;
+            }
             let last = match attempt {
                 Ok(Answer { status, bytes, unknown, .. }) if status == StatusCode::SERVICE_UNAVAILABLE => {
                     answered = true;
@@ -687,6 +762,14 @@ impl Client {
                 Ok(a) if a.status == StatusCode::NOT_FOUND && gone_is_done && maybe_applied => return Ok(a),
                 Ok(Answer { status, bytes, .. }) => return Err(api_error(&node, status, &bytes)),
                 Err(Attempt::Fail(e)) => return Err(e),
+                Err(Attempt::Tls { node, why }) => {
+                    tls_refused_in_a_row += 1;
+                    if tls_refused_in_a_row >= nodes {
+                        return Err(ClientError::Tls { node, why });
+                    }
+                    refused = true;
+                    format!("{node}: {why}")
+                }
                 Err(Attempt::NotSent(why)) => {
                     refused = true;
                     why
@@ -981,6 +1064,7 @@ impl Client {
         match self.exchange(node, &Method::GET, path, &Bytes::new(), Media::default(), timeout).await {
             Ok(Answer { status, bytes, .. }) => Ok((status, bytes)),
             Err(Attempt::Fail(e)) => Err(e),
+            Err(Attempt::Tls { node, why }) => Err(ClientError::Tls { node, why }),
             Err(Attempt::Retry(last) | Attempt::NotSent(last)) => {
                 Err(ClientError::Unreachable { nodes: vec![node.to_string()], after: started.elapsed(), last })
             }
@@ -1168,6 +1252,8 @@ mod tests {
     enum Reply {
         /// Refuses the connection.
         Refuse,
+        /// Fails the TLS handshake: the node's certificate is from another CA.
+        OtherCa,
         /// Reads the request, then closes without answering (an answer lost on the way).
         Lose,
         /// Answers with this status and a SPEC error body of this code (or `{}` for 2xx).
@@ -1205,9 +1291,18 @@ mod tests {
             Box::pin(async move {
                 // The number the next request would get decides whether the connection is taken.
                 let next = *seen.lock().unwrap().get(&addr).unwrap_or(&0);
-                if matches!(script(&addr, next), Reply::Refuse) {
-                    Fake::count(&seen, &addr);
-                    return Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+                match script(&addr, next) {
+                    Reply::Refuse => {
+                        Fake::count(&seen, &addr);
+                        return Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+                    }
+                    // As tokio-rustls reports a certificate it refused.
+                    Reply::OtherCa => {
+                        Fake::count(&seen, &addr);
+                        let refused = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+                        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, refused));
+                    }
+                    _ => {}
                 }
                 let (client, mut server) = tokio::io::duplex(64 * 1024);
                 tokio::spawn(async move {
@@ -1273,6 +1368,24 @@ mod tests {
         }
     }
 
+    /// Every node's certificate refused (another CA): the call ends after one round over the
+    /// nodes, at once, as a TLS error naming the fix; one node refused and another fine: the
+    /// call goes to the other.
+    #[tokio::test(start_paused = true)]
+    async fn a_certificate_of_another_ca_ends_the_call_after_one_round() {
+        let (fake, seen) = Fake::new(|_, _| Reply::OtherCa);
+        let started = tokio::time::Instant::now();
+        let err = client(fake).streams().await.unwrap_err();
+        assert!(matches!(err, ClientError::Tls { .. }), "{err}");
+        assert!(err.to_string().contains("not signed by the CA given with --ca-file"), "{err}");
+        assert_eq!(started.elapsed(), Duration::ZERO, "no backoff");
+        let tries: usize = seen.lock().unwrap().values().sum();
+        assert_eq!(tries, NODES.len(), "one try a node: {seen:?}");
+        let (fake, _) = Fake::new(|addr, _| if addr == "a:1" { Reply::OtherCa } else { Reply::Answer(200, "") });
+        let answer = client(fake).call(Method::GET, "/v1/streams", Bytes::new(), Duration::ZERO).await.unwrap();
+        assert_ne!(answer.0, "http://a:1");
+    }
+
     /// A node answering `503 no_leader` keeps the call going until `give_up_after`, and the
     /// error says so in words, never as the server's JSON.
     #[tokio::test(start_paused = true)]
@@ -1327,9 +1440,24 @@ mod tests {
         assert!(seen.lock().unwrap().is_empty());
         let c = Client::new(&["127.0.0.1:7001".to_string(), "http://h:2/".to_string()]).unwrap();
         assert_eq!(c.nodes(), ["http://127.0.0.1:7001", "http://h:2"]);
-        for bad in ["https://h:1", "h", "http://h:1/x", ""] {
+        assert_eq!(c.url_of("h:3"), "http://h:3");
+        for bad in ["https://h:1", "h", "http://h:1/x", "ftp://h:1", ""] {
             assert!(Client::new(&[bad.to_string()]).is_err(), "{bad:?}");
         }
+        let https = Client::new(&["https://h:1".to_string()]).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(https.contains("needs the cluster CA's certificate"), "{https}");
+        // Over TLS every node is shown as https://, however it was written.
+        let tls = Client::over(
+            &["h:1".to_string(), "http://h:2".to_string(), "https://h:3/".to_string()],
+            http_client(Arc::new(TcpDialer)),
+            RetryPolicy::default(),
+            Some(Scheme::Https),
+        )
+        .unwrap();
+        assert_eq!(tls.nodes(), ["https://h:1", "https://h:2", "https://h:3"]);
+        assert_eq!(tls.url_of("h:4"), "https://h:4");
+        tls.remember_leader("h:2");
+        assert_eq!(tls.pick_for_write(), 1);
         assert_eq!(segment("a.b_c-1").unwrap(), "a.b_c-1");
     }
 }

@@ -107,6 +107,16 @@ pub fn cli_security_env() -> Vec<(String, String)> {
     }
 }
 
+/// How a CLI run with [`cli_security_env`] names the nodes: `https` with the harness secure,
+/// else `http`.
+pub fn cli_scheme() -> &'static str {
+    if security().is_some() {
+        "https"
+    } else {
+        "http"
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // HTTP client helper
 // ---------------------------------------------------------------------------------------------
