@@ -753,6 +753,21 @@ fn admin_token_for(store: &runnev::storage::Store, path: &std::path::Path) -> Re
     admin_token(path).map(Some)
 }
 
+/// Warns when a node runs `--auth` without `--admin-token-file` and its state has no bootstrap
+/// admin token: it will propose none if it leads, so unless a node that has the file leads
+/// first, tokens can only be made over a node certificate (docs/security.md).
+fn warn_without_admin_token(store: &runnev::storage::Store) -> Result<()> {
+    let (_, bootstrapped) = store.tokens().context("reading the state's tokens")?;
+    if !bootstrapped {
+        tracing::warn!(
+            "--auth without --admin-token-file, and this cluster has no admin token yet: this node makes none if \
+             it leads. Give every node the same --admin-token-file (made when missing), or make the first token \
+             over a node's certificate (docs/security.md, \"The first admin token\")"
+        );
+    }
+    Ok(())
+}
+
 fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>> {
     let mut peers = BTreeMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -999,8 +1014,10 @@ async fn run(args: Cli) -> Result<()> {
             let mut env = node::Environment::production(Some(prometheus));
             let node_security = runnev::api::auth::Security { peer_tls: tls.is_some(), auth: security.auth };
             let store = runnev::storage::Store::open(&data_dir).map_err(|e| cli::store_open_error(&data_dir, e))?;
-            if let Some(path) = admin_token_file.filter(|_| admin_token.is_none()) {
-                admin_token = admin_token_for(&store, &path)?;
+            match admin_token_file.filter(|_| admin_token.is_none()) {
+                Some(path) => admin_token = admin_token_for(&store, &path)?,
+                None if security.auth && admin_token.is_none() => warn_without_admin_token(&store)?,
+                None => {}
             }
             let cfg = NodeConfig {
                 id,

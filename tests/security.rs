@@ -555,6 +555,44 @@ async fn a_non_loopback_address_needs_tls_or_insecure() {
     assert!(err.contains("WARN") && err.contains("--insecure"), "no warning logged: {err}");
 }
 
+/// A node with `--auth` but no `--admin-token-file`, whose cluster has no admin token yet,
+/// warns at start that it makes none (a fresh user's trial met a cluster nobody could use).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_without_an_admin_token_file_warns_on_a_cluster_without_one() {
+    let pki = Pki::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let port = runnev::launcher::free_ports(1).unwrap()[0];
+    let (cert, key) = pki.cert(1);
+    let child = std::process::Command::new(BIN)
+        .args(["serve", "--id", "1", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--peers", &format!("1=127.0.0.1:{port}"), "--auth"])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--tls-ca")
+        .arg(pki.ca())
+        .arg("--tls-cert")
+        .arg(cert)
+        .arg("--tls-key")
+        .arg(key)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let http = pki.client(None);
+    wait_for("the node to serve", FORM, Duration::from_millis(100), || async {
+        let (status, text) =
+            send(&http, "GET", &format!("https://127.0.0.1:{port}/healthz"), None, Bytes::new()).await?;
+        (status == 200).then_some(()).ok_or(text)
+    })
+    .await;
+    // SAFETY: signalling our own child, not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("WARN") && err.contains("--auth without --admin-token-file"), "no warning logged: {err}");
+}
+
 /// A node without `--auth` checks no request, so it refuses to create a token (`403 forbidden`,
 /// nothing proposed): a token anyone could mint there would stay valid once authentication is
 /// switched on. Listing still works, and shows none.
