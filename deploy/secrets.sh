@@ -7,7 +7,9 @@
 # DIR/node-N.pem, DIR/node-N.key    node N's certificate, naming node id N and the host names it
 #                                   is reached at: runnevN (Compose), runnev-(N-1).runnev-peers
 #                                   and its .NAMESPACE.svc.cluster.local form (Kubernetes),
-#                                   localhost and 127.0.0.1 (probes), and $RUNNEV_EXTRA_HOSTS
+#                                   localhost and 127.0.0.1 (probes), $RUNNEV_EXTRA_HOSTS (names every
+#                                   node shares, a load balancer's), and $RUNNEV_NODE_N_HOSTS (node N's
+#                                   own names: RUNNEV_NODE_1_HOSTS="db1.example.com 10.0.0.11")
 # DIR/admin.token                   the cluster's first admin token (every node's --admin-token-file)
 #
 # Keys and the token are mode 0600. The image runs as uid 10001: run this as root (as CI does)
@@ -51,7 +53,8 @@ for ((n = 1; n <= NODES; n++)); do
   rm -f "$DIR/node-$n.pem" "$DIR/node-$n.key"
   hosts=(--host "runnev$n" --host "runnev-$((n - 1)).runnev-peers"
     --host "runnev-$((n - 1)).runnev-peers.$NAMESPACE.svc.cluster.local" --host localhost --host 127.0.0.1)
-  for h in ${RUNNEV_EXTRA_HOSTS:-}; do hosts+=(--host "$h"); done
+  own="RUNNEV_NODE_${n}_HOSTS"
+  for h in ${RUNNEV_EXTRA_HOSTS:-} ${!own:-}; do hosts+=(--host "$h"); done
   runnev cert create-node --dir "$DIR" --id "$n" "${hosts[@]}"
 done
 [[ -e "$DIR/admin.token" ]] || runnev cert create-admin-token --dir "$DIR"

@@ -44,6 +44,52 @@ fn create_admin_token_writes_a_private_token_once() {
     assert_eq!(std::fs::read_to_string(&path).expect("admin.token"), text, "the first token is kept");
 }
 
+/// The DNS names and IP addresses a PEM certificate names.
+fn hosts_of(pem_file: &std::path::Path) -> Vec<String> {
+    use x509_parser::extensions::GeneralName;
+    let pem = std::fs::read(pem_file).expect("a certificate");
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).expect("PEM");
+    let cert = pem.parse_x509().expect("a certificate");
+    let san = cert.subject_alternative_name().expect("SAN").expect("a SAN");
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::DNSName(d) => Some(d.to_string()),
+            GeneralName::IPAddress(ip) => Some(ip.iter().map(u8::to_string).collect::<Vec<_>>().join(".")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `deploy/secrets.sh` puts `$RUNNEV_EXTRA_HOSTS` on every node's certificate and
+/// `$RUNNEV_NODE_N_HOSTS` on node N's only (it had only the first, so one node's own names went
+/// on every certificate; found by a fresh user's trial).
+#[test]
+fn secrets_sh_names_each_node_s_own_hosts_on_its_certificate_only() {
+    let dir = tempfile::Builder::new().prefix("runnev-test-secrets-").tempdir().expect("tempdir");
+    let out = Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/secrets.sh"))
+        .arg(dir.path())
+        .env("RUNNEV_BIN", BIN)
+        .env("RUNNEV_NODE_COUNT", "2")
+        .env("RUNNEV_EXTRA_HOSTS", "lb.example.com")
+        .env("RUNNEV_NODE_1_HOSTS", "db1.example.com 10.0.0.11")
+        .env_remove("RUNNEV_NODE_2_HOSTS")
+        .output()
+        .expect("running secrets.sh");
+    assert!(out.status.success(), "secrets.sh failed: {}", stderr(&out));
+    let one = hosts_of(&dir.path().join("node-1.pem"));
+    let two = hosts_of(&dir.path().join("node-2.pem"));
+    for h in ["lb.example.com", "db1.example.com", "10.0.0.11", "runnev1", "127.0.0.1"] {
+        assert!(one.contains(&h.to_string()), "node 1 lacks {h}: {one:?}");
+    }
+    assert!(two.contains(&"lb.example.com".to_string()) && two.contains(&"runnev2".to_string()), "{two:?}");
+    for h in ["db1.example.com", "10.0.0.11", "runnev1"] {
+        assert!(!two.contains(&h.to_string()), "node 2's certificate names node 1's {h}: {two:?}");
+    }
+}
+
 /// Kills the node when the test ends, however it ends.
 struct Node(std::process::Child);
 
