@@ -715,15 +715,30 @@ async fn a_subscription_sends_the_clients_token() {
         Ok(runnev::client::Delivery::Batch(b)) => assert_eq!((b.seq, &b.data[..]), (1, &b"one"[..])),
         other => panic!("expected batch 1, got {other:?}"),
     }
+    // A long poll waiting with the token when it is deleted.
+    let long_poll = {
+        let (http, url, reader) = (http.clone(), url("/v1/streams/feed/batches?after=1&wait_ms=20000"), reader.clone());
+        tokio::spawn(async move { send(&http, "GET", &url, Some(&reader), Bytes::new()).await })
+    };
+    wait_for("the long poll to wait", FORM, Duration::from_millis(20), || async {
+        let (_, text) = send(&http, "GET", &url("/metrics"), Some(admin), Bytes::new()).await?;
+        let waiting = prom_value_where(&text, "runnev_waiting_requests", Some(("kind", "read"))).unwrap_or(0.0);
+        (waiting >= 1.0).then_some(()).ok_or(format!("{waiting} reads waiting"))
+    })
+    .await;
     // The token deleted, the open subscription gets no batch published after it: the node ends
     // it, and the client's next request is refused (a fresh user's trial kept reading on a
-    // deleted token for as long as the connection lasted).
+    // deleted token for as long as the connection lasted). The long poll is answered `401`, not
+    // with the batch (it was answered with it).
     let (status, text) =
         send(&http, "DELETE", &url("/v1/auth/tokens/reader"), Some(admin), Bytes::new()).await.unwrap();
     assert_eq!(status, 204, "{text}");
     let (status, text) =
         send(&http, "POST", &url("/v1/streams/feed/batches"), Some(admin), Bytes::from_static(b"two")).await.unwrap();
     assert_eq!(status, 201, "{text}");
+    let (status, text) = long_poll.await.unwrap().unwrap();
+    assert_eq!(status, 401, "a long poll on a deleted token: {text}");
+    assert!(text.contains("was deleted") && !text.contains("\"batches\""), "{text}");
     let next = tokio::time::timeout(FORM, sub.next()).await.expect("the subscription to end or fail");
     match next {
         Some(Err(e)) => assert!(e.to_string().contains("401") || e.to_string().contains("unauthorized"), "{e}"),

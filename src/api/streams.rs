@@ -539,6 +539,7 @@ pub(super) async fn read(
     path: Result<Path<String>, PathRejection>,
     q: QueryPairs,
     headers: HeaderMap,
+    token: Option<axum::Extension<super::auth::AuthorizedBy>>,
 ) -> Result<Response, ApiError> {
     let name = stream_name(path)?;
     let q = query(q)?;
@@ -568,6 +569,16 @@ pub(super) async fn read(
             )
         })
         .await?;
+        // Checked after each read, as a subscription does: a long poll whose token this node
+        // has applied the deletion of answers no batch applied after it (docs/security.md).
+        if let Some(t) = &token {
+            if !t.still_allows(&s, crate::auth::Permission::Read, crate::auth::Scope::Stream(&name)) {
+                return Err(ApiError::Unauthorized(format!(
+                    "token {} was deleted (or lost its grant) while this read waited",
+                    t.name()
+                )));
+            }
+        }
         let now = Instant::now();
         let done = now >= deadline || *stopping.borrow();
         // A node that has not applied the stream's creation yet waits like one behind the
