@@ -574,7 +574,7 @@ pub(super) async fn read(
         if let Some(t) = &token {
             if !t.still_allows(&s, crate::auth::Permission::Read, crate::auth::Scope::Stream(&name)) {
                 return Err(ApiError::Unauthorized(format!(
-                    "token {} was deleted (or lost its grant) while this read waited",
+                    "token {} was deleted (or lost its grant) before this read was answered",
                     t.name()
                 )));
             }

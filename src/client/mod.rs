@@ -162,9 +162,10 @@ pub enum ClientError {
     /// The node list is empty or a URL is malformed.
     #[error("client configuration: {0}")]
     Config(String),
-    /// Every node refused this client's TLS, or this client refused every node's, in a way
-    /// that trying again cannot mend: the client's `--ca-file` does not fit the cluster (its
-    /// words name the fix; [`crate::tls::refusal`]). Not retried beyond one round of the nodes.
+    /// This client refused every node's TLS in a way that trying again cannot mend (a
+    /// certificate of another CA, not for the address dialed, expired; a node that answers in
+    /// plain HTTP): the client's `--ca-file` or `--nodes` do not fit the cluster (its words name
+    /// the fix; [`crate::tls::refusal`]). Not retried beyond one round of the nodes.
     #[error("TLS with {node} failed: {why}")]
     Tls {
         /// The last node tried.
@@ -401,7 +402,7 @@ impl Scheme {
 }
 
 /// `HOST:PORT` of a node's base URL (`http://HOST:PORT` or `https://HOST:PORT`).
-pub fn authority_of(node: &str) -> &str {
+fn authority_of(node: &str) -> &str {
     node.strip_prefix("http://").or_else(|| node.strip_prefix("https://")).unwrap_or(node)
 }
 
