@@ -80,7 +80,7 @@ struct TopClientArgs {
     /// [default: text on a terminal, json when stdout is not one]
     #[arg(short = 'o', long = "output", value_name = "FORMAT")]
     output: Option<Output>,
-    /// The token the client commands send (nodes run with --auth) [env: RUNNEV_TOKEN]
+    /// The token the client commands send (nodes run with --auth); sent only over TLS, so it needs --ca-file [env: RUNNEV_TOKEN]
     #[arg(long = "token", value_name = "TOKEN")]
     token: Option<String>,
     /// The cluster CA's certificate: the client commands speak TLS and verify the nodes with it
@@ -101,7 +101,7 @@ struct ClientArgs {
     /// terminal, json when stdout is not one]
     #[arg(short = 'o', long = "output", value_name = "FORMAT", global = true)]
     output: Option<Output>,
-    /// The token to send (nodes run with --auth) [env: RUNNEV_TOKEN]
+    /// The token to send (nodes run with --auth); sent only over TLS, so it needs --ca-file [env: RUNNEV_TOKEN]
     #[arg(long = "token", value_name = "TOKEN", global = true, hide_env_values = true)]
     token: Option<String>,
     /// The cluster CA's certificate: speak TLS to the nodes and verify them with it

@@ -500,7 +500,7 @@ async fn the_cli_over_tls_shows_https_and_names_a_ca_that_does_not_fit() {
     let other_ca = other.path().join("ca.pem");
     write_public(&other_ca, &create_ca("another CA").unwrap().cert_pem).unwrap();
     let other_ca = other_ca.to_string_lossy().into_owned();
-    for args in [&["streams", "list"][..], &["status"], &["publish", "s", "--seq", "1", "x"]] {
+    for args in [&["streams", "list"][..], &["status"], &["publish", "s", "--seq", "1", "x"], &["subscribe", "s"]] {
         let mut args = args.to_vec();
         args.extend(["--nodes", nodes.as_str()]);
         let r = cli(&args, &[("RUNNEV_CA_FILE", &other_ca), ("RUNNEV_TOKEN", &token)]).await;
@@ -512,6 +512,10 @@ async fn the_cli_over_tls_shows_https_and_names_a_ca_that_does_not_fit() {
     let r = cli(&["streams", "list", "--nodes", &c.url(1)], &[("RUNNEV_CA_FILE", ""), ("RUNNEV_TOKEN", &token)]).await;
     r.expect_code(2, "https:// without --ca-file");
     assert!(r.stderr.contains("needs the cluster CA's certificate"), "{r:#?}");
+    // Nor is a token sent over plain HTTP, where it would travel in clear (a fresh user's trial).
+    let r = cli(&["streams", "list", "--nodes", &nodes], &[("RUNNEV_CA_FILE", ""), ("RUNNEV_TOKEN", &token)]).await;
+    r.expect_code(2, "a token without --ca-file");
+    assert!(r.stderr.contains("a token is sent only over TLS"), "{r:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -420,8 +420,8 @@ impl Client {
     /// is given, verifying each node's certificate against it, and sends `token` on every
     /// request when given.
     ///
-    /// Errors: as [`Client::new`], and [`ClientError::Config`] if the CA file is unusable or a
-    /// node is `https://` without a CA.
+    /// Errors: as [`Client::new`], and [`ClientError::Config`] if the CA file is unusable, or a
+    /// node is `https://` or a token is given without a CA (a token goes only over TLS).
     pub fn secure(
         nodes: &[String],
         ca: Option<&std::path::Path>,
@@ -449,8 +449,17 @@ impl Client {
             None => Arc::new(TcpDialer),
         };
         let scheme = if ca.is_some() { Scheme::Https } else { Scheme::Http };
-        Ok(Client::over(nodes, http_client_speaking(dialer, version), RetryPolicy::default(), Some(scheme))?
-            .with_token(token))
+        let client = Client::over(nodes, http_client_speaking(dialer, version), RetryPolicy::default(), Some(scheme))?;
+        // Only a node that serves TLS checks tokens (`--auth` needs `--tls-ca`): over plain
+        // HTTP a token would only be exposed on the way, to be ignored or refused.
+        if token.is_some() && ca.is_none() {
+            return Err(ClientError::Config(
+                "a token is sent only over TLS (nodes that check tokens serve TLS): give the cluster CA's \
+                 certificate with --ca-file or RUNNEV_CA_FILE, or leave the token out"
+                    .into(),
+            ));
+        }
+        Ok(client.with_token(token))
     }
 
     /// This client, sending `token` as `Authorization: Bearer` on every request (nodes run with
@@ -1385,6 +1394,21 @@ mod tests {
         let (fake, _) = Fake::new(|addr, _| if addr == "a:1" { Reply::OtherCa } else { Reply::Answer(200, "") });
         let answer = client(fake).call(Method::GET, "/v1/streams", Bytes::new(), Duration::ZERO).await.unwrap();
         assert_ne!(answer.0, "http://a:1");
+    }
+
+    /// A subscription whose every node refuses its TLS for good ends with the TLS error after
+    /// one round, instead of retrying for ever (found by a fresh user's trial of the Python
+    /// client, which had the same loop).
+    #[tokio::test(start_paused = true)]
+    async fn a_subscription_ends_when_every_node_refuses_its_tls() {
+        use futures::StreamExt;
+        let (fake, seen) = Fake::new(|_, _| Reply::OtherCa);
+        let mut sub = client(fake).subscribe("s", 0);
+        let first = tokio::time::timeout(Duration::from_secs(60), sub.next()).await.expect("an item in time");
+        assert!(matches!(first, Some(Err(ClientError::Tls { .. }))), "{first:?}");
+        assert!(sub.next().await.is_none(), "the subscription ended");
+        let tries: usize = seen.lock().unwrap().values().sum();
+        assert_eq!(tries, NODES.len(), "one try a node: {seen:?}");
     }
 
     /// A node answering `503 no_leader` keeps the call going until `give_up_after`, and the

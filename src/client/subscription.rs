@@ -98,6 +98,9 @@ struct State {
     reported_at: Option<Instant>,
     /// Whether a node answered (with `5xx`) during the current outage.
     answered: bool,
+    /// Connection attempts in a row whose TLS handshake failed for good
+    /// ([`crate::tls::refusal`]): a round of them over every node ends the subscription.
+    tls_refused_in_a_row: usize,
     backoff: Backoff,
     options: SubscribeOptions,
     done: bool,
@@ -116,6 +119,11 @@ enum Connect {
     Retry {
         why: String,
         answered: bool,
+    },
+    /// The TLS handshake failed in a way no retry mends ([`crate::tls::refusal`]).
+    Tls {
+        node: String,
+        why: String,
     },
     Fail(ClientError),
 }
@@ -148,6 +156,7 @@ impl Subscription {
             failing_since: Some(Instant::now()),
             reported_at: None,
             answered: false,
+            tls_refused_in_a_row: 0,
             backoff,
             options,
             done: false,
@@ -186,7 +195,12 @@ async fn connect(
     let timeout = client.policy().request_timeout;
     let resp = match tokio::time::timeout(timeout, client.http().request(req)).await {
         Ok(Ok(r)) => r,
-        Ok(Err(e)) => return Err(Connect::Retry { why: format!("{node}: {}", cause_text(&e)), answered: false }),
+        Ok(Err(e)) => {
+            if let Some(why) = crate::tls::refusal(&e) {
+                return Err(Connect::Tls { node: node.to_string(), why });
+            }
+            return Err(Connect::Retry { why: format!("{node}: {}", cause_text(&e)), answered: false });
+        }
         Err(_) => {
             let why = format!("{node}: no answer within {}", format_duration(timeout));
             return Err(Connect::Retry { why, answered: false });
@@ -226,7 +240,20 @@ async fn next(st: &mut State) -> Option<Result<Delivery, ClientError>> {
     loop {
         let Some(events) = st.events.as_mut() else {
             let node = st.client.nodes()[st.client.pick()].clone();
-            match connect(&st.client, &node, &st.stream, st.cursor, st.last_bytes.clone()).await {
+            let attempt = connect(&st.client, &node, &st.stream, st.cursor, st.last_bytes.clone()).await;
+            // A configuration that does not fit the cluster (its CA, its node names) is not an
+            // outage: once every node has refused so in a row, the subscription ends.
+            st.tls_refused_in_a_row = match &attempt {
+                Err(Connect::Tls { .. }) => st.tls_refused_in_a_row + 1,
+                _ => 0,
+            };
+            let attempt = match attempt {
+                Err(Connect::Tls { node, why }) if st.tls_refused_in_a_row < st.client.nodes().len() => {
+                    Err(Connect::Retry { why: format!("{node}: {why}"), answered: false })
+                }
+                other => other,
+            };
+            match attempt {
                 Ok(ev) => {
                     st.events = Some(ev);
                     let outage = st.failing_since.take().map_or(Duration::ZERO, |t| t.elapsed());
@@ -238,6 +265,10 @@ async fn next(st: &mut State) -> Option<Result<Delivery, ClientError>> {
                 Err(Connect::Fail(e)) => {
                     st.done = true;
                     return Some(Err(e));
+                }
+                Err(Connect::Tls { node, why }) => {
+                    st.done = true;
+                    return Some(Err(ClientError::Tls { node, why }));
                 }
                 Err(Connect::Retry { why, answered }) => {
                     let since = *st.failing_since.get_or_insert_with(Instant::now);

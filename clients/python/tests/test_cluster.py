@@ -71,6 +71,63 @@ def test_async_client_round_trip(cluster: Cluster) -> None:
     asyncio.run(run())
 
 
+def test_async_subscription_closes_from_another_task_and_after_a_break(cluster: Cluster) -> None:
+    """``aclose()`` from another task ends an iteration waiting for the next batch (it raised
+    "asynchronous generator is already running"), and a subscription left with ``break`` inside
+    ``async with`` is closed with nothing for asyncio to report at exit (found by a fresh user's
+    trial, which left it unclosed: the README now says to close it)."""
+
+    problems: List[str] = []
+
+    async def run() -> None:
+        # What asyncio reports about its async generators, up to the shutdown of asyncio.run.
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: problems.append(str(ctx)))
+        async with runnev.AsyncClient(cluster.urls) as c:
+            await c.create_stream("py-async-close")
+            await c.publish("py-async-close", b"one", seq=1)
+            sub = c.subscribe("py-async-close")
+            seen: List[int] = []
+
+            async def consume() -> None:
+                async for item in sub:
+                    assert isinstance(item, Batch)
+                    seen.append(item.seq)
+
+            task = asyncio.create_task(consume())
+            for _ in range(100):
+                if seen:
+                    break
+                await asyncio.sleep(0.05)
+            assert seen == [1]
+            await sub.aclose()
+            await asyncio.wait_for(task, 5)
+            assert task.exception() is None and seen == [1]
+
+            async with c.subscribe("py-async-close") as again:
+                async for item in again:
+                    assert isinstance(item, Batch) and item.seq == 1
+                    break
+
+    asyncio.run(run())
+    assert problems == []
+
+
+def test_sync_subscription_closes_from_another_thread_at_once(cluster: Cluster) -> None:
+    """``close()`` from another thread ends an iteration blocked on the next batch at once (it
+    took until the node's next keep-alive, up to 10 s)."""
+    with Client(cluster.urls) as c:
+        c.create_stream("py-sync-close")
+        c.publish("py-sync-close", b"one", seq=1)
+        sub = c.subscribe("py-sync-close")
+        seen: List[int] = []
+        worker = threading.Thread(target=lambda: seen.extend(b.seq for b in sub if isinstance(b, Batch)))
+        worker.start()
+        assert eventually(lambda: seen == [1])
+        sub.close()
+        worker.join(3.0)
+        assert not worker.is_alive(), "the iteration did not end within 3 s of close()"
+
+
 def test_publish_with_seq_whose_answer_was_lost_is_retried_as_a_duplicate(cluster: Cluster) -> None:
     with Client(cluster.urls) as c:
         c.create_stream("py-seq")

@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator, List, Tuple
 
+import certifi
 import pytest
 
 import runnev
@@ -162,3 +163,38 @@ def test_file_cursor_saves_atomically_and_loads_back(tmp_path: Path) -> None:
     (tmp_path / "cursor").write_text("garbage")
     with pytest.raises(ValueError):
         c.load()
+
+
+def test_payloads_must_be_bytes_and_cursors_whole_numbers() -> None:
+    """A payload of another type is refused before anything is sent (``bytes(5)`` was stored
+    as five zero bytes), and so is a subscription cursor below -1 (it started from 0)."""
+    with Client("127.0.0.1:1", policy=QUICK) as c:
+        for bad in [5, True, [104, 105], "hello", None, {"a": 1}]:
+            with pytest.raises(runnev.ConfigError):
+                c.publish("s", bad)  # type: ignore[arg-type]
+        with pytest.raises(runnev.ConfigError, match="encode it first"):
+            c.publish("s", "hello")  # type: ignore[arg-type]
+        with pytest.raises(runnev.ConfigError, match="list of payloads"):
+            c.publish_many("s", b"abc")  # type: ignore[arg-type]
+        with pytest.raises(runnev.ConfigError, match="batch 1"):
+            c.publish_many("s", [b"a", 5])  # type: ignore[list-item]
+        for bad_cursor in [-5, 2**64, 1.0, "3"]:
+            with pytest.raises(runnev.ConfigError):
+                c.subscribe("s", after=bad_cursor)  # type: ignore[arg-type]
+        assert c.subscribe("s", after=-1).cursor == 0
+    assert encode_frames([bytearray(b"ab"), memoryview(b"c")]) == b"\x00\x00\x00\x02ab\x00\x00\x00\x01c"
+
+
+def test_a_token_needs_tls_and_a_plain_node_spoken_tls_to_is_a_tls_error() -> None:
+    """A token is refused with a plain-HTTP node (it would travel in clear); a client with a CA
+    file against a node that serves plain HTTP raises ``TlsError`` after one try of each node."""
+    with pytest.raises(runnev.ConfigError, match="only over TLS"):
+        Client("127.0.0.1:1", token="rnv_admin_" + "0" * 64)
+    node = FakeNode(unknown=False)
+    try:
+        with Client(node.url.removeprefix("http://"), ca_file=certifi.where(), policy=QUICK) as c:
+            assert c.nodes == [node.url.replace("http://", "https://")]
+            with pytest.raises(runnev.TlsError, match="plain HTTP"):
+                c.publish("s", b"x", seq=1)
+    finally:
+        node.close()

@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import re
+import ssl
 import struct
 import time
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from .errors import (
     ConfigError,
     InvalidStreamName,
     ProtocolError,
+    TlsError,
     Unavailable,
     UnknownOutcome,
     Unreachable,
@@ -111,18 +113,48 @@ def batches_path(stream: str, seq: Optional[int]) -> str:
     return path if seq is None else f"{path}?seq={seq}"
 
 
-def encode_frames(payloads: Sequence[bytes]) -> bytes:
+#: What a payload may be given as; it is sent byte for byte.
+Payload = Union[bytes, bytearray, memoryview]
+
+
+def payload_bytes(payload: object, what: str = "the payload") -> bytes:
+    """``payload`` as bytes when it is ``bytes``, ``bytearray`` or ``memoryview``; ``ConfigError``
+    otherwise (nothing is sent). ``bytes(5)`` would be five zero bytes and ``bytes([104, 105])``
+    b"hi": a payload is never guessed from another type."""
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, (bytearray, memoryview)):
+        return bytes(payload)
+    hint = " (encode it first, e.g. .encode())" if isinstance(payload, str) else ""
+    raise ConfigError(f"{what} must be bytes, bytearray or memoryview, not {type(payload).__name__}{hint}")
+
+
+def encode_frames(payloads: Sequence[Payload]) -> bytes:
     """The body of a frames publish: per payload a 4-byte big-endian length, then its bytes.
-    ``ConfigError`` for no payload, more than 10,000, or one of 2**32 bytes or more."""
+    ``ConfigError`` for a payload that is not a list of bytes-like payloads, no payload, more than
+    10,000, or one of 2**32 bytes or more."""
+    if isinstance(payloads, (bytes, bytearray, memoryview, str)) or not isinstance(payloads, Sequence):
+        raise ConfigError(
+            f"publish_many takes a list of payloads (each bytes, bytearray or memoryview), not {type(payloads).__name__}"
+        )
     if not 1 <= len(payloads) <= FRAMES_MAX:
         raise ConfigError(f"a frames publish carries 1 to {FRAMES_MAX} batches, not {len(payloads)}")
     parts: List[bytes] = []
     for i, p in enumerate(payloads):
-        if len(p) >= 2**32:
+        data = payload_bytes(p, f"batch {i}")
+        if len(data) >= 2**32:
             raise ConfigError(f"batch {i} is too large for a frame (2^32 bytes or more)")
-        parts.append(struct.pack(">I", len(p)))
-        parts.append(bytes(p))
+        parts.append(struct.pack(">I", len(data)))
+        parts.append(data)
     return b"".join(parts)
+
+
+def check_cursor(after: object) -> int:
+    """A subscription's starting cursor: an integer from 0 to 2**64-1, or -1 (meaning 0, as the
+    server reads it); ``ConfigError`` otherwise (a corrupt cursor must not replay the stream)."""
+    if isinstance(after, bool) or not isinstance(after, int) or not -1 <= after <= 2**64 - 1:
+        raise ConfigError(f"the cursor {after!r} is not an integer from 0 to {2**64 - 1} (or -1, meaning 0)")
+    return max(after, 0)
 
 
 def put_stream_body(retention: Optional[Retention]) -> bytes:
@@ -155,6 +187,9 @@ class Nodes:
                 continue
             if "://" not in n:
                 n = ("https://" if tls else "http://") + n
+            elif tls and n.startswith("http://"):
+                # With a CA file the nodes are reached over TLS, and named so in messages.
+                n = "https://" + n[len("http://") :]
             bad = ConfigError(f"{raw!r} is not a node address: write HOST:PORT, http://HOST:PORT or https://HOST:PORT")
             try:
                 url = httpx.URL(n)
@@ -217,11 +252,13 @@ class Call:
         self.backoff = Backoff(policy)
         self.answered = self.maybe_applied = self.reached = False
         self.refused_in_a_row = 0
+        self.tls_refused_in_a_row = 0
 
     def node(self) -> str:
         return self.nodes.pick_for_write() if self.write else self.nodes.pick()
 
     def on_answer(self, node: str, status: int, headers: Mapping[str, str], body: bytes) -> Union[Answer, float]:
+        self.tls_refused_in_a_row = 0
         self.nodes.learn_leader(headers)
         if status == 503:
             self.answered = self.reached = True
@@ -238,6 +275,15 @@ class Call:
         raise error_from_body(node, status, body)
 
     def on_transport_error(self, node: str, e: httpx.TransportError) -> float:
+        tls = tls_refusal(e)
+        if tls is not None:
+            # A configuration that does not fit the cluster: the next node at once, and the
+            # call ends once every node has refused so in a row.
+            self.tls_refused_in_a_row += 1
+            if self.tls_refused_in_a_row >= len(self.nodes.urls):
+                raise TlsError(node, tls)
+            return self._retry(f"{node}: {tls}", refused=True)
+        self.tls_refused_in_a_row = 0
         why = transport_why(node, e)
         # Nothing left this client: no connection, or none free in the pool.
         if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
@@ -285,10 +331,13 @@ class Resume:
     def __init__(self, nodes: Nodes, policy: RetryPolicy, stream: str, after: int, max_outage: Optional[float]) -> None:
         self.nodes, self.policy, self.max_outage = nodes, policy, max_outage
         self.path = f"/v1/streams/{segment(stream)}/subscribe"
-        self.cursor = max(after, 0)
+        self.cursor = check_cursor(after)
         self.backoff = Backoff(policy)
         self.failing_since: Optional[float] = None
         self.answered = False
+        #: What the last node that answered ``5xx`` during this outage said.
+        self.answer_why: Optional[str] = None
+        self.tls_refused_in_a_row = 0
         #: The base URL of the node serving the subscription now; None while it has none.
         self.node: Optional[str] = None
 
@@ -305,25 +354,41 @@ class Resume:
         self.node = node
         self.failing_since = None
         self.answered = False
+        self.answer_why = None
+        self.tls_refused_in_a_row = 0
         self.backoff.reset()
 
     def refused(self, node: str, status: int, body: bytes) -> None:
         """A non-200 answer to a connection: ``5xx`` is retried (``failed``), else raised."""
         if status >= 500:
             self.answered = True
+            self.answer_why = unavailable_text(node, body)
             return
         raise error_from_body(node, status, body)
 
+    def failed_transport(self, node: str, e: BaseException) -> float:
+        """A connection attempt failed without an answer: as ``failed``, but a TLS handshake that
+        every node in a row refused for good raises ``TlsError`` (retrying cannot mend it)."""
+        tls = tls_refusal(e)
+        if tls is None:
+            self.tls_refused_in_a_row = 0
+            return self.failed(transport_why(node, e))
+        self.tls_refused_in_a_row += 1
+        if self.tls_refused_in_a_row >= len(self.nodes.urls):
+            raise TlsError(node, tls)
+        return self.failed(f"{node}: {tls}")
+
     def failed(self, why: str) -> float:
         """A connection attempt failed: the seconds to wait before the next, or raises when the
-        outage reached ``max_outage``."""
+        outage reached ``max_outage`` (``Unavailable`` with what the last node that answered
+        said, when one did)."""
         now = time.monotonic()
         if self.failing_since is None:
             self.failing_since = now
         outage = now - self.failing_since
         if self.max_outage is not None and outage >= self.max_outage:
             if self.answered:
-                raise Unavailable(outage, why)
+                raise Unavailable(outage, self.answer_why or why)
             raise Unreachable(list(self.nodes.urls), outage, why)
         delay = self.backoff.next_delay()
         log.info("subscription could not connect (%s); retrying in %.3f s", why, delay)
@@ -358,15 +423,41 @@ class Resume:
         return None
 
 
+def tls_refusal(e: BaseException) -> Optional[str]:
+    """Why a TLS handshake failed in a way no retry mends, in words naming the fix, or ``None``
+    (the Rust client's ``tls::refusal``): a certificate the CA file does not verify (another
+    CA, another host name, expired) or a node that answered TLS with plain HTTP."""
+    seen: Optional[BaseException] = e
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return (
+                f"the node's certificate was refused ({seen.verify_message}): give ca_file as the cluster CA's "
+                "certificate, and the nodes by the names their certificates were issued for"
+            )
+        if isinstance(seen, ssl.SSLError) and seen.reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "HTTP_REQUEST"):
+            return "the node seems to serve plain HTTP: leave out ca_file and use http://"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def transport_why(node: str, e: BaseException) -> str:
     return f"{node}: {type(e).__name__}: {e}" if str(e) else f"{node}: {type(e).__name__}"
+
+
+def check_token_transport(nodes: Nodes, token: Optional[str]) -> None:
+    """``ConfigError`` for a token with a node reached over plain ``http://``: only nodes that
+    serve TLS check tokens (``--auth`` needs ``--tls-ca``), so there the token would only travel
+    in clear, to be ignored or refused."""
+    if token and any(u.startswith("http://") for u in nodes.urls):
+        raise ConfigError(
+            "a token is sent only over TLS (nodes that check tokens serve TLS): give ca_file, the cluster "
+            "CA's certificate (then HOST:PORT means https://), or leave the token out"
+        )
 
 
 def client_options(token: Optional[str], ca_file: Optional[str]) -> Dict[str, Any]:
     """The ``httpx.Client`` / ``AsyncClient`` options for a token (``Authorization: Bearer``)
     and a CA file that verifies the nodes' TLS certificates (docs/security.md)."""
-    import ssl
-
     headers = {"Authorization": f"Bearer {token.strip()}"} if token else {}
     verify: Union[bool, ssl.SSLContext] = True
     if ca_file is not None:

@@ -14,7 +14,7 @@ import httpx
 from httpx_sse import SSEError, aconnect_sse
 
 from . import _core
-from ._core import Answer, Call, Delivery, Nodes, RetryPolicy
+from ._core import Answer, Call, Delivery, Nodes, Payload, RetryPolicy
 from .models import FramesAck, PublishAck, ReadAnswer, Retention, StreamInfo, decode
 
 
@@ -32,6 +32,7 @@ class AsyncClient:
         policy: Optional[RetryPolicy] = None,
     ) -> None:
         self._nodes = Nodes(nodes, tls=ca_file is not None)
+        _core.check_token_transport(self._nodes, token)
         self.policy = policy or RetryPolicy()
         self._http = httpx.AsyncClient(**_core.client_options(token, ca_file))
 
@@ -74,12 +75,12 @@ class AsyncClient:
             if step > 0:
                 await asyncio.sleep(step)
 
-    async def publish(self, stream: str, payload: bytes, seq: Optional[int] = None) -> PublishAck:
+    async def publish(self, stream: str, payload: Payload, seq: Optional[int] = None) -> PublishAck:
         """See ``Client.publish``."""
-        a = await self._call("POST", _core.batches_path(stream, seq), bytes(payload), idempotent=seq is not None)
+        a = await self._call("POST", _core.batches_path(stream, seq), _core.payload_bytes(payload), idempotent=seq is not None)
         return decode(a.node, "publish", _core.parse_json(a.node, a.body))  # type: ignore[no-any-return]
 
-    async def publish_many(self, stream: str, payloads: Sequence[bytes], seq: Optional[int] = None) -> FramesAck:
+    async def publish_many(self, stream: str, payloads: Sequence[Payload], seq: Optional[int] = None) -> FramesAck:
         """See ``Client.publish_many``."""
         body = _core.encode_frames(payloads)
         path = _core.batches_path(stream, seq)
@@ -120,12 +121,20 @@ class AsyncClient:
 
 
 class AsyncSubscription:
-    """``runnev.Subscription`` for asyncio: an async iterator of ``Batch`` and ``Gap``."""
+    """``runnev.Subscription`` for asyncio: an async iterator of ``Batch`` and ``Gap``, and an
+    async context manager that closes it. ``await aclose()`` ends it, from the task that
+    iterates it or from any other (the iteration then ends). Close it when you leave ``async
+    for`` early (``break``): ``async with client.subscribe(…) as sub: async for item in sub:``.
+    Left open, its connection is closed by asyncio's shutdown, which may report errors of the
+    HTTP library's own generators (Python closes all of them at once there)."""
 
     def __init__(self, client: AsyncClient, stream: str, after: int, max_outage: Optional[float]) -> None:
         self._client = client
         self._resume = _core.Resume(client._nodes, client.policy, stream, after, max_outage)
         self._gen: Optional[AsyncGenerator[Delivery, None]] = None
+        self._closed = False
+        self._current: Optional[httpx.Response] = None
+        self._closing: Optional[asyncio.Event] = None
 
     @property
     def cursor(self) -> int:
@@ -137,18 +146,42 @@ class AsyncSubscription:
         """The base URL of the node serving the subscription now; None while it has none."""
         return self._resume.node
 
+    async def __aenter__(self) -> "AsyncSubscription":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
     def __aiter__(self) -> AsyncIterator[Delivery]:
         self._gen = self._run()
         return self._gen
 
     async def aclose(self) -> None:
-        """Ends the subscription and closes its connection."""
-        if self._gen is not None:
-            await self._gen.aclose()
+        """Ends the subscription and closes its connection. From another task than the one
+        iterating, the iteration ends at its next step (a read under way is woken by the closed
+        connection, a backoff by the close)."""
+        self._closed = True
+        if self._closing is not None:
+            self._closing.set()
+        current = self._current
+        if current is not None:
+            await current.aclose()
+        gen = self._gen
+        if gen is not None and not getattr(gen, "ag_running", False):
+            await gen.aclose()
+
+    async def _sleep(self, seconds: float) -> None:
+        """Waits ``seconds``, or less when the subscription is closed meanwhile."""
+        if self._closing is None:
+            self._closing = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._closing.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
 
     async def _run(self) -> AsyncGenerator[Delivery, None]:
         r = self._resume
-        while True:
+        while not self._closed:
             url, headers = r.request()
             node = url.split("/v1/", 1)[0]
             connected = False
@@ -157,21 +190,31 @@ class AsyncSubscription:
                     resp = source.response
                     if resp.status_code != 200:
                         r.refused(node, resp.status_code, await resp.aread())
-                        await asyncio.sleep(r.failed(f"{node} answered {resp.status_code}"))
+                        await self._sleep(r.failed(f"{node} answered {resp.status_code}"))
                         continue
                     r.connected(node)
                     connected = True
+                    self._current = resp
                     async for sse in source.aiter_sse():
                         item = r.event(node, sse.event, sse.data)
                         if item is False:
                             break
                         if item is not None:
-                            yield item
+                            try:
+                                yield item
+                            except GeneratorExit:
+                                # Closed by aclose() or by finalization after a `break`: what
+                                # closing the connection raises next must not resume the loop.
+                                self._closed = True
+                                raise
                     else:
                         r.lost(f"{node} closed the connection")
             except (httpx.TransportError, httpx.StreamError, SSEError) as e:
-                why = _core.transport_why(node, e)
+                if self._closed:
+                    return
                 if connected:
-                    r.lost(why)
+                    r.lost(_core.transport_why(node, e))
                 else:
-                    await asyncio.sleep(r.failed(why))
+                    await self._sleep(r.failed_transport(node, e))
+            finally:
+                self._current = None

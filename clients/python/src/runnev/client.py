@@ -6,6 +6,7 @@ decide a retry itself (``_core.Call`` and ``_core.Resume`` do, for both clients 
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Iterator, List, Optional, Sequence, Union
 
@@ -13,7 +14,7 @@ import httpx
 from httpx_sse import SSEError, connect_sse
 
 from . import _core
-from ._core import Answer, Call, Delivery, Nodes, RetryPolicy
+from ._core import Answer, Call, Delivery, Nodes, Payload, RetryPolicy
 from .models import FramesAck, PublishAck, ReadAnswer, Retention, StreamInfo, decode
 
 
@@ -43,6 +44,7 @@ class Client:
         policy: Optional[RetryPolicy] = None,
     ) -> None:
         self._nodes = Nodes(nodes, tls=ca_file is not None)
+        _core.check_token_transport(self._nodes, token)
         self.policy = policy or RetryPolicy()
         self._http = httpx.Client(**_core.client_options(token, ca_file))
 
@@ -85,7 +87,7 @@ class Client:
             if step > 0:
                 time.sleep(step)
 
-    def publish(self, stream: str, payload: bytes, seq: Optional[int] = None) -> PublishAck:
+    def publish(self, stream: str, payload: Payload, seq: Optional[int] = None) -> PublishAck:
         """Publishes one batch (the payload byte for byte); with ``seq``, idempotently.
 
         With a seq every failure that is not a definitive answer (a refused or lost connection,
@@ -96,10 +98,10 @@ class Client:
 
         Errors: ``StreamNotFound``, ``SeqConflict``, ``SeqNotIncreasing``, ``SeqEvicted``,
         ``PayloadTooLarge``, ``UnknownOutcome``, and those of every method."""
-        a = self._call("POST", _core.batches_path(stream, seq), bytes(payload), idempotent=seq is not None)
+        a = self._call("POST", _core.batches_path(stream, seq), _core.payload_bytes(payload), idempotent=seq is not None)
         return decode(a.node, "publish", _core.parse_json(a.node, a.body))  # type: ignore[no-any-return]
 
-    def publish_many(self, stream: str, payloads: Sequence[bytes], seq: Optional[int] = None) -> FramesAck:
+    def publish_many(self, stream: str, payloads: Sequence[Payload], seq: Optional[int] = None) -> FramesAck:
         """Publishes ``payloads`` as many batches in one request (``application/vnd.runnev.frames``):
         one Raft entry, all or none; frame k at seq ``seq + k``, or at consecutive seqs after the
         stream's last. Retried as ``publish`` is.
@@ -176,9 +178,19 @@ class Subscription:
         return self._resume.node
 
     def close(self) -> None:
+        """Ends the subscription; an iteration blocked in another thread ends at once (its
+        connection's socket is shut down, which wakes the blocked read)."""
         self._closed = True
-        if self._current is not None:
-            self._current.close()
+        current = self._current
+        if current is not None:
+            stream = current.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            current.close()
 
     def __iter__(self) -> Iterator[Delivery]:
         r = self._resume
@@ -207,10 +219,9 @@ class Subscription:
             except (httpx.TransportError, httpx.StreamError, SSEError) as e:
                 if self._closed:
                     return
-                why = _core.transport_why(node, e)
                 if not connected:
-                    time.sleep(r.failed(why))
+                    time.sleep(r.failed_transport(node, e))
                 else:
-                    r.lost(why)
+                    r.lost(_core.transport_why(node, e))
             finally:
                 self._current = None

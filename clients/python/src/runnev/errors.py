@@ -54,6 +54,18 @@ class Unreachable(RunnevError):
         self.last = last
 
 
+class TlsError(RunnevError):
+    """This client refused every node's TLS in a way no retry mends: a certificate not signed by
+    the CA of ``ca_file``, not issued for the address dialed, or expired; or a node that answers
+    TLS with plain HTTP. Raised after one try of each node (the client's ``ca_file`` or node list
+    does not fit the cluster: waiting will not help)."""
+
+    def __init__(self, node: str, why: str) -> None:
+        super().__init__(f"TLS with {node} failed: {why}")
+        self.node = node
+        self.why = why
+
+
 class Unavailable(RunnevError):
     """Nodes answered, but none took the request before the retry deadline (``503 no_leader`` or
     ``not_ready`` throughout)."""
