@@ -428,7 +428,9 @@ def tls_refusal(e: BaseException) -> Optional[str]:
     (the Rust client's ``tls::refusal``): a certificate the CA file does not verify (another
     CA, another host name, expired) or a node that answered TLS with plain HTTP."""
     seen: Optional[BaseException] = e
-    while seen is not None:
+    for _ in range(32):  # a chain of causes is short; this bounds a pathological one
+        if seen is None:
+            break
         if isinstance(seen, ssl.SSLCertVerificationError):
             return (
                 f"the node's certificate was refused ({seen.verify_message}): give ca_file as the cluster CA's "
