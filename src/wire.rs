@@ -496,7 +496,23 @@ pub enum FormationAnswer {
         /// §6). Absent from earlier builds: `false`, which asks for both sets.
         #[serde(default)]
         committed: bool,
+        /// The address (`HOST:PORT`) of each node of that membership, voters and learners: a
+        /// node whose `--peers` is older than the membership probes these too, to learn the
+        /// terms its vote gate needs (`raft::vote_gate`). Absent from earlier builds: empty.
+        /// (A list, not a map keyed by id: serde cannot read integer map keys inside an
+        /// internally tagged enum.)
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        nodes: Vec<NodeAddr>,
     },
+}
+
+/// One node of a membership and where it listens, in a [`FormationAnswer`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAddr {
+    /// The node's id.
+    pub id: u64,
+    /// Its `HOST:PORT`.
+    pub addr: String,
 }
 
 /// One member in a [`ClusterView`].

@@ -39,6 +39,13 @@ fn wipe(c: &Cluster, id: u64) {
     std::fs::create_dir_all(data).expect("recreate");
 }
 
+/// Stops node `id`, wipes its data dir and starts it again: a disk lost and replaced.
+async fn wipe_and_restart(c: &mut Cluster, id: u64) {
+    c.stop(id).await;
+    wipe(c, id);
+    c.restart(id).await;
+}
+
 /// Acknowledged (seq, payload) pairs.
 type Acked = Vec<(u64, Vec<u8>)>;
 
@@ -416,6 +423,112 @@ async fn wiped_node_with_acknowledged_batches(w_first: bool, probed_by_hand: boo
     assert_eq!(got.len(), 20, "acknowledged batches lost: node {leader} leads with {} of the 20", got.len());
 }
 
+/// Adds node 4 as a voter (started as docs/cli.md says: the cluster's `--peers`, which do not
+/// list it), then removes and stops one of nodes 2 and 3 that does not lead; returns its id.
+async fn add_4_and_remove_one(c: &mut Cluster) -> u64 {
+    c.add_node(4).await;
+    let via = c.leader().await;
+    let r = add(c, via, 4, &c.node(4).addr(), true).await;
+    assert_eq!(r.status, 200, "add 4: {}", r.describe());
+    let via = c.leader().await;
+    let gone = if via == 3 { 2 } else { 3 };
+    let r = remove(c, via, gone).await;
+    assert_eq!(r.status, 200, "remove {gone}: {}", r.describe());
+    c.stop(gone).await;
+    gone
+}
+
+/// A node added as a voter (started without itself in `--peers`, as docs/cli.md says) loses its
+/// disk and is started again with the same command, while the one node without the batches it
+/// acknowledged comes back: its vote was open ("not in --peers: waiting to be added"), that node
+/// was elected without ten acknowledged batches, and the old leader, back, stopped on openraft's
+/// "committed" assertion at every start (an operator's trial; this test failed so). Its vote is
+/// now closed until a leader has caught it up, as a wiped member's is: no leader is elected
+/// until a node holding the batches is back, and then every batch is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_added_node_that_lost_its_disk_cannot_elect_a_leader_that_lacks_acknowledged_batches() {
+    let mut c = Cluster::start(3, &[]).await;
+    let client = c.client();
+    client.put_stream("added", None).await.expect("create");
+    let gone = add_4_and_remove_one(&mut c).await;
+    // Voters: 4 and two of 1, 2, 3. `behind` is one of those two that does not lead; `holder`
+    // the other one; with `behind` down every acknowledgement needs `holder` and 4.
+    let leader = c.leader().await;
+    let old: Vec<u64> = [1, 2, 3].into_iter().filter(|i| *i != gone).collect();
+    let behind = if old[0] == leader { old[1] } else { old[0] };
+    let holder = if old[0] == behind { old[1] } else { old[0] };
+    c.stop(behind).await;
+    let urls: Vec<String> = [holder, 4].iter().map(|i| c.url(*i)).collect();
+    let to_them = client_for(&urls);
+    for i in 0..10u64 {
+        to_them.publish("added", Some(i + 1), format!("a{i}").into_bytes()).await.expect("publish on the holder and 4");
+    }
+    c.stop(holder).await;
+    c.stop(4).await;
+    wipe(&c, 4);
+    c.restart(behind).await;
+    c.restart(4).await;
+    // Time for `behind` and the wiped node 4 to elect a leader between them, which they must not.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // (Node 4 knows no token yet: it is asked nothing.)
+    let v = c.cluster_info(behind).await.expect("view");
+    assert!(v.leader_id.is_none(), "node {behind} knows a leader with the holder of the batches down: {v}");
+    c.restart(holder).await;
+    let leader = c.leader().await;
+    let index = c.cluster_info(leader).await.expect("view").commit_index;
+    let got = read_all(&c.http, &c.url(leader), "added", index, Duration::from_secs(20)).await.expect("read");
+    assert_eq!(got.len(), 10, "acknowledged batches lost: node {leader} leads with {} of the 10", got.len());
+    for id in [behind, holder, 4] {
+        let v = c.cluster_info(id).await.expect("view");
+        assert!(v.raft_stopped.is_none() && v.state != "Shutdown", "node {id}'s Raft core stopped: {v}");
+    }
+}
+
+/// Every batch of `stream` on node `wiped` once it has caught up to `leader`'s commit index.
+/// Until the wiped node has applied the token's entry it answers the token 401 (the token is
+/// not yet known there, as docs/security.md says), before `min_index` is looked at; while its
+/// vote gate is closed it may answer 503.
+async fn read_on_wiped(c: &Cluster, leader: u64, wiped: u64, stream: &str) -> Vec<Batch> {
+    let index = c.cluster_info(leader).await.expect("view").commit_index;
+    let (http, url) = (c.http.clone(), c.url(wiped));
+    wait_for("the wiped node to catch up", Duration::from_secs(30), Duration::from_millis(200), || {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            match read_all(&http, &url, stream, index, Duration::from_secs(30)).await {
+                Err(e) if e.contains("status 401") || e.contains("status 503") => Err(e),
+                other => Ok(other),
+            }
+        }
+    })
+    .await
+    .expect("read on the wiped node")
+}
+
+/// A member that lost its disk is started again with a `--peers` older than the membership
+/// (node 4 added and node 3 removed since): it learns node 4's address from its peers'
+/// formation answers, so it learns the terms its closed vote gate needs and follows the leader.
+/// It knew only the nodes of its `--peers` and refused the leader's appends for good (an
+/// operator's trial: a node shown as a learner that never caught up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_node_whose_peers_are_out_of_date_is_caught_up() {
+    let mut c = Cluster::start(3, &[]).await;
+    let client = c.client();
+    client.put_stream("stale", None).await.expect("create");
+    for i in 0..5u64 {
+        client.publish("stale", Some(i + 1), format!("s{i}").into_bytes()).await.expect("publish");
+    }
+    let gone = add_4_and_remove_one(&mut c).await;
+    let leader = c.leader().await;
+    let w = [1, 2, 3].into_iter().find(|i| *i != gone && *i != leader).expect("a follower of the first three");
+    wipe_and_restart(&mut c, w).await;
+    let to_leader = common::client_for(&[c.url(leader)]);
+    for i in 5..10u64 {
+        to_leader.publish("stale", Some(i + 1), format!("s{i}").into_bytes()).await.expect("publish after the wipe");
+    }
+    let on_w = read_on_wiped(&c, leader, w, "stale").await;
+    assert_eq!(on_w.len(), 10, "the wiped node holds every batch");
+}
+
 /// A follower is wiped and restarted at once, while the leader still tracks the log index it had
 /// matched: the wiped node's first answer reports a conflict below that index. The leader must
 /// start over with it (openraft's `loosen-follower-log-revert`), not stop its Raft core (it did,
@@ -430,30 +543,13 @@ async fn a_wiped_follower_that_returns_at_once_is_caught_up_and_the_leader_keeps
     }
     let leader = c.leader().await;
     let victim = c.followers().await[0];
-    c.stop(victim).await;
-    wipe(&c, victim);
-    c.restart(victim).await;
+    wipe_and_restart(&mut c, victim).await;
     // Through the leader: the wiped node knows the token only once it caught up.
     let to_leader = common::client_for(&[c.url(leader)]);
     for i in 20..40u64 {
         to_leader.publish("r", Some(i + 1), format!("r{i}").into_bytes()).await.expect("publish after the wipe");
     }
-    let index = c.cluster_info(leader).await.expect("view").commit_index;
-    // Until the wiped node has applied the token's entry it answers the token 401 (the token
-    // is not yet known there, as docs/security.md says), before `min_index` is looked at.
-    let (http, url) = (c.http.clone(), c.url(victim));
-    let on_victim =
-        wait_for("the wiped node knows the token", Duration::from_secs(30), Duration::from_millis(200), || {
-            let (http, url) = (http.clone(), url.clone());
-            async move {
-                match read_all(&http, &url, "r", index, Duration::from_secs(30)).await {
-                    Err(e) if e.contains("status 401") => Err(e),
-                    other => Ok(other),
-                }
-            }
-        })
-        .await
-        .expect("wiped");
+    let on_victim = read_on_wiped(&c, leader, victim, "r").await;
     assert_eq!(on_victim.len(), 40, "the wiped node caught up");
     for id in [leader, victim] {
         let v = c.cluster_info(id).await.expect("view");
@@ -515,9 +611,7 @@ async fn a_wiped_node_is_caught_up_by_the_only_voter_left() {
         assert_eq!(r.status, 200, "remove {id}: {}", r.describe());
     }
     c.stop(down).await;
-    c.stop(w).await;
-    wipe(&c, w);
-    c.restart(w).await;
+    wipe_and_restart(&mut c, w).await;
     let r = add(&c, leader, w, &c.node(w).addr(), true).await;
     assert_eq!(r.status, 200, "add the wiped node back as a voter: {}", r.describe());
     let index = c.cluster_info(leader).await.expect("view").commit_index;
@@ -546,9 +640,7 @@ async fn two_voters_of_which_the_leader_lost_its_disk_elect_a_leader() {
     assert_eq!(r.status, 200, "remove {out}: {}", r.describe());
     c.stop(out).await;
     c.stop(a).await;
-    c.stop(w).await;
-    wipe(&c, w);
-    c.restart(w).await;
+    wipe_and_restart(&mut c, w).await;
     c.restart(a).await;
     let leader = c.leader().await;
     assert_eq!(leader, a, "the voter that kept its disk leads");

@@ -44,11 +44,13 @@ enum Peer {
     /// Holds Raft state but no membership: not counted.
     Joining,
     /// Part of a formed cluster, at this term; `formed`: that peer initialised it;
-    /// `membership`: its effective membership, when it said ([`FormationAnswer::Member`]).
+    /// `membership`: its effective membership, when it said ([`FormationAnswer::Member`]);
+    /// `nodes`: the addresses of that membership's nodes.
     InCluster {
         term: u64,
         formed: bool,
         membership: Option<ReportedMembership>,
+        nodes: BTreeMap<NodeId, String>,
     },
 }
 
@@ -60,9 +62,10 @@ async fn probe(http: &HttpClient, addr: &str, from: NodeId) -> Peer {
     match answer.and_then(|(_, body)| serde_json::from_slice::<FormationAnswer>(&body).ok()) {
         Some(FormationAnswer::Fresh) => Peer::Fresh,
         Some(FormationAnswer::Joining) => Peer::Joining,
-        Some(FormationAnswer::Member { term, formed, voters, committed }) => {
+        Some(FormationAnswer::Member { term, formed, voters, committed, nodes }) => {
             let membership = voters.map(|voters| ReportedMembership { voters, committed });
-            Peer::InCluster { term, formed, membership }
+            let nodes = nodes.into_iter().map(|n| (n.id, n.addr)).collect();
+            Peer::InCluster { term, formed, membership, nodes }
         }
         None => Peer::Down,
     }
@@ -90,7 +93,8 @@ pub fn answer_probe(
         let voters = Some(membership.get_joint_config().clone());
         let applied = m.last_applied.map(|l| l.index);
         let committed = m.membership_config.log_id().is_none_or(|l| applied.is_some_and(|a| a >= l.index));
-        return Ok(FormationAnswer::Member { term, formed: store.formed()?, voters, committed });
+        let nodes = membership.nodes().map(|(id, n)| crate::wire::NodeAddr { id: *id, addr: n.addr.clone() }).collect();
+        return Ok(FormationAnswer::Member { term, formed: store.formed()?, voters, committed, nodes });
     }
     if !store.is_pristine()? {
         return Ok(FormationAnswer::Joining);
@@ -213,19 +217,18 @@ pub async fn form(
     }
 }
 
-/// Whether this node's empty data dir may be a wiped one: it is listed in `peers` and holds no
-/// Raft state. Such a node starts with its vote gate closed ([`super::vote_gate`]) and is what
-/// [`guard_wiped_node`] protects. Having answered a probe as fresh does not clear it (anyone may
-/// have probed: a peer that lost its disk too, an operator): only the word of the peer that
+/// Whether this node's empty data dir may be a wiped one: it holds no Raft state. Such a node
+/// starts with its vote gate closed ([`super::vote_gate`]) and is what [`guard_wiped_node`]
+/// protects, whether `--peers` lists it or not: a node started to be added (not in `--peers`)
+/// may be a member whose disk was lost and that is started again the way it was first added,
+/// and its vote could elect a leader lacking what it had acknowledged (a fresh operator's trial
+/// lost ten acknowledged batches so). Having answered a probe as fresh does not clear it (anyone
+/// may have probed: a peer that lost its disk too, an operator): only the word of the peer that
 /// formed the cluster does, later ([`form`], [`learn_peer_terms`]).
 ///
 /// Errors: the store could not be read.
-pub fn may_be_wiped(
-    store: &Store,
-    self_id: NodeId,
-    peers: &BTreeMap<NodeId, String>,
-) -> Result<bool, crate::storage::StoreError> {
-    Ok(peers.contains_key(&self_id) && store.is_pristine()?)
+pub fn may_be_wiped(store: &Store) -> Result<bool, crate::storage::StoreError> {
+    store.is_pristine()
 }
 
 /// The vote gate this node starts with ([`super::vote_gate`]): closed as wiped while a leader has
@@ -236,12 +239,8 @@ pub fn may_be_wiped(
 /// up.
 ///
 /// Errors: the store could not be read or the record written.
-pub fn gate_at_start(
-    store: &Store,
-    self_id: NodeId,
-    peers: &BTreeMap<NodeId, String>,
-) -> Result<VoteGate, crate::storage::StoreError> {
-    if may_be_wiped(store, self_id, peers)? && !store.unsure()? {
+pub fn gate_at_start(store: &Store, peers: &BTreeMap<NodeId, String>) -> Result<VoteGate, crate::storage::StoreError> {
+    if may_be_wiped(store)? && !store.unsure()? {
         store.mark_unsure()?;
     }
     Ok(VoteGate::new(store.catching_up()?, store.unsure()?).for_voters(peers.len()))
@@ -260,14 +259,21 @@ pub async fn learn_peer_terms(
     http: HttpClient,
     store: std::sync::Arc<Store>,
 ) {
+    // `--peers`, and every node a peer reports in its membership: `--peers` may be older than
+    // the membership (nodes added and removed since this node's command line was written).
+    let mut targets = peers;
     while gate.closed().is_some() {
-        for (id, addr) in peers.iter().filter(|(id, _)| **id != self_id) {
-            let answer = probe(&http, addr, self_id).await;
+        let round: Vec<(NodeId, String)> =
+            targets.iter().filter(|(id, _)| **id != self_id).map(|(id, a)| (*id, a.clone())).collect();
+        for (id, addr) in round {
+            let answer = probe(&http, &addr, self_id).await;
             tracing::debug!(peer = id, ?answer, "formation probe while the vote gate is closed");
-            if let Peer::InCluster { term, membership, .. } = &answer {
-                gate.heard(*id, *term, membership.clone());
-                if gate.closed() == Some(super::vote_gate::Closed::Unsure)
-                    && proves_new_async(&store, *id, answer).await
+            if let Peer::InCluster { term, membership, nodes, .. } = &answer {
+                for (n, a) in nodes {
+                    targets.entry(*n).or_insert_with(|| a.clone());
+                }
+                gate.heard(id, *term, membership.clone());
+                if gate.closed() == Some(super::vote_gate::Closed::Unsure) && proves_new_async(&store, id, answer).await
                 {
                     tracing::info!(peer = id, "the peer that formed the cluster saw this node fresh: voting");
                     known_fresh(&store, &gate).await;
@@ -307,28 +313,45 @@ pub async fn guard_wiped_node(
     peers: &BTreeMap<NodeId, String>,
     http: &HttpClient,
 ) -> Result<Option<u64>, crate::storage::StoreError> {
-    if !may_be_wiped(store, self_id, peers)? {
+    if !may_be_wiped(store)? {
         return Ok(None);
     }
     let mut max_term = None;
-    for (id, addr) in peers.iter().filter(|(id, _)| **id != self_id) {
-        let answer = probe(http, addr, self_id).await;
-        if let Peer::InCluster { term, .. } = answer {
-            if proves_new(store, *id, &answer)? {
+    // `--peers`, then the nodes their memberships name that `--peers` does not (one hop).
+    let mut targets: BTreeMap<NodeId, String> = peers.clone();
+    let mut probed = std::collections::BTreeSet::from([self_id]);
+    while let Some((id, addr)) = targets.iter().find(|(id, _)| !probed.contains(*id)).map(|(i, a)| (*i, a.clone())) {
+        probed.insert(id);
+        let answer = probe(http, &addr, self_id).await;
+        if let Peer::InCluster { term, ref nodes, .. } = answer {
+            if proves_new(store, id, &answer)? {
                 // Counted fresh by the peer that formed the cluster, then restarted before it
                 // learned so: a new member, not a wiped one (formation opens its gate).
                 return Ok(None);
+            }
+            if peers.contains_key(&id) {
+                for (n, a) in nodes {
+                    targets.entry(*n).or_insert_with(|| a.clone());
+                }
             }
             max_term = max_term.max(Some(term));
         }
     }
     let Some(term) = max_term else { return Ok(None) };
     store.seed_wiped_vote(&openraft::Vote::new(term, self_id))?;
-    tracing::warn!(
-        term,
-        "empty data dir but the peers form a cluster: rejoining as a wiped node, vote held at term {term}; \
-         granting no vote until a leader has caught this node up"
-    );
+    if peers.contains_key(&self_id) {
+        tracing::warn!(
+            term,
+            "empty data dir but the peers form a cluster: rejoining as a wiped node, vote held at term {term}; \
+             granting no vote until a leader has caught this node up"
+        );
+    } else {
+        tracing::info!(
+            term,
+            "empty data dir, not in --peers, and the peers form a cluster: a node to be added (or a member whose \
+             disk was lost), vote held at term {term}; granting no vote until a leader has caught this node up"
+        );
+    }
     Ok(Some(term))
 }
 
@@ -348,44 +371,46 @@ mod tests {
     fn an_unsure_node_stays_unsure_across_a_restart_until_caught_up() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        assert_eq!(gate_at_start(&store, 2, &peers()).unwrap().closed(), Some(Closed::Unsure));
+        assert_eq!(gate_at_start(&store, &peers()).unwrap().closed(), Some(Closed::Unsure));
         store.seed_vote(&openraft::Vote::new(7, 1)).unwrap();
         drop(store);
         let store = Store::open(dir.path()).unwrap();
         assert!(!store.is_pristine().unwrap());
-        assert_eq!(gate_at_start(&store, 2, &peers()).unwrap().closed(), Some(Closed::Unsure));
+        assert_eq!(gate_at_start(&store, &peers()).unwrap().closed(), Some(Closed::Unsure));
         store.caught_up().unwrap();
-        assert_eq!(gate_at_start(&store, 2, &peers()).unwrap().closed(), None);
+        assert_eq!(gate_at_start(&store, &peers()).unwrap().closed(), None);
     }
 
     #[tokio::test]
     async fn a_node_that_learned_the_cluster_is_new_starts_open() {
         let dir = tempfile::tempdir().unwrap();
         let store = std::sync::Arc::new(Store::open(dir.path()).unwrap());
-        let gate = gate_at_start(&store, 2, &peers()).unwrap();
+        let gate = gate_at_start(&store, &peers()).unwrap();
         known_fresh(&store, &gate).await;
         assert_eq!(gate.closed(), None);
         store.seed_vote(&openraft::Vote::new(1, 1)).unwrap();
-        assert_eq!(gate_at_start(&store, 2, &peers()).unwrap().closed(), None);
+        assert_eq!(gate_at_start(&store, &peers()).unwrap().closed(), None);
     }
 
     /// An empty data dir that answered probes as fresh is still unsure at its start: a wiped
     /// node answers them too, whoever asks (it opened its vote at its next start before, so a
     /// probe by another node that had lost its disk, or an operator's look, let it elect a
-    /// leader lacking what it had acknowledged). One not listed in `--peers` is not unsure.
+    /// leader lacking what it had acknowledged). One not listed in `--peers` is unsure too: it
+    /// may be an added member started again on a lost disk (its vote was open, and elected a
+    /// leader lacking ten acknowledged batches in an operator's trial).
     #[test]
-    fn a_node_counted_fresh_is_still_unsure_and_one_not_in_peers_is_not() {
+    fn a_node_counted_fresh_is_still_unsure_and_so_is_one_not_in_peers() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let _ = gate_at_start(&store, 2, &peers()).unwrap();
+        let _ = gate_at_start(&store, &peers()).unwrap();
         store.mark_counted_fresh_by(1).unwrap();
         store.mark_counted_fresh_by(3).unwrap();
-        assert!(may_be_wiped(&store, 2, &peers()).unwrap());
-        assert_eq!(gate_at_start(&store, 2, &peers()).unwrap().closed(), Some(Closed::Unsure));
+        assert!(may_be_wiped(&store).unwrap());
+        assert_eq!(gate_at_start(&store, &peers()).unwrap().closed(), Some(Closed::Unsure));
         let other = tempfile::tempdir().unwrap();
         let store = Store::open(other.path()).unwrap();
-        assert_eq!(gate_at_start(&store, 9, &peers()).unwrap().closed(), None);
-        assert!(!store.unsure().unwrap());
+        assert_eq!(gate_at_start(&store, &peers()).unwrap().closed(), Some(Closed::Unsure));
+        assert!(store.unsure().unwrap());
     }
 
     /// The cluster is new to a pristine node only on the word of a peer whose probe it answered
@@ -394,7 +419,7 @@ mod tests {
     fn only_the_peer_that_counted_this_node_and_formed_the_cluster_proves_it_new() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let member = |formed| Peer::InCluster { term: 3, formed, membership: None };
+        let member = |formed| Peer::InCluster { term: 3, formed, membership: None, nodes: BTreeMap::new() };
         assert!(!proves_new(&store, 1, &member(true)).unwrap(), "never counted");
         store.mark_counted_fresh_by(1).unwrap();
         assert!(!proves_new(&store, 1, &member(false)).unwrap(), "counted by n1, but n1 did not form it");
@@ -410,11 +435,23 @@ mod tests {
     #[test]
     fn a_member_answer_without_formed_reads_as_not_formed() {
         let old: FormationAnswer = serde_json::from_str(r#"{"state":"member","term":3}"#).unwrap();
-        assert_eq!(old, FormationAnswer::Member { term: 3, formed: false, voters: None, committed: false });
+        assert_eq!(
+            old,
+            FormationAnswer::Member { term: 3, formed: false, voters: None, committed: false, nodes: Vec::new() }
+        );
         let voters = Some(vec![std::collections::BTreeSet::from([1, 2]), std::collections::BTreeSet::from([2])]);
-        let new = FormationAnswer::Member { term: 3, formed: true, voters, committed: true };
+        let new = FormationAnswer::Member { term: 3, formed: true, voters, committed: true, nodes: Vec::new() };
         let json = serde_json::to_string(&new).unwrap();
         assert_eq!(json, r#"{"state":"member","term":3,"formed":true,"voters":[[1,2],[2]],"committed":true}"#);
         assert_eq!(serde_json::from_str::<FormationAnswer>(&json).unwrap(), new);
+        // With the membership's addresses, as this build answers: they read back.
+        let nodes = vec![crate::wire::NodeAddr { id: 1, addr: "h:1".into() }];
+        let with = FormationAnswer::Member { term: 3, formed: true, voters: None, committed: true, nodes };
+        let json = serde_json::to_string(&with).unwrap();
+        assert_eq!(
+            json,
+            r#"{"state":"member","term":3,"formed":true,"committed":true,"nodes":[{"id":1,"addr":"h:1"}]}"#
+        );
+        assert_eq!(serde_json::from_str::<FormationAnswer>(&json).unwrap(), with);
     }
 }

@@ -12,7 +12,8 @@
 //! for itself is a vote). The gate is closed for
 //! - a node known to have lost its disk ([`crate::storage::Store::catching_up`], recorded by
 //!   [`super::formation::guard_wiped_node`]), until a leader caught it up;
-//! - a pristine node listed in `--peers` (empty data dir) until it learns it is fresh: it saw a
+//! - a pristine node (empty data dir, whether `--peers` lists it or not: a node started to be
+//!   added may be an added member whose disk was lost) until it learns it is fresh: it saw a
 //!   majority of fresh peers and forms the cluster itself, or it had answered a peer's formation
 //!   probe as fresh (that peer may have counted it in the majority it formed the cluster with), or
 //!   a leader caught it up. Recorded durably at start (`Store::mark_unsure`, by
