@@ -209,7 +209,7 @@ where
     // An empty data dir may be a wiped one (listed in --peers or not): no vote until formation or a
     // leader says otherwise (raft::vote_gate), recorded so that a restart keeps it; nor its own
     // vote as a candidate (raft::candidacy), from the first election timeout on.
-    let vote_gate = Arc::new(formation::gate_at_start(&store, &cfg.peers)?);
+    let vote_gate = Arc::new(formation::gate_at_start(&store, cfg.id, &cfg.peers)?);
     let gate_open = vote_gate.closed().is_none();
     config.enable_elect = Candidacy::stands_at_start(gate_open);
     let config = Arc::new(config);

@@ -35,7 +35,10 @@ pub fn sim_clock(shared: Arc<Shared>, id: NodeId) -> Clock {
 
 /// The configuration of node `id` in a run of `shared.plan`.
 pub fn node_config(shared: &Shared, id: NodeId, data_dir: PathBuf) -> NodeConfig {
-    let peers: BTreeMap<NodeId, String> = (1..=NODES).map(|n| (n, format!("{}:{NODE_PORT}", node_host(n)))).collect();
+    // Every node, but not itself when the driver restarts it unlisted ([`Shared::unlisted`]).
+    let unlisted = shared.unlisted.get(id as usize).is_some_and(|u| u.load(Ordering::SeqCst));
+    let peers: BTreeMap<NodeId, String> =
+        (1..=NODES).filter(|n| !(unlisted && *n == id)).map(|n| (n, format!("{}:{NODE_PORT}", node_host(n)))).collect();
     NodeConfig {
         id,
         data_dir,

@@ -275,7 +275,8 @@ pub enum Fault {
     },
     /// `node` loses its disk: it crashes, everything in its data dir is deleted (the simulated
     /// disk's files and the snapshot files), and when the fault ends it restarts empty under
-    /// its old id, still listed in `--peers`, as an operator who replaced the disk does
+    /// its old id, listed in `--peers` as an operator who replaced the disk does, or for half
+    /// the wipes (a coin of the driver's) not, as the command that first added a node reads
     /// (docs/cli.md, "How a node starts"; `formation::guard_wiped_node`). Passes without
     /// effect while another node's disk is lost and not caught up, or another node is outside
     /// the voters or retired (the driver says why).

@@ -372,7 +372,19 @@ impl Driver {
             .unwrap_or(0);
         self.lost_target.insert(node, target);
         self.shared.lost_disk[node as usize].store(true, Ordering::SeqCst);
-        self.log(now, format!("n{node}: disk wiped (data dir deleted); the others held up to index {target}"));
+        // Half the wipes restart the node without its own id in `--peers`, as the command that
+        // first added it reads (a vote it granted so elected a leader lacking acknowledged
+        // batches; found by an operator's trial). A coin of its own: the plan is unchanged.
+        let unlisted = SimRng::derive(self.shared.plan.seed, "wipe-unlisted", now ^ node).chance(500);
+        if unlisted {
+            self.shared.unlisted[node as usize].store(true, Ordering::SeqCst);
+        }
+        let how =
+            if self.shared.unlisted[node as usize].load(Ordering::SeqCst) { ", not in its own --peers" } else { "" };
+        self.log(
+            now,
+            format!("n{node}: disk wiped (data dir deleted); the others held up to index {target}; it restarts{how}"),
+        );
     }
 
     /// Whether `node` may lose its disk now (a wipe, or a flipped bit that makes it refuse its

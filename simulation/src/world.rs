@@ -71,6 +71,11 @@ pub struct Shared {
     /// caught up: `inspect::lost_disk_pending`). The control client takes no node out of the
     /// voters meanwhile.
     pub lost_disk: Vec<AtomicBool>,
+    /// Nodes started without their own id in `--peers`, by node id (set by the driver when it
+    /// wipes a node and a coin of the wipe says so): an operator who first started the node to
+    /// add it (docs/cli.md) starts it so again after its disk is replaced. Kept for the rest of
+    /// the run, as that command would be.
+    pub unlisted: Vec<AtomicBool>,
     /// Nodes whose log had a bit flipped and that have not restarted on it yet, by node id (set
     /// and cleared by the driver): such a node will refuse its log and lose its disk, so the
     /// control client takes no node out of the voters meanwhile either (simulation seed 6364).
@@ -115,6 +120,7 @@ impl Shared {
             not_voter: (0..=crate::plan::NODES).map(|_| AtomicBool::new(false)).collect(),
             delete_wanted: plan_streams.iter().map(|_| AtomicBool::new(false)).collect(),
             lost_disk: (0..=crate::plan::NODES).map(|_| AtomicBool::new(false)).collect(),
+            unlisted: (0..=crate::plan::NODES).map(|_| AtomicBool::new(false)).collect(),
             rotten: (0..=crate::plan::NODES).map(|_| AtomicBool::new(false)).collect(),
         })
     }

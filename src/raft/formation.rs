@@ -239,11 +239,18 @@ pub fn may_be_wiped(store: &Store) -> Result<bool, crate::storage::StoreError> {
 /// up.
 ///
 /// Errors: the store could not be read or the record written.
-pub fn gate_at_start(store: &Store, peers: &BTreeMap<NodeId, String>) -> Result<VoteGate, crate::storage::StoreError> {
+pub fn gate_at_start(
+    store: &Store,
+    self_id: NodeId,
+    peers: &BTreeMap<NodeId, String>,
+) -> Result<VoteGate, crate::storage::StoreError> {
     if may_be_wiped(store)? && !store.unsure()? {
         store.mark_unsure()?;
     }
-    Ok(VoteGate::new(store.catching_up()?, store.unsure()?).for_voters(peers.len()))
+    // The voters of `--peers`, and this node among them when they do not list it (it may be a
+    // voter that lost its disk): never fewer terms asked for than a listed node asks for.
+    let voters = peers.len() + usize::from(!peers.contains_key(&self_id));
+    Ok(VoteGate::new(store.catching_up()?, store.unsure()?).for_voters(voters))
 }
 
 /// While `gate` is closed, probes the other peers every [`FORMATION_PROBE_MS`] and records the
@@ -371,25 +378,25 @@ mod tests {
     fn an_unsure_node_stays_unsure_across_a_restart_until_caught_up() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        assert_eq!(gate_at_start(&store, &peers()).unwrap().closed(), Some(Closed::Unsure));
+        assert_eq!(gate_at_start(&store, 2, &peers()).unwrap().closed(), Some(Closed::Unsure));
         store.seed_vote(&openraft::Vote::new(7, 1)).unwrap();
         drop(store);
         let store = Store::open(dir.path()).unwrap();
         assert!(!store.is_pristine().unwrap());
-        assert_eq!(gate_at_start(&store, &peers()).unwrap().closed(), Some(Closed::Unsure));
+        assert_eq!(gate_at_start(&store, 2, &peers()).unwrap().closed(), Some(Closed::Unsure));
         store.caught_up().unwrap();
-        assert_eq!(gate_at_start(&store, &peers()).unwrap().closed(), None);
+        assert_eq!(gate_at_start(&store, 2, &peers()).unwrap().closed(), None);
     }
 
     #[tokio::test]
     async fn a_node_that_learned_the_cluster_is_new_starts_open() {
         let dir = tempfile::tempdir().unwrap();
         let store = std::sync::Arc::new(Store::open(dir.path()).unwrap());
-        let gate = gate_at_start(&store, &peers()).unwrap();
+        let gate = gate_at_start(&store, 2, &peers()).unwrap();
         known_fresh(&store, &gate).await;
         assert_eq!(gate.closed(), None);
         store.seed_vote(&openraft::Vote::new(1, 1)).unwrap();
-        assert_eq!(gate_at_start(&store, &peers()).unwrap().closed(), None);
+        assert_eq!(gate_at_start(&store, 2, &peers()).unwrap().closed(), None);
     }
 
     /// An empty data dir that answered probes as fresh is still unsure at its start: a wiped
@@ -402,14 +409,14 @@ mod tests {
     fn a_node_counted_fresh_is_still_unsure_and_so_is_one_not_in_peers() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let _ = gate_at_start(&store, &peers()).unwrap();
+        let _ = gate_at_start(&store, 2, &peers()).unwrap();
         store.mark_counted_fresh_by(1).unwrap();
         store.mark_counted_fresh_by(3).unwrap();
         assert!(may_be_wiped(&store).unwrap());
-        assert_eq!(gate_at_start(&store, &peers()).unwrap().closed(), Some(Closed::Unsure));
+        assert_eq!(gate_at_start(&store, 2, &peers()).unwrap().closed(), Some(Closed::Unsure));
         let other = tempfile::tempdir().unwrap();
         let store = Store::open(other.path()).unwrap();
-        assert_eq!(gate_at_start(&store, &peers()).unwrap().closed(), Some(Closed::Unsure));
+        assert_eq!(gate_at_start(&store, 9, &peers()).unwrap().closed(), Some(Closed::Unsure));
         assert!(store.unsure().unwrap());
     }
 
