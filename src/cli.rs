@@ -169,6 +169,13 @@ pub fn store_open_error(dir: &Path, e: runnev::storage::StoreError) -> anyhow::E
 }
 
 /// Writes one line to stdout (an error, such as a closed pipe, ends the command).
+/// Writes a line to stderr (notes, progress, errors), ignoring a failure: a closed stderr must
+/// not stop a command (`eprintln!` panics then, exit 101, as `runnev subscribe … 2>&1 | head`
+/// showed in a fresh user's trial), and there is nowhere left to report it.
+pub fn note(line: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 fn say(line: impl std::fmt::Display) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}")?;
@@ -328,22 +335,22 @@ pub async fn subscribe(
         move |c: &Connection| match c {
             Connection::Lost { why } => {
                 troubled.store(true, Ordering::Relaxed);
-                eprintln!("runnev: subscription connection lost ({why}); reconnecting");
+                note(format_args!("runnev: subscription connection lost ({why}); reconnecting"));
             }
             Connection::Failed { why, outage, retry_in } => {
                 troubled.store(true, Ordering::Relaxed);
-                eprintln!(
+                note(format_args!(
                     "runnev: no connection for {} ({why}); retrying in {}",
                     format_duration(*outage),
                     format_duration(*retry_in)
-                );
+                ));
             }
             Connection::Connected { node, outage } => {
                 if troubled.swap(false, Ordering::Relaxed) {
-                    eprintln!(
+                    note(format_args!(
                         "runnev: subscribed again at {node} after {} without a connection",
                         format_duration(*outage)
-                    );
+                    ));
                 }
             }
         }
@@ -354,10 +361,10 @@ pub async fn subscribe(
         let (client, stream) = (client.clone(), stream.to_string());
         tokio::spawn(async move {
             let info = tokio::time::timeout(CURSOR_AHEAD_CHECK, client.stream(&stream)).await;
-            if let Some(note) =
+            if let Some(line) =
                 info.ok().and_then(Result::ok).and_then(|i| cursor_ahead_note(&stream, start, i.last_seq))
             {
-                eprintln!("{note}");
+                note(format_args!("{line}"));
             }
         })
     });
@@ -371,7 +378,7 @@ pub async fn subscribe(
                 if max_outage.is_none_or(|max| after < max) =>
             {
                 // Reported every 30 s of an outage; the subscription keeps trying.
-                eprintln!("runnev: {e}; still trying");
+                note(format_args!("runnev: {e}; still trying"));
                 continue;
             }
             Err(e) => return Err(with_hint(stream, e).into()),
@@ -389,7 +396,11 @@ pub async fn subscribe(
             }
             Delivery::Gap(g) => {
                 if output == Output::Text {
-                    writeln!(out, "GAP: seqs {}..={} were evicted by retention before they were read", g.from, g.to)?;
+                    writeln!(
+                        out,
+                        "GAP: seqs {}..={} were evicted (by retention, or by a deletion of the stream) before they were read",
+                        g.from, g.to
+                    )?;
                 } else {
                     writeln!(out, "{}", serde_json::json!({"gap": g}))?;
                 }
@@ -530,7 +541,9 @@ pub async fn streams(client: &Client, output: Output, cmd: Option<StreamsCmd>) -
             // it again, which `set` must not do. The window is one round trip of an admin command.
             let (info, created) = client.put_stream(&name, wanted).await?;
             if created {
-                eprintln!("runnev: note: {name} was deleted meanwhile and has been created again with this retention");
+                note(format_args!(
+                    "runnev: note: {name} was deleted meanwhile and has been created again with this retention"
+                ));
             }
             print_info(output, Some("updated"), &info)
         }
@@ -546,10 +559,10 @@ pub async fn streams(client: &Client, output: Output, cmd: Option<StreamsCmd>) -
                 e => e,
             })?;
             if deleted == Deleted::Already {
-                eprintln!(
+                note(format_args!(
                     "runnev: note: {name} is gone: the first attempt's answer was lost and the retry found no \
                      stream, so that attempt deleted it (already deleted)"
-                );
+                ));
             }
             match output {
                 Output::Json => say(serde_json::json!({"deleted": name, "already": deleted == Deleted::Already})),
@@ -673,7 +686,7 @@ pub async fn token_create(client: &Client, output: Output, name: &str, grants: V
         Output::Json => say(serde_json::to_string(&answer)?)?,
         Output::Text => {
             say(answer["token"].as_str().unwrap_or_default())?;
-            eprintln!("runnev: token {name:?} created; its secret is shown only now: keep it safe");
+            note(format_args!("runnev: token {name:?} created; its secret is shown only now: keep it safe"));
         }
     }
     Ok(())
@@ -886,7 +899,7 @@ pub async fn cluster(client: &Client, output: Output, cmd: ClusterCmd) -> Result
             let view = client.add_member(id, &addr, false).await?;
             if let Err(why) = node_answers(client, &addr).await {
                 if !wait_voter {
-                    eprintln!("runnev: note: {}", not_answering_note(client, id, &addr, &why));
+                    note(format_args!("runnev: note: {}", not_answering_note(client, id, &addr, &why)));
                 }
             }
             if !wait_voter {
@@ -902,10 +915,10 @@ pub async fn cluster(client: &Client, output: Output, cmd: ClusterCmd) -> Result
         ClusterCmd::Remove { id } => {
             let (view, deleted) = client.remove_member(id).await?;
             let head = if deleted == Deleted::Already {
-                eprintln!(
+                note(format_args!(
                     "runnev: note: node {id} is gone: the first attempt's answer was lost and the retry found no \
                      such member, so that attempt removed it (already removed)"
-                );
+                ));
                 format!("removed node {id} (already removed)")
             } else {
                 format!("removed node {id}")
@@ -929,7 +942,10 @@ async fn wait_voter_promotion(client: &Client, id: u64, addr: &str, timeout: Dur
         ..client.policy()
     });
     let started = Instant::now();
-    eprintln!("runnev: waiting for node {id} to catch up and become a voter (at most {})", format_duration(timeout));
+    note(format_args!(
+        "runnev: waiting for node {id} to catch up and become a voter (at most {})",
+        format_duration(timeout)
+    ));
     let mut answered_before = true;
     loop {
         let left = timeout.saturating_sub(started.elapsed());
@@ -944,14 +960,16 @@ async fn wait_voter_promotion(client: &Client, id: u64, addr: &str, timeout: Dur
         };
         let progress = catch_up_progress(client, id).await.unwrap_or_else(|| "its progress is unknown".into());
         let problem = problem.map(|p| format!(" ({p})")).unwrap_or_default();
-        eprintln!(
+        note(format_args!(
             "runnev: after {}: node {id} is still a learner: {progress}{problem}",
             format_duration(started.elapsed())
-        );
+        ));
         let answers = node_answers(client, addr).await;
         match &answers {
-            Err(why) if answered_before => eprintln!("runnev: note: {}", not_answering_note(client, id, addr, why)),
-            Ok(()) if !answered_before => eprintln!("runnev: node {id} answers at {addr} now"),
+            Err(why) if answered_before => {
+                note(format_args!("runnev: note: {}", not_answering_note(client, id, addr, why)))
+            }
+            Ok(()) if !answered_before => note(format_args!("runnev: node {id} answers at {addr} now")),
             _ => {}
         }
         answered_before = answers.is_ok();

@@ -833,7 +833,7 @@ fn main() -> std::process::ExitCode {
     let runtime = match runtime() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("runnev: starting the runtime: {e}");
+            cli::note(format_args!("runnev: starting the runtime: {e}"));
             return std::process::ExitCode::from(Exit::Local as u8);
         }
     };
@@ -841,7 +841,7 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::from(Exit::Success as u8),
         Err(e) => {
             let exit = cli::exit_of(&e);
-            eprintln!("runnev: {}", cli::message(&e, exit));
+            cli::note(format_args!("runnev: {}", cli::message(&e, exit)));
             std::process::ExitCode::from(exit as u8)
         }
     }

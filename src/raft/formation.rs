@@ -157,7 +157,10 @@ pub async fn form(
         }
     }
     if !peers.contains_key(&self_id) {
-        tracing::info!("this node is not in --peers: waiting to be added with POST /v1/cluster/members");
+        tracing::info!(
+            "this node is not in --peers: waiting to be added with POST /v1/cluster/members; with an empty data dir \
+             it grants no vote until a leader has caught it up"
+        );
         return;
     }
     let majority = peers.len() / 2 + 1;
@@ -313,6 +316,13 @@ async fn known_fresh(store: &std::sync::Arc<Store>, gate: &VoteGate) {
 /// and grants no vote until a leader has caught it up past an entry that leader committed in its
 /// own term ([`crate::api::raft_rpc`]), as if it were down meanwhile. Returns the term recorded.
 ///
+/// A pristine node not listed in `peers` (one started to be added) records nothing here: its
+/// vote gate is closed as unsure all the same ([`gate_at_start`]), which is what keeps an added
+/// member that lost its disk from voting; a vote for itself at the cluster's term would rank
+/// above the leader's own vote in openraft's order whenever its id is the higher (a term's
+/// votes are ordered by node id), and the leader, seeing it, would step down as the new node
+/// joins.
+///
 /// Errors: the vote could not be stored.
 pub async fn guard_wiped_node(
     store: &crate::storage::Store,
@@ -320,7 +330,7 @@ pub async fn guard_wiped_node(
     peers: &BTreeMap<NodeId, String>,
     http: &HttpClient,
 ) -> Result<Option<u64>, crate::storage::StoreError> {
-    if !may_be_wiped(store)? {
+    if !peers.contains_key(&self_id) || !may_be_wiped(store)? {
         return Ok(None);
     }
     let mut max_term = None;
@@ -346,19 +356,11 @@ pub async fn guard_wiped_node(
     }
     let Some(term) = max_term else { return Ok(None) };
     store.seed_wiped_vote(&openraft::Vote::new(term, self_id))?;
-    if peers.contains_key(&self_id) {
-        tracing::warn!(
-            term,
-            "empty data dir but the peers form a cluster: rejoining as a wiped node, vote held at term {term}; \
-             granting no vote until a leader has caught this node up"
-        );
-    } else {
-        tracing::info!(
-            term,
-            "empty data dir, not in --peers, and the peers form a cluster: a node to be added (or a member whose \
-             disk was lost), vote held at term {term}; granting no vote until a leader has caught this node up"
-        );
-    }
+    tracing::warn!(
+        term,
+        "empty data dir but the peers form a cluster: rejoining as a wiped node, vote held at term {term}; \
+         granting no vote until a leader has caught this node up"
+    );
     Ok(Some(term))
 }
 
