@@ -85,6 +85,21 @@ async fn a_stopped_cluster_is_reported_unreachable_with_exit_3() {
     r.expect_code(3, "subscribe --max-outage");
     assert!(r.stderr.contains("runnev: no connection for"), "each retry is noted: {r:#?}");
     assert!(r.stderr.contains("runnev: no Runnev node reachable at"), "{r:#?}");
+
+    // Its notes on a stderr whose reader is gone (`… 2>&1 | head -1`) do not stop it: it ends
+    // with its own status, not a panic's 101 (a fresh user's trial).
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.args(["subscribe", "orders", "--max-outage", "2s", "--nodes", &nodes])
+        .env_remove("RUNNEV_NODES")
+        .envs(cli_security_env())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("spawning runnev subscribe");
+    drop(child.stderr.take());
+    let status = tokio::time::timeout(CLI_HANG, child.wait()).await.expect("in time").expect("its status");
+    assert_eq!(status.code(), Some(3), "subscribe with its stderr closed: {status:?}");
 }
 
 /// With 1 of 3 nodes up there is no leader: a write ends with exit 6 and the reason in words
