@@ -369,15 +369,12 @@ struct Inner {
     token: Option<crate::auth::Token>,
 }
 
-/// A hint for a failure that a TLS mismatch explains: plain HTTP sent to a node that serves TLS,
-/// TLS to one that serves plain HTTP, or a node certificate from another CA. Empty otherwise.
+/// A hint for a failure that a TLS mismatch explains: plain HTTP sent to a node that serves TLS.
+/// Empty otherwise. (This client's refusals of a node's TLS never get here: they end the call as
+/// [`ClientError::Tls`], with their own words, [`crate::tls::refusal`].)
 fn tls_hint(last: &str) -> &'static str {
     if last.contains("invalid HTTP version parsed") {
         " (the node seems to serve TLS: give the cluster CA's certificate with --ca-file or RUNNEV_CA_FILE)"
-    } else if last.contains("UnknownIssuer") || last.contains("invalid peer certificate") {
-        " (the node's certificate is not signed by the CA given with --ca-file or RUNNEV_CA_FILE)"
-    } else if last.contains("InvalidContentType") || last.contains("corrupt message") {
-        " (the node seems to serve plain HTTP: leave out --ca-file and RUNNEV_CA_FILE)"
     } else {
         ""
     }
