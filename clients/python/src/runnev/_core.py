@@ -235,6 +235,32 @@ class Answer:
     body: bytes
 
 
+class TlsRefusals:
+    """TLS handshakes in a row that failed in a way no retry mends (``tls_refusal``), for a call
+    or a subscription: a full round of them over the nodes raises ``TlsError``, as the
+    configuration does not fit the cluster (the Rust client's rule)."""
+
+    def __init__(self, nodes: Nodes) -> None:
+        self._nodes = nodes
+        self._in_a_row = 0
+
+    def check(self, node: str, e: BaseException) -> Optional[str]:
+        """The refusal's words when ``e`` is one (counted; ``TlsError`` once every node refused
+        so in a row), else ``None`` (the count starts again)."""
+        tls = tls_refusal(e)
+        if tls is None:
+            self._in_a_row = 0
+            return None
+        self._in_a_row += 1
+        if self._in_a_row >= len(self._nodes.urls):
+            raise TlsError(node, tls)
+        return tls
+
+    def reset(self) -> None:
+        """An answer came: the count starts again."""
+        self._in_a_row = 0
+
+
 class Call:
     """One call's retry state (the Rust client's ``call_with``). The transport asks ``node()``
     for where to send each attempt and reports what happened with ``on_answer`` or
@@ -252,13 +278,13 @@ class Call:
         self.backoff = Backoff(policy)
         self.answered = self.maybe_applied = self.reached = False
         self.refused_in_a_row = 0
-        self.tls_refused_in_a_row = 0
+        self.tls = TlsRefusals(nodes)
 
     def node(self) -> str:
         return self.nodes.pick_for_write() if self.write else self.nodes.pick()
 
     def on_answer(self, node: str, status: int, headers: Mapping[str, str], body: bytes) -> Union[Answer, float]:
-        self.tls_refused_in_a_row = 0
+        self.tls.reset()
         self.nodes.learn_leader(headers)
         if status == 503:
             self.answered = self.reached = True
@@ -275,15 +301,10 @@ class Call:
         raise error_from_body(node, status, body)
 
     def on_transport_error(self, node: str, e: httpx.TransportError) -> float:
-        tls = tls_refusal(e)
+        tls = self.tls.check(node, e)
         if tls is not None:
-            # A configuration that does not fit the cluster: the next node at once, and the
-            # call ends once every node has refused so in a row.
-            self.tls_refused_in_a_row += 1
-            if self.tls_refused_in_a_row >= len(self.nodes.urls):
-                raise TlsError(node, tls)
+            # A configuration that does not fit the cluster: the next node at once.
             return self._retry(f"{node}: {tls}", refused=True)
-        self.tls_refused_in_a_row = 0
         why = transport_why(node, e)
         # Nothing left this client: no connection, or none free in the pool.
         if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
@@ -337,7 +358,7 @@ class Resume:
         self.answered = False
         #: What the last node that answered ``5xx`` during this outage said.
         self.answer_why: Optional[str] = None
-        self.tls_refused_in_a_row = 0
+        self.tls = TlsRefusals(nodes)
         #: The base URL of the node serving the subscription now; None while it has none.
         self.node: Optional[str] = None
 
@@ -355,7 +376,7 @@ class Resume:
         self.failing_since = None
         self.answered = False
         self.answer_why = None
-        self.tls_refused_in_a_row = 0
+        self.tls.reset()
         self.backoff.reset()
 
     def refused(self, node: str, status: int, body: bytes) -> None:
@@ -369,14 +390,8 @@ class Resume:
     def failed_transport(self, node: str, e: BaseException) -> float:
         """A connection attempt failed without an answer: as ``failed``, but a TLS handshake that
         every node in a row refused for good raises ``TlsError`` (retrying cannot mend it)."""
-        tls = tls_refusal(e)
-        if tls is None:
-            self.tls_refused_in_a_row = 0
-            return self.failed(transport_why(node, e))
-        self.tls_refused_in_a_row += 1
-        if self.tls_refused_in_a_row >= len(self.nodes.urls):
-            raise TlsError(node, tls)
-        return self.failed(f"{node}: {tls}")
+        tls = self.tls.check(node, e)
+        return self.failed(transport_why(node, e) if tls is None else f"{node}: {tls}")
 
     def failed(self, why: str) -> float:
         """A connection attempt failed: the seconds to wait before the next, or raises when the
