@@ -477,8 +477,14 @@ pub enum FormationAnswer {
     Joining,
     /// It belongs to a formed cluster, at this term.
     Member {
-        /// The node's current term.
+        /// The node's current term (its durable vote's).
         term: u64,
+        /// The node its durable vote in `term` is for (a candidate's is for itself): openraft
+        /// orders votes by term, then node id, so a node whose disk may have been wiped needs
+        /// both to tell whether a leader of `term` can have been deposed within it
+        /// (`raft::vote_gate`). Absent from the answers of earlier builds (`null`: unknown).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        voted_for: Option<u64>,
         /// Whether this node initialised that cluster from its current data dir (absent from
         /// the answers of earlier builds: `false`). A pristine node that answered this node's
         /// probe as fresh learns from it that the cluster is new.

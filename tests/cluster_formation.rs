@@ -52,6 +52,16 @@ async fn three_nodes_elect_a_leader_and_replicate_a_stream() {
     }
     assert_eq!(self_leaders, vec![leader], "nodes reporting themselves as leader");
 
+    // --- each node's formation answer names its vote: term and node (raft::vote_gate) ---
+    let peer = Http::as_node(1);
+    for id in c.ids() {
+        let r = peer.get(&format!("{}/raft/formation", c.url(id))).await.expect("GET /raft/formation");
+        assert_eq!(r.status, 200, "node {id}: {}", r.describe());
+        let v = r.json();
+        assert_eq!(v["state"], "member", "node {id}: {v}");
+        assert_eq!((v["term"].as_u64(), v["voted_for"].as_u64()), (Some(term), Some(leader)), "node {id}: {v}");
+    }
+
     // --- readiness --------------------------------------------------------------------
     for id in c.ids() {
         let url = format!("{}/readyz", c.url(id));

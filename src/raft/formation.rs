@@ -25,7 +25,7 @@ use std::time::Duration;
 use openraft::error::{InitializeError, RaftError};
 use openraft::BasicNode;
 
-use super::vote_gate::{ReportedMembership, VoteGate};
+use super::vote_gate::{HeardVote, ReportedMembership, VoteGate};
 use super::{NodeId, Raft};
 use crate::limits::{FORMATION_PROBE_MS, PEER_PROBE_BYTES_MAX, PEER_PROBE_MS};
 use crate::net::HttpClient;
@@ -43,11 +43,13 @@ enum Peer {
     Fresh,
     /// Holds Raft state but no membership: not counted.
     Joining,
-    /// Part of a formed cluster, at this term; `formed`: that peer initialised it;
+    /// Part of a formed cluster, at this term; `voted_for`: whom its vote in that term is for,
+    /// when it said; `formed`: that peer initialised it;
     /// `membership`: its effective membership, when it said ([`FormationAnswer::Member`]);
     /// `nodes`: the addresses of that membership's nodes.
     InCluster {
         term: u64,
+        voted_for: Option<NodeId>,
         formed: bool,
         membership: Option<ReportedMembership>,
         nodes: BTreeMap<NodeId, String>,
@@ -62,10 +64,10 @@ async fn probe(http: &HttpClient, addr: &str, from: NodeId) -> Peer {
     match answer.and_then(|(_, body)| serde_json::from_slice::<FormationAnswer>(&body).ok()) {
         Some(FormationAnswer::Fresh) => Peer::Fresh,
         Some(FormationAnswer::Joining) => Peer::Joining,
-        Some(FormationAnswer::Member { term, formed, voters, committed, nodes }) => {
+        Some(FormationAnswer::Member { term, voted_for, formed, voters, committed, nodes }) => {
             let membership = voters.map(|voters| ReportedMembership { voters, committed });
             let nodes = nodes.into_iter().map(|n| (n.id, n.addr)).collect();
-            Peer::InCluster { term, formed, membership, nodes }
+            Peer::InCluster { term, voted_for, formed, membership, nodes }
         }
         None => Peer::Down,
     }
@@ -89,12 +91,15 @@ pub fn answer_probe(
         // answer as a term this node will never go below (simulation seed 6177: a vote for term
         // 27 refused by a full disk was reported, the node restarted at 26, and the peer never
         // counted it again).
-        let term = store.saved_vote()?.map_or(0, |v| v.leader_id().term);
+        let vote = store.saved_vote()?;
+        let term = vote.map_or(0, |v| v.leader_id().term);
+        let voted_for = vote.and_then(|v| v.leader_id().voted_for());
         let voters = Some(membership.get_joint_config().clone());
         let applied = m.last_applied.map(|l| l.index);
         let committed = m.membership_config.log_id().is_none_or(|l| applied.is_some_and(|a| a >= l.index));
         let nodes = membership.nodes().map(|(id, n)| crate::wire::NodeAddr { id: *id, addr: n.addr.clone() }).collect();
-        return Ok(FormationAnswer::Member { term, formed: store.formed()?, voters, committed, nodes });
+        let formed = store.formed()?;
+        return Ok(FormationAnswer::Member { term, voted_for, formed, voters, committed, nodes });
     }
     if !store.is_pristine()? {
         return Ok(FormationAnswer::Joining);
@@ -278,11 +283,11 @@ pub async fn learn_peer_terms(
         for (id, addr) in round {
             let answer = probe(&http, &addr, self_id).await;
             tracing::debug!(peer = id, ?answer, "formation probe while the vote gate is closed");
-            if let Peer::InCluster { term, membership, nodes, .. } = &answer {
+            if let Peer::InCluster { term, voted_for, membership, nodes, .. } = &answer {
                 for (n, a) in nodes {
                     targets.entry(*n).or_insert_with(|| a.clone());
                 }
-                gate.heard(id, *term, membership.clone());
+                gate.heard(id, HeardVote { term: *term, node: *voted_for }, membership.clone());
                 if gate.closed() == Some(super::vote_gate::Closed::Unsure) && proves_new_async(&store, id, answer).await
                 {
                     tracing::info!(peer = id, "the peer that formed the cluster saw this node fresh: voting");
@@ -428,7 +433,8 @@ mod tests {
     fn only_the_peer_that_counted_this_node_and_formed_the_cluster_proves_it_new() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let member = |formed| Peer::InCluster { term: 3, formed, membership: None, nodes: BTreeMap::new() };
+        let member =
+            |formed| Peer::InCluster { term: 3, voted_for: Some(2), formed, membership: None, nodes: BTreeMap::new() };
         assert!(!proves_new(&store, 1, &member(true)).unwrap(), "never counted");
         store.mark_counted_fresh_by(1).unwrap();
         assert!(!proves_new(&store, 1, &member(false)).unwrap(), "counted by n1, but n1 did not form it");
@@ -446,20 +452,35 @@ mod tests {
         let old: FormationAnswer = serde_json::from_str(r#"{"state":"member","term":3}"#).unwrap();
         assert_eq!(
             old,
-            FormationAnswer::Member { term: 3, formed: false, voters: None, committed: false, nodes: Vec::new() }
+            FormationAnswer::Member {
+                term: 3,
+                voted_for: None,
+                formed: false,
+                voters: None,
+                committed: false,
+                nodes: Vec::new()
+            }
         );
         let voters = Some(vec![std::collections::BTreeSet::from([1, 2]), std::collections::BTreeSet::from([2])]);
-        let new = FormationAnswer::Member { term: 3, formed: true, voters, committed: true, nodes: Vec::new() };
+        let new = FormationAnswer::Member {
+            term: 3,
+            voted_for: None,
+            formed: true,
+            voters,
+            committed: true,
+            nodes: Vec::new(),
+        };
         let json = serde_json::to_string(&new).unwrap();
         assert_eq!(json, r#"{"state":"member","term":3,"formed":true,"voters":[[1,2],[2]],"committed":true}"#);
         assert_eq!(serde_json::from_str::<FormationAnswer>(&json).unwrap(), new);
         // With the membership's addresses, as this build answers: they read back.
         let nodes = vec![crate::wire::NodeAddr { id: 1, addr: "h:1".into() }];
-        let with = FormationAnswer::Member { term: 3, formed: true, voters: None, committed: true, nodes };
+        let with =
+            FormationAnswer::Member { term: 3, voted_for: Some(2), formed: true, voters: None, committed: true, nodes };
         let json = serde_json::to_string(&with).unwrap();
         assert_eq!(
             json,
-            r#"{"state":"member","term":3,"formed":true,"committed":true,"nodes":[{"id":1,"addr":"h:1"}]}"#
+            r#"{"state":"member","term":3,"voted_for":2,"formed":true,"committed":true,"nodes":[{"id":1,"addr":"h:1"}]}"#
         );
         assert_eq!(serde_json::from_str::<FormationAnswer>(&json).unwrap(), with);
     }

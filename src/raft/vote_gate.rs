@@ -26,21 +26,24 @@
 //! disk forgot the term it had reached: it would follow a deposed leader (one that was cut off,
 //! or restarted on its own committed vote, as openraft does) whose term is below one this node
 //! had accepted, and make up that leader's majority for entries that conflict with entries
-//! committed in the later term on the node's lost disk (simulation seeds 147 and 279). So while
-//! closed it follows a leader at term `T` only once it knows that no leader was elected past
-//! `T` before it asked: it knows the current term of enough nodes, each at `T` or below, that
-//! every majority able to elect a leader after `T` has one of them. Which majorities those are
-//! follows from the membership the leader reported at `T` (`GET /raft/formation` answers
-//! `voters`, probed by [`super::formation::learn_peer_terms`]): a leader elected past `T` needs
-//! a majority of each voter set of that membership, whether it kept it, finished a change the
-//! leader had started, or went on to a change the leader's voters acknowledged (Raft paper §6:
-//! every change passes through a joint configuration that needs both majorities); of a joint
-//! membership whose entry is committed, a majority of the new set
-//! ([`ReportedMembership::binding_sets`]). So for each such voter set `V` it must know the terms
-//! of `⌈|V|/2⌉` of its members other than itself (the leader counts). A leader whose membership at `T` it has not heard is judged by `--peers`
-//! instead: `⌈n/2⌉` of the other peers, none past `T`. Until then it answers the leader `503
-//! not_ready`, as if down. A single voter left (simulation seed 5039) is a leader nobody can
-//! depose without its vote: its own term is enough.
+//! committed in the later term on the node's lost disk (simulation seeds 147 and 279). The same
+//! holds within one term: openraft 0.9 orders votes by term and then node id, so a term may
+//! elect a second leader of a higher id after the first, and the first, cut off, leads on. So
+//! while closed it follows the leader `L` of term `T` only once it knows that no leader was
+//! elected past `(T, L)` in that order before it asked: it knows the durable vote of enough
+//! nodes, each at `(T, L)` or below ([`HeardVote`]), that every majority able to elect a leader
+//! past it has one of them. Which majorities those are follows from the membership the leader
+//! reported at `T` (`GET /raft/formation` answers `voters`, probed by
+//! [`super::formation::learn_peer_terms`]): a leader elected past `T` needs a majority of each
+//! voter set of that membership, whether it kept it, finished a change the leader had started,
+//! or went on to a change the leader's voters acknowledged (Raft paper §6: every change passes
+//! through a joint configuration that needs both majorities); of a joint membership whose entry
+//! is committed, a majority of the new set ([`ReportedMembership::binding_sets`]). So for each
+//! such voter set `V` it must know the votes of `⌈|V|/2⌉` of its members other than itself (the
+//! leader counts). A leader whose membership at `T` it has not heard is judged by `--peers`
+//! instead: `⌈n/2⌉` of the other peers, none past `(T, L)`. Until then it answers the leader
+//! `503 not_ready`, as if down. A single voter left (simulation seed 5039) is a leader nobody
+//! can depose without its vote: its own vote is enough.
 //!
 //! A closed gate grants one kind of vote ([`VoteGate::may_vote_for`]): for a candidate whose
 //! reported membership makes it part of every majority of each binding voter set (the
@@ -108,12 +111,37 @@ impl Closed {
     }
 }
 
+/// A peer's durable vote as a formation probe reports it: its term and the node it voted for
+/// (`None`: an earlier build that reports only the term).
+///
+/// openraft 0.9 orders votes by `(term, node id)` (its default, non-`single-term-leader` mode:
+/// `LeaderId { term, node_id }` derives `Ord`), so two leaders may be elected in one term, the
+/// one with the higher id after the other; a voter never goes back down that order. A closed
+/// gate therefore compares a leader with what it heard by that order, not by term alone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HeardVote {
+    /// The vote's term.
+    pub term: u64,
+    /// The node voted for in that term (a candidate's own vote is for itself).
+    pub node: Option<NodeId>,
+}
+
+impl HeardVote {
+    /// Whether a peer holding this vote may have helped elect a leader past `leader` at `term`
+    /// in openraft's order: a later term, or the same term for a higher node id. A peer of an
+    /// earlier build at the same term does not say whom it voted for and counts as not past,
+    /// as it did before builds reported it (a rolling upgrade keeps working).
+    fn is_past(self, leader: NodeId, term: u64) -> bool {
+        self.term > term || (self.term == term && self.node.is_some_and(|n| n > leader))
+    }
+}
+
 /// What a closed gate heard from one peer (formation probes).
 #[derive(Debug, Clone, Default)]
 struct Heard {
-    /// The highest current term the peer reported.
-    term: u64,
-    /// The membership it reported with that term, when it said (earlier builds do not).
+    /// The highest vote the peer reported.
+    vote: HeardVote,
+    /// The membership it reported with that vote's term, when it said (earlier builds do not).
     membership: Option<ReportedMembership>,
 }
 
@@ -175,19 +203,19 @@ impl VoteGate {
         self
     }
 
-    /// Records that `peer` reported `term` as its current term (a formation probe), and with it
-    /// the membership it reported (`None`: a build that does not say). Terms only go up (Raft
-    /// paper §5.1; a peer reports its durable term): an answer below the highest term heard is
-    /// ignored.
-    pub fn heard(&self, peer: NodeId, term: u64, membership: Option<ReportedMembership>) {
+    /// Records that `peer` reported `vote` as its durable vote (a formation probe), and with it
+    /// the membership it reported (`None`: a build that does not say). Votes only go up (Raft
+    /// paper §5.1, in openraft's order: [`HeardVote`]): an answer below the highest vote heard
+    /// is ignored.
+    pub fn heard(&self, peer: NodeId, vote: HeardVote, membership: Option<ReportedMembership>) {
         let mut heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
         let h = heard.entry(peer).or_default();
-        if term >= h.term {
+        if vote >= h.vote {
             // A report at the same term without a membership keeps the one heard.
-            if membership.is_some() || term > h.term {
+            if membership.is_some() || vote.term > h.vote.term {
                 h.membership = membership;
             }
-            h.term = term;
+            h.vote = vote;
         }
     }
 
@@ -199,34 +227,39 @@ impl VoteGate {
             return Ok(());
         }
         let heard = self.heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut terms: BTreeMap<NodeId, u64> = heard.iter().map(|(id, h)| (*id, h.term)).collect();
-        raise_term(&mut terms, leader, term);
-        let leader_membership = heard.get(&leader).filter(|h| h.term == term).and_then(|h| h.membership.clone());
+        let mut votes: BTreeMap<NodeId, HeardVote> = heard.iter().map(|(id, h)| (*id, h.vote)).collect();
+        let own = HeardVote { term, node: Some(leader) };
+        let v = votes.entry(leader).or_insert(own);
+        *v = (*v).max(own);
+        let leader_membership = heard.get(&leader).filter(|h| h.vote.term == term).and_then(|h| h.membership.clone());
         if let Some(membership) = leader_membership {
-            // The leader's membership at `term`: nodes above `term` do not count.
-            let known: BTreeSet<NodeId> = terms.iter().filter(|(_, t)| **t <= term).map(|(id, _)| *id).collect();
+            // The leader's membership at `term`: nodes past the leader do not count.
+            let known: BTreeSet<NodeId> =
+                votes.iter().filter(|(_, v)| !v.is_past(leader, term)).map(|(id, _)| *id).collect();
             let voters = membership.binding_sets();
             if meets_every_majority(voters, &known) {
                 return Ok(());
             }
             return Err(format!(
-                "this node may have lost its disk and follows no leader before it knows the current term of \
+                "this node may have lost its disk and follows no leader before it knows the current vote of \
                  half of each of the leader's voter sets {voters:?} (n{leader} at term {term}; it knows {:?})",
                 known
             ));
         }
-        if let Some((peer, past)) = terms.iter().find(|(_, t)| **t > term) {
+        if let Some((peer, past)) = votes.iter().find(|(_, v)| v.is_past(leader, term)) {
+            let voted = past.node.map_or(String::new(), |n| format!(" for n{n}"));
             return Err(format!(
-                "this node may have lost its disk and follows no leader of a term below one a peer is at \
-                 (n{peer} is at term {past}, leader n{leader} at term {term})"
+                "this node may have lost its disk and follows no leader that a peer's vote is past \
+                 (n{peer} voted at term {}{voted}, leader n{leader} at term {term})",
+                past.term
             ));
         }
-        if terms.len() < self.terms_needed {
+        if votes.len() < self.terms_needed {
             return Err(format!(
-                "this node may have lost its disk and follows no leader before it knows the current term of {} \
+                "this node may have lost its disk and follows no leader before it knows the current vote of {} \
                  other voters (it knows {})",
                 self.terms_needed,
-                terms.len()
+                votes.len()
             ));
         }
         Ok(())
@@ -274,12 +307,6 @@ impl VoteGate {
     }
 }
 
-/// Records that `peer` is at `term` at least: terms only go up (Raft paper §5.1).
-fn raise_term(terms: &mut BTreeMap<NodeId, u64>, peer: NodeId, term: u64) {
-    let t = terms.entry(peer).or_insert(term);
-    *t = (*t).max(term);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,16 +350,16 @@ mod tests {
     fn a_closed_gate_follows_no_leader_before_it_knows_a_majority_s_terms() {
         let g = VoteGate::new(false, true).for_voters(3);
         // n3 restarted on its committed vote of term 1 and leads; n2 is unreachable.
-        g.heard(3, 1, None);
+        g.heard(3, at(1), None);
         assert!(g.admits_leader(3, 1).is_err(), "one other voter's term is not enough");
         // n2 answers: it was elected in term 2 (with this node's lost vote).
-        g.heard(2, 2, None);
+        g.heard(2, at(2), None);
         let why = g.admits_leader(3, 1).unwrap_err();
-        assert!(why.contains("n2 is at term 2"), "{why}");
+        assert!(why.contains("n2 voted at term 2,"), "{why}");
         assert_eq!(g.admits_leader(2, 2), Ok(()), "the leader of the current term");
         assert_eq!(g.admits_leader(2, 3), Ok(()), "a leader past every term heard");
         // Terms only grow: an older answer does not lower what was heard.
-        g.heard(2, 1, None);
+        g.heard(2, at(1), None);
         assert!(g.admits_leader(3, 1).is_err());
         // Open, the gate leaves the choice of leader to Raft.
         g.caught_up();
@@ -342,10 +369,56 @@ mod tests {
     #[test]
     fn a_closed_gate_in_a_cluster_of_five_needs_three_other_terms() {
         let g = VoteGate::new(true, false).for_voters(5);
-        g.heard(2, 4, None);
+        g.heard(2, at(4), None);
         assert!(g.admits_leader(3, 4).is_err());
-        g.heard(4, 3, None);
+        g.heard(4, at(3), None);
         assert_eq!(g.admits_leader(3, 4), Ok(()), "the leader, n2 and n4: three of the four others");
+    }
+
+    /// A vote at `term` as an earlier build reports it: the term alone.
+    fn at(term: u64) -> HeardVote {
+        HeardVote { term, node: None }
+    }
+
+    /// A vote at `term` for `node`.
+    fn voted(term: u64, node: NodeId) -> HeardVote {
+        HeardVote { term, node: Some(node) }
+    }
+
+    /// openraft 0.9 may elect two leaders in one term, n2 and then n3 (votes are ordered by
+    /// term, then node id). A node that lost its disk after making up n3's majority must not
+    /// follow n2, still leading at that term where it is cut off from n3: n2's entries would
+    /// overwrite ones n3 committed. The other voter's vote for n3 at the same term says so; a
+    /// term alone cannot.
+    #[test]
+    fn a_closed_gate_follows_no_leader_of_its_term_that_a_peer_voted_past() {
+        let g = VoteGate::new(true, false).for_voters(3);
+        g.heard(2, voted(5, 2), None);
+        g.heard(3, voted(5, 3), None);
+        let why = g.admits_leader(2, 5).unwrap_err();
+        assert!(why.contains("n3 voted at term 5 for n3, leader n2 at term 5"), "{why}");
+        assert_eq!(g.admits_leader(3, 5), Ok(()), "n3 is the higher leader of term 5");
+        assert_eq!(g.admits_leader(2, 6), Ok(()), "a leader of a later term");
+        // The same with the leader's membership known: n3 does not count among those at or
+        // below n2.
+        let m3 = VoteGate::new(true, false).for_voters(3);
+        m3.heard(2, voted(5, 2), m(&[&[1, 2, 3]]));
+        m3.heard(3, voted(5, 3), m(&[&[1, 2, 3]]));
+        assert!(m3.admits_leader(2, 5).is_err());
+        assert_eq!(m3.admits_leader(3, 5), Ok(()));
+        // A voter whose vote at term 5 went to n2 (or to a lower id) is no obstacle to n2.
+        let low = VoteGate::new(true, false).for_voters(3);
+        low.heard(2, voted(5, 2), None);
+        low.heard(3, voted(5, 1), None);
+        assert_eq!(low.admits_leader(2, 5), Ok(()));
+        // Votes only go up: a later answer of a lower vote in the same term changes nothing.
+        low.heard(3, voted(5, 3), None);
+        low.heard(3, voted(5, 1), None);
+        assert!(low.admits_leader(2, 5).is_err());
+        // An earlier build says only its term: counted as not past, as before.
+        let old = VoteGate::new(true, false).for_voters(3);
+        old.heard(3, at(5), None);
+        assert_eq!(old.admits_leader(2, 5), Ok(()));
     }
 
     fn set(ids: &[NodeId]) -> BTreeSet<NodeId> {
@@ -388,14 +461,14 @@ mod tests {
     #[test]
     fn a_closed_gate_follows_the_only_voter_left_on_its_own_term() {
         let g = VoteGate::new(true, false).for_voters(3);
-        g.heard(2, 21, None);
+        g.heard(2, at(21), None);
         assert!(g.admits_leader(2, 21).is_err(), "without the membership, --peers asks for two terms");
-        g.heard(2, 21, m(&[&[2]]));
+        g.heard(2, at(21), m(&[&[2]]));
         assert_eq!(g.admits_leader(2, 21), Ok(()));
         // A membership heard at another term says nothing of the leader at this one.
         assert!(g.admits_leader(2, 22).is_err());
         // A silent n3 that comes back above the leader's term is not part of the membership.
-        g.heard(3, 109, m(&[&[1, 2, 3]]));
+        g.heard(3, at(109), m(&[&[1, 2, 3]]));
         assert_eq!(g.admits_leader(2, 21), Ok(()));
     }
 
@@ -405,24 +478,24 @@ mod tests {
     #[test]
     fn a_closed_gate_needs_half_of_each_voter_set_of_the_leader_s_membership() {
         let g = VoteGate::new(false, true).for_voters(3);
-        g.heard(3, 1, m(&[&[1, 2, 3]]));
+        g.heard(3, at(1), m(&[&[1, 2, 3]]));
         assert!(g.admits_leader(3, 1).is_err(), "n2 is unknown: {{1, 2}} could have elected a leader past term 1");
-        g.heard(2, 2, m(&[&[1, 2, 3]]));
+        g.heard(2, at(2), m(&[&[1, 2, 3]]));
         let why = g.admits_leader(3, 1).unwrap_err();
         assert!(why.contains("{3}"), "n2 is past term 1 and does not count: {why}");
-        g.heard(2, 2, m(&[&[1, 2, 3]]));
-        g.heard(3, 2, m(&[&[1, 2, 3]]));
+        g.heard(2, at(2), m(&[&[1, 2, 3]]));
+        g.heard(3, at(2), m(&[&[1, 2, 3]]));
         assert_eq!(g.admits_leader(2, 2), Ok(()));
         // A joint membership not yet committed: a later leader may not hold it and be elected
         // by the old set, so both halves.
         let j = VoteGate::new(true, false).for_voters(3);
-        j.heard(2, 4, m_uncommitted(&[&[1, 2, 3], &[2]]));
+        j.heard(2, at(4), m_uncommitted(&[&[1, 2, 3], &[2]]));
         assert!(j.admits_leader(2, 4).is_err());
-        j.heard(3, 4, None);
+        j.heard(3, at(4), None);
         assert_eq!(j.admits_leader(2, 4), Ok(()));
         // Committed, every later leader holds it and needs a majority of the new set.
         let c = VoteGate::new(true, false).for_voters(3);
-        c.heard(2, 4, m(&[&[1, 2, 3], &[2]]));
+        c.heard(2, at(4), m(&[&[1, 2, 3], &[2]]));
         assert_eq!(c.admits_leader(2, 4), Ok(()));
     }
 
@@ -433,23 +506,23 @@ mod tests {
     fn a_closed_gate_votes_only_for_a_candidate_in_every_majority() {
         let g = VoteGate::new(true, false).for_voters(3);
         assert!(g.may_vote_for(2).is_err(), "nothing heard of n2");
-        g.heard(2, 7, None);
+        g.heard(2, at(7), None);
         assert!(g.may_vote_for(2).is_err(), "a report without a membership");
-        g.heard(2, 7, m(&[&[1, 2]]));
+        g.heard(2, at(7), m(&[&[1, 2]]));
         assert_eq!(g.may_vote_for(2), Ok(()));
-        g.heard(3, 7, m(&[&[1, 2]]));
+        g.heard(3, at(7), m(&[&[1, 2]]));
         assert!(g.may_vote_for(3).is_err(), "n3 is not a voter of that membership");
-        g.heard(2, 8, m(&[&[1, 2, 3]]));
+        g.heard(2, at(8), m(&[&[1, 2, 3]]));
         assert!(g.may_vote_for(2).is_err(), "three voters: {{1, 3}} is a majority without n2");
-        g.heard(2, 9, m(&[&[1, 2], &[1, 2, 3]]));
+        g.heard(2, at(9), m(&[&[1, 2], &[1, 2, 3]]));
         assert!(g.may_vote_for(2).is_err(), "a committed joint: the new set binds, and {{1, 3}} is a majority of it");
         // Seed 6364: a committed joint change from three voters to n1 and n3, n1 wiped; every
         // election needs n1 and n3, and n3 holds every committed entry.
-        g.heard(3, 11, m(&[&[1, 2, 3], &[1, 3]]));
+        g.heard(3, at(11), m(&[&[1, 2, 3], &[1, 3]]));
         assert_eq!(g.may_vote_for(3), Ok(()));
-        g.heard(3, 12, m_uncommitted(&[&[1, 2, 3], &[1, 3]]));
+        g.heard(3, at(12), m_uncommitted(&[&[1, 2, 3], &[1, 3]]));
         assert!(g.may_vote_for(3).is_err(), "uncommitted, a leader of the old set may have committed past it");
-        g.heard(2, 10, m(&[&[2]]));
+        g.heard(2, at(10), m(&[&[2]]));
         assert_eq!(g.may_vote_for(2), Ok(()));
         g.caught_up();
         assert_eq!(g.may_vote_for(3), Ok(()), "an open gate leaves the vote to Raft");

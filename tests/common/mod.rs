@@ -214,6 +214,18 @@ impl Http {
         http
     }
 
+    /// An HTTP helper that presents node `id`'s certificate, as a peer does, for the nodes-only
+    /// paths (`/raft/...`); the same as [`Http::new`] when the harness is insecure.
+    pub fn as_node(id: u64) -> Self {
+        let mut http = Self::new();
+        if let Some(s) = security() {
+            let (cert, key) = s.node_cert(id);
+            let config = runnev::tls::client_config(&s.ca, Some((&cert, &key))).expect("the test node cert is usable");
+            http.tls = Some(http_client(Arc::new(TlsDialer::new(Arc::new(TcpDialer), config))));
+        }
+        http
+    }
+
     /// Plain HTTP without a token, whatever the harness (for clusters that run insecure).
     pub fn insecure(timeout: Duration) -> Self {
         let mut connector = HttpConnector::new();
