@@ -482,7 +482,7 @@ async fn refuse_plain_http(mut stream: TcpStream) {
     let error = crate::wire::ErrorDetail {
         code: "tls_required".into(),
         message: "this node speaks TLS only: use https:// and the cluster CA's certificate (curl --cacert CA.pem; \
-                  the CLI's --ca-file or RUNNEV_CA_FILE)"
+                  the CLI's --ca-file or RUNNEV_CA_FILE; the Python client's ca_file=)"
             .into(),
         frame: None,
     };

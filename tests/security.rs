@@ -473,6 +473,10 @@ async fn a_plain_http_request_to_a_tls_node_is_told_to_use_tls() {
     let (_, answer) = common::raw_get(port, "/healthz").await.expect("an answer");
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("\"tls_required\"") && answer.contains("https://"), "{answer}");
+    assert!(
+        answer.contains("--ca-file") && answer.contains("ca_file="),
+        "names the CLI's and Python's CA option: {answer}"
+    );
     let anonymous = pki.client(None);
     let (status, text) = send(&anonymous, "GET", &format!("{url}/healthz"), None, Bytes::new()).await.unwrap();
     assert_eq!(status, 200, "TLS still served: {text}");
