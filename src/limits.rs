@@ -165,6 +165,10 @@ pub const PROTOCOL_WARN_EVERY_MS: u64 = 10_000;
 /// Interval between probes of the peers while a fresh node waits to form the cluster, in ms.
 pub const FORMATION_PROBE_MS: u64 = 300;
 
+/// Interval between the probes a node that hears from no leader sends the other nodes of its
+/// membership, to learn whether it was removed ([`crate::raft::removal`]), in ms.
+pub const REMOVAL_PROBE_MS: u64 = 2_000;
+
 /// Interval of `: ping` keep-alive comments on a subscription, in ms (SPEC §4: at most 15 s).
 pub const SUBSCRIBE_KEEPALIVE_MS: u64 = 10_000;
 

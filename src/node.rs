@@ -254,6 +254,8 @@ where
     // (the `RunnevNodeRestarting` alert: a core that stops exits, and comes back).
     metrics::gauge!("runnev_start_time_seconds").set(clock() as f64 / 1000.0);
     let cluster_clock = crate::clock::ClusterClock::new(clock, cfg.max_clock_offset_ms);
+    let contact = Arc::<api::contact::LeaderContact>::default();
+    let removal = Arc::<crate::raft::removal::Removal>::default();
     let state = AppState::new(NodeState {
         node_id: cfg.id,
         raft: raft.clone(),
@@ -267,7 +269,8 @@ where
         membership_lock: membership_lock.clone(),
         proposer: api::proposer::Proposer::start(raft.clone(), cfg.max_queued_proposals),
         stopping,
-        contact: Arc::default(),
+        contact: contact.clone(),
+        removal: removal.clone(),
         disk: disk.clone(),
         peer_disks,
         security: cfg.security,
@@ -284,6 +287,9 @@ where
         http.clone(),
         store.clone(),
     ));
+    let removed = tokio::spawn(crate::raft::removal::watch(removal, raft.clone(), cfg.id, http.clone(), move || {
+        contact.follower_silence().is_some()
+    }));
     let stand = tokio::spawn(crate::raft::candidacy::follow_gate(candidacy.clone(), vote_gate.clone()));
     let formation =
         tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http.clone(), store.clone(), vote_gate));
@@ -311,6 +317,7 @@ where
         Some(formation),
         Some(stand),
         Some(peer_terms),
+        Some(removed),
         Some(clocks),
         Some(ticker),
         Some(joint),

@@ -502,6 +502,11 @@ pub enum FormationAnswer {
         /// §6). Absent from earlier builds: `false`, which asks for both sets.
         #[serde(default)]
         committed: bool,
+        /// The log index of that membership's entry (absent: the node has none, or an earlier
+        /// build). A node removed without being told compares it with its own membership's
+        /// (`raft::removal`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        membership_index: Option<u64>,
         /// The address (`HOST:PORT`) of each node of that membership, voters and learners: a
         /// node whose `--peers` is older than the membership probes these too, to learn the
         /// terms its vote gate needs (`raft::vote_gate`). Absent from earlier builds: empty.

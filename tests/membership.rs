@@ -650,3 +650,45 @@ async fn two_voters_of_which_the_leader_lost_its_disk_elect_a_leader() {
     let on_w = read_all(&c.http, &c.url(w), "two", index, Duration::from_secs(20)).await.expect("wiped node");
     assert_eq!(on_w.len(), 21, "the wiped node caught up");
 }
+
+/// A follower removed while it runs is not told: openraft 0.9 stops replicating to it as soon
+/// as the leader's membership leaves it out. It waited 5 s for a leader on every write, and a
+/// client (or each CLI run) whose node list started with it paid that wait before trying the
+/// next node (an operator's trial). It now asks the nodes of its membership while it hears from
+/// no leader, learns from their committed membership that it was removed, and says so at once,
+/// on writes and on `/readyz`; a client listing it first goes on to a member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_node_left_running_says_it_was_removed() {
+    let c = Cluster::start(3, &[]).await;
+    c.client().put_stream("r", None).await.expect("create");
+    let via = c.leader().await;
+    let gone = c.followers().await[0];
+    let r = remove(&c, via, gone).await;
+    assert_eq!(r.status, 200, "remove {gone}: {}", r.describe());
+    let ready = format!("{}/readyz", c.url(gone));
+    let why = wait_for(
+        "the removed node's /readyz says it was removed",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let (http, ready) = (c.http.clone(), ready.clone());
+            async move {
+                let r = http.get(&ready).await?;
+                match (r.status, r.text()) {
+                    (503, text) if text.starts_with("removed: ") => Ok(text),
+                    _ => Err(r.describe()),
+                }
+            }
+        },
+    )
+    .await;
+    assert!(why.contains(&format!("(n{gone}) was removed")), "{why}");
+    let r = c.http.post(&format!("{}/v1/streams/r/batches", c.url(gone)), b"x".to_vec()).await.expect("publish");
+    assert_eq!((r.status, r.error_code().as_deref()), (503, Some("no_leader")), "{}", r.describe());
+    assert!(r.text().contains("was removed from the cluster"), "{}", r.describe());
+    // A client whose list starts with the removed node publishes through a member.
+    let mut urls = vec![c.url(gone)];
+    urls.extend(c.ids().into_iter().filter(|i| *i != gone).map(|i| c.url(i)));
+    let seq = client_for(&urls).publish("r", Some(1), b"y".to_vec()).await.expect("publish past the removed node");
+    assert_eq!(seq.seq, 1);
+}

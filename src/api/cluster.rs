@@ -147,7 +147,7 @@ pub(super) async fn health(State(s): State<AppState>) -> Response {
     tag = "node",
     responses(
         (status = 200, description = "`ready`: a member that knows a leader and has applied everything it knows is committed", content_type = "text/plain", body = String),
-        (status = 503, description = "Not ready, with the reason: `no leader known`, `applying: A of C committed`, `not a member of the cluster`, `leader without a quorum`, `leader whose clock is out of bounds`, `disk low: …`, `raft stopped: …`", content_type = "text/plain", body = String),
+        (status = 503, description = "Not ready, with the reason: `no leader known`, `applying: A of C committed`, `not a member of the cluster`, `removed: …` (its peers' committed membership no longer names it), `leader without a quorum`, `leader whose clock is out of bounds`, `disk low: …`, `raft stopped: …`", content_type = "text/plain", body = String),
     )
 )]
 pub(super) async fn ready(State(s): State<AppState>) -> Response {
@@ -180,6 +180,10 @@ pub(super) async fn ready(State(s): State<AppState>) -> Response {
     }
     if !v.members.iter().any(|m| m.id == s.node_id) {
         return (StatusCode::SERVICE_UNAVAILABLE, "not a member of the cluster\n").into_response();
+    }
+    let silent = v.leader_id != Some(s.node_id) && s.contact.follower_silence().is_some();
+    if let Some(why) = s.removal.verdict(silent) {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("removed: {why}\n")).into_response();
     }
     match v.leader_id {
         Some(_) if v.applied_index >= v.commit_index => (StatusCode::OK, "ready\n").into_response(),

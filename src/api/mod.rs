@@ -109,6 +109,9 @@ pub struct NodeState {
     pub stopping: tokio::sync::watch::Receiver<bool>,
     /// When this node last heard from a leader (subscriptions end when it is cut off).
     pub contact: Arc<contact::LeaderContact>,
+    /// Whether this node was removed from the membership without being told
+    /// ([`crate::raft::removal`]): writes and `/readyz` then answer at once.
+    pub removal: Arc<crate::raft::removal::Removal>,
     /// Whether this node's data directory has room for new writes.
     pub disk: Arc<crate::disk::DiskGuard>,
     /// Which followers said their disk is low (read when leading).

@@ -203,6 +203,13 @@ where
             let addr = leader.and_then(|l| m.membership_config.membership().get_node(&l).map(|n| n.addr.clone()));
             (leader, addr, leader_view(&m, s.node_id))
         };
+        // A node removed without being told hears from no leader again: say so at once, so the
+        // client tries a current member instead of waiting out LEADER_WAIT_MS here.
+        if leader != Some(s.node_id) {
+            if let Some(why) = s.removal.verdict(s.contact.follower_silence().is_some()) {
+                return Err(ApiError::NoLeader(why));
+            }
+        }
         match (leader, leader_addr) {
             (Some(l), _) if l == s.node_id => match op().await {
                 Ok(v) => return Ok(Led::Here(v)),

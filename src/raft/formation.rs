@@ -56,15 +56,25 @@ enum Peer {
     },
 }
 
-/// Probes the peer at `addr` on behalf of node `from`.
-async fn probe(http: &HttpClient, addr: &str, from: NodeId) -> Peer {
-    let url = format!("http://{addr}{FORMATION_PATH}?from={from}");
+/// The formation answer of the node at `addr` (`HOST:PORT`), asked on behalf of node `from`
+/// (`None`: a probe that names no sender, which the node answers and records nothing of);
+/// `None` when it does not answer within [`PEER_PROBE_MS`], or not with a success that decodes.
+pub async fn probe_answer(http: &HttpClient, addr: &str, from: Option<NodeId>) -> Option<FormationAnswer> {
+    let url = match from {
+        Some(from) => format!("http://{addr}{FORMATION_PATH}?from={from}"),
+        None => format!("http://{addr}{FORMATION_PATH}"),
+    };
     let answer = crate::net::get(http, &url, Duration::from_millis(PEER_PROBE_MS), PEER_PROBE_BYTES_MAX).await;
     let answer = answer.ok().filter(|(status, _)| status.is_success());
-    match answer.and_then(|(_, body)| serde_json::from_slice::<FormationAnswer>(&body).ok()) {
+    answer.and_then(|(_, body)| serde_json::from_slice::<FormationAnswer>(&body).ok())
+}
+
+/// Probes the peer at `addr` on behalf of node `from`.
+async fn probe(http: &HttpClient, addr: &str, from: NodeId) -> Peer {
+    match probe_answer(http, addr, Some(from)).await {
         Some(FormationAnswer::Fresh) => Peer::Fresh,
         Some(FormationAnswer::Joining) => Peer::Joining,
-        Some(FormationAnswer::Member { term, voted_for, formed, voters, committed, nodes }) => {
+        Some(FormationAnswer::Member { term, voted_for, formed, voters, committed, nodes, .. }) => {
             let membership = voters.map(|voters| ReportedMembership { voters, committed });
             let nodes = nodes.into_iter().map(|n| (n.id, n.addr)).collect();
             Peer::InCluster { term, voted_for, formed, membership, nodes }
@@ -99,7 +109,8 @@ pub fn answer_probe(
         let committed = m.membership_config.log_id().is_none_or(|l| applied.is_some_and(|a| a >= l.index));
         let nodes = membership.nodes().map(|(id, n)| crate::wire::NodeAddr { id: *id, addr: n.addr.clone() }).collect();
         let formed = store.formed()?;
-        return Ok(FormationAnswer::Member { term, voted_for, formed, voters, committed, nodes });
+        let membership_index = m.membership_config.log_id().map(|l| l.index);
+        return Ok(FormationAnswer::Member { term, voted_for, formed, voters, committed, membership_index, nodes });
     }
     if !store.is_pristine()? {
         return Ok(FormationAnswer::Joining);
@@ -458,6 +469,7 @@ mod tests {
                 formed: false,
                 voters: None,
                 committed: false,
+                membership_index: None,
                 nodes: Vec::new()
             }
         );
@@ -468,6 +480,7 @@ mod tests {
             formed: true,
             voters,
             committed: true,
+            membership_index: None,
             nodes: Vec::new(),
         };
         let json = serde_json::to_string(&new).unwrap();
@@ -475,12 +488,19 @@ mod tests {
         assert_eq!(serde_json::from_str::<FormationAnswer>(&json).unwrap(), new);
         // With the membership's addresses, as this build answers: they read back.
         let nodes = vec![crate::wire::NodeAddr { id: 1, addr: "h:1".into() }];
-        let with =
-            FormationAnswer::Member { term: 3, voted_for: Some(2), formed: true, voters: None, committed: true, nodes };
+        let with = FormationAnswer::Member {
+            term: 3,
+            voted_for: Some(2),
+            formed: true,
+            voters: None,
+            committed: true,
+            membership_index: Some(7),
+            nodes,
+        };
         let json = serde_json::to_string(&with).unwrap();
         assert_eq!(
             json,
-            r#"{"state":"member","term":3,"voted_for":2,"formed":true,"committed":true,"nodes":[{"id":1,"addr":"h:1"}]}"#
+            r#"{"state":"member","term":3,"voted_for":2,"formed":true,"committed":true,"membership_index":7,"nodes":[{"id":1,"addr":"h:1"}]}"#
         );
         assert_eq!(serde_json::from_str::<FormationAnswer>(&json).unwrap(), with);
     }

@@ -7,6 +7,7 @@
 pub mod candidacy;
 pub mod formation;
 pub mod network;
+pub mod removal;
 pub mod runtime;
 pub mod vote_gate;
 
