@@ -692,3 +692,36 @@ async fn a_removed_node_left_running_says_it_was_removed() {
     let seq = client_for(&urls).publish("r", Some(1), b"y".to_vec()).await.expect("publish past the removed node");
     assert_eq!(seq.seq, 1);
 }
+
+/// A follower whose id is above the leader's loses its disk and is started again under its id.
+/// It used to hold a vote for itself at the cluster's term, which outranks the leader's own vote
+/// in openraft's order (term, then node id): it refused the leader's appends, the leader stepped
+/// down, and an election followed (an operator's trial: term 6 to 8, a pause in publishing). It
+/// now holds the highest vote its peers report, the leader's, and the leader keeps leading in
+/// the same term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_follower_with_an_id_above_the_leader_s_rejoins_without_an_election() {
+    let mut c = Cluster::start(3, &[]).await;
+    let client = c.client();
+    client.put_stream("h", None).await.expect("create");
+    // Node 3, the highest id, must be a follower.
+    while c.leader().await == 3 {
+        c.stop(3).await;
+        c.leader().await;
+        c.restart(3).await;
+    }
+    for i in 0..10u64 {
+        client.publish("h", Some(i + 1), format!("h{i}").into_bytes()).await.expect("publish");
+    }
+    let leader = c.leader().await;
+    let term = c.cluster_info(leader).await.expect("view").term;
+    wipe_and_restart(&mut c, 3).await;
+    let to_leader = common::client_for(&[c.url(leader)]);
+    for i in 10..20u64 {
+        to_leader.publish("h", Some(i + 1), format!("h{i}").into_bytes()).await.expect("publish after the wipe");
+    }
+    let on_3 = read_on_wiped(&c, leader, 3, "h").await;
+    assert_eq!(on_3.len(), 20, "the wiped node caught up");
+    let v = c.cluster_info(leader).await.expect("view");
+    assert_eq!((v.leader_id, v.term), (Some(leader), term), "node {leader} led in term {term} before the wipe: {v}");
+}

@@ -324,9 +324,13 @@ async fn known_fresh(store: &std::sync::Arc<Store>, gate: &VoteGate) {
 /// Protects the vote of a node whose data dir was wiped (Raft paper §5.2: a server votes at most
 /// once per term, which needs the vote to survive), and the entries it had acknowledged. A
 /// pristine node listed in `peers` whose peers already formed a cluster may have voted before
-/// it lost its disk, in a term up to the highest term they report; it records a vote for itself
-/// at that term before Raft starts, so it cannot grant a second vote in any term it might have
-/// voted in. It may also have been one of the majority that committed entries its empty log no
+/// it lost its disk, in a term up to the highest term they report; it records, before Raft
+/// starts, the highest vote they report (openraft's order: term, then node id; [`HeardVote`]),
+/// so it grants no vote in an earlier term, nor one in that term for a lower node id, and
+/// takes the entries of no leader below it. Not a vote for itself at that term (earlier builds
+/// did so): when its id is above the leader's, that vote outranks the leader's own, and the
+/// leader, refused by it, stepped down as it rejoined (a fresh operator's trial; a peer of an
+/// earlier build that does not say whom it voted for still gets it). It may also have been one of the majority that committed entries its empty log no
 /// longer holds (Raft §5.4.1 counts on every voter keeping them): with its vote it could elect a
 /// node that lacks them, and they would be lost. So it also records that it is catching up,
 /// and grants no vote until a leader has caught it up past an entry that leader committed in its
@@ -349,14 +353,14 @@ pub async fn guard_wiped_node(
     if !peers.contains_key(&self_id) || !may_be_wiped(store)? {
         return Ok(None);
     }
-    let mut max_term = None;
+    let mut max_vote: Option<HeardVote> = None;
     // `--peers`, then the nodes their memberships name that `--peers` does not (one hop).
     let mut targets: BTreeMap<NodeId, String> = peers.clone();
     let mut probed = std::collections::BTreeSet::from([self_id]);
     while let Some((id, addr)) = targets.iter().find(|(id, _)| !probed.contains(*id)).map(|(i, a)| (*i, a.clone())) {
         probed.insert(id);
         let answer = probe(http, &addr, self_id).await;
-        if let Peer::InCluster { term, ref nodes, .. } = answer {
+        if let Peer::InCluster { term, voted_for, ref nodes, .. } = answer {
             if proves_new(store, id, &answer)? {
                 // Counted fresh by the peer that formed the cluster, then restarted before it
                 // learned so: a new member, not a wiped one (formation opens its gate).
@@ -367,15 +371,17 @@ pub async fn guard_wiped_node(
                     targets.entry(*n).or_insert_with(|| a.clone());
                 }
             }
-            max_term = max_term.max(Some(term));
+            max_vote = max_vote.max(Some(HeardVote { term, node: voted_for }));
         }
     }
-    let Some(term) = max_term else { return Ok(None) };
-    store.seed_wiped_vote(&openraft::Vote::new(term, self_id))?;
+    let Some(HeardVote { term, node }) = max_vote else { return Ok(None) };
+    let held = node.unwrap_or(self_id);
+    store.seed_wiped_vote(&openraft::Vote::new(term, held))?;
     tracing::warn!(
         term,
-        "empty data dir but the peers form a cluster: rejoining as a wiped node, vote held at term {term}; \
-         granting no vote until a leader has caught this node up"
+        voted_for = held,
+        "empty data dir but the peers form a cluster: rejoining as a wiped node, vote held at term {term} for node \
+         {held}; granting no vote until a leader has caught this node up"
     );
     Ok(Some(term))
 }
