@@ -870,31 +870,39 @@ fn not_answering_note(client: &Client, id: u64, addr: &str, why: &str) -> String
     )
 }
 
-/// The promotion progress of learner `id`, as the leader among `client`'s nodes sees it.
-async fn catch_up_progress(client: &Client, id: u64) -> Option<String> {
+/// The cluster view of the first of `client`'s nodes that says it leads; `None` when none does.
+async fn leader_view(client: &Client) -> Option<ClusterView> {
     for node in client.nodes() {
-        let Ok(v) = client.cluster_view(node).await else { continue };
-        if v.leader_id != Some(v.node_id) {
-            continue;
+        match client.cluster_view(node).await {
+            Ok(v) if v.leader_id == Some(v.node_id) => return Some(v),
+            _ => continue,
         }
-        let last = v.last_log_index.unwrap_or(0);
-        let matched = v.members.iter().find(|m| m.id == id).and_then(|m| m.matched_index);
-        return Some(match matched {
-            Some(m) => format!("it has {m} of the leader's {last} log entries"),
-            None => "it has received nothing from the leader yet".to_string(),
-        });
     }
     None
+}
+
+/// The promotion progress of learner `id`, as the leader among `client`'s nodes sees it.
+async fn catch_up_progress(client: &Client, id: u64) -> Option<String> {
+    let v = leader_view(client).await?;
+    let last = v.last_log_index.unwrap_or(0);
+    let matched = v.members.iter().find(|m| m.id == id).and_then(|m| m.matched_index);
+    Some(match matched {
+        Some(m) => format!("it has {m} of the leader's {last} log entries"),
+        None => "it has received nothing from the leader yet".to_string(),
+    })
 }
 
 /// `runnev cluster add|remove`.
 pub async fn cluster(client: &Client, output: Output, cmd: ClusterCmd) -> Result<()> {
     match cmd {
         ClusterCmd::Add { id, addr, wait_voter, timeout, learner: _ } => {
-            let before = client.any_cluster_view().await?;
-            let known = before.members.iter().find(|m| m.id == id);
-            if let Some(m) = known.filter(|m| m.voter && m.addr == addr) {
-                return print_view(output, &format!("node {id} is already a voter at {}", m.addr), &before);
+            // Only the leader's view says what the membership is: a node removed without being
+            // told (the one an operator adding it back may list first) still shows itself a voter.
+            if let Some(before) = leader_view(client).await {
+                let known = before.members.iter().find(|m| m.id == id);
+                if let Some(m) = known.filter(|m| m.voter && m.addr == addr) {
+                    return print_view(output, &format!("node {id} is already a voter at {}", m.addr), &before);
+                }
             }
             let view = client.add_member(id, &addr, false).await?;
             if let Err(why) = node_answers(client, &addr).await {

@@ -287,9 +287,17 @@ where
         http.clone(),
         store.clone(),
     ));
-    let removed = tokio::spawn(crate::raft::removal::watch(removal, raft.clone(), cfg.id, http.clone(), move || {
-        contact.follower_silence().is_some()
-    }));
+    let removed = {
+        let silent = move || contact.follower_silence().is_some();
+        tokio::spawn(crate::raft::removal::watch(
+            removal,
+            raft.clone(),
+            cfg.id,
+            cfg.peers.clone(),
+            http.clone(),
+            silent,
+        ))
+    };
     let stand = tokio::spawn(crate::raft::candidacy::follow_gate(candidacy.clone(), vote_gate.clone()));
     let formation =
         tokio::spawn(formation::form(raft.clone(), cfg.id, cfg.peers.clone(), http.clone(), store.clone(), vote_gate));

@@ -489,6 +489,17 @@ async fn cluster_add_returns_with_the_learner_and_waits_for_a_voter_on_request()
     assert!(r.stdout.starts_with("node 4 is already a voter"), "{r:#?}");
     let r = cli(&["cluster", "add", "0", &addr4], &env).await;
     r.expect_code(2, "node id 0");
+
+    // Removed and left running, node 4 still shows itself a voter (it is not told): adding it
+    // back through a node list that starts with it adds it, rather than answering "already a
+    // voter" from its view and changing nothing (an operator's trial).
+    cli(&["cluster", "remove", "4"], &env).await.expect_code(0, "remove node 4");
+    let first_4 = format!("{},{nodes}", c.url(4));
+    let r = cli(&["cluster", "add", "4", &addr4, "--wait-voter", "--nodes", &first_4, "-o", "text"], &[]).await;
+    r.expect_code(0, "add node 4 back");
+    assert!(r.stdout.starts_with(&format!("node 4 at {addr4} is a voter")), "{r:#?}");
+    let view = c.cluster_info(c.leader().await).await.expect("the leader's view");
+    assert!(view.members.iter().any(|m| m.id == 4 && m.voter), "node 4 is a voter again: {view}");
 }
 
 /// A subscription outlives a full outage of the cluster (longer than the client's 30 s retry

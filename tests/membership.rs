@@ -682,15 +682,45 @@ async fn a_removed_node_left_running_says_it_was_removed() {
         },
     )
     .await;
-    assert!(why.contains(&format!("(n{gone}) was removed")), "{why}");
+    assert!(why.contains(&format!("(n{gone}) is not a member of the cluster")), "{why}");
+    assert!(why.contains("(it was removed)"), "{why}");
     let r = c.http.post(&format!("{}/v1/streams/r/batches", c.url(gone)), b"x".to_vec()).await.expect("publish");
     assert_eq!((r.status, r.error_code().as_deref()), (503, Some("no_leader")), "{}", r.describe());
-    assert!(r.text().contains("was removed from the cluster"), "{}", r.describe());
+    assert!(r.text().contains("is not a member of the cluster"), "{}", r.describe());
+    // Nor does it serve reads from a state that never moves again (it answered 200 with an old
+    // last_seq, an operator's trial).
+    let r = c.http.get(&format!("{}/v1/streams/r/batches", c.url(gone))).await.expect("read");
+    assert_eq!((r.status, r.error_code().as_deref()), (503, Some("not_ready")), "{}", r.describe());
+    assert!(r.text().contains("read from a current member"), "{}", r.describe());
     // A client whose list starts with the removed node publishes through a member.
     let mut urls = vec![c.url(gone)];
     urls.extend(c.ids().into_iter().filter(|i| *i != gone).map(|i| c.url(i)));
     let seq = client_for(&urls).publish("r", Some(1), b"y".to_vec()).await.expect("publish past the removed node");
     assert_eq!(seq.seq, 1);
+
+    // A leader that removes itself applies its own removal: it knows without asking, and says
+    // so on writes at once too (an operator's trial: it waited 5 s, "no leader is known").
+    let old = c.leader().await;
+    let r = remove(&c, old, old).await;
+    assert_eq!(r.status, 200, "remove the leader {old}: {}", r.describe());
+    let publish = format!("{}/v1/streams/r/batches", c.url(old));
+    let why = wait_for(
+        "the removed leader's writes say it is not a member",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let (http, publish) = (c.http.clone(), publish.clone());
+            async move {
+                let r = http.post(&publish, b"z".to_vec()).await?;
+                match r.status {
+                    503 if r.text().contains("is not a member of the cluster") => Ok(r.text()),
+                    _ => Err(r.describe()),
+                }
+            }
+        },
+    )
+    .await;
+    assert!(why.contains("its own membership"), "{why}");
 }
 
 /// A follower whose id is above the leader's loses its disk and is started again under its id.

@@ -181,8 +181,7 @@ pub(super) async fn ready(State(s): State<AppState>) -> Response {
     if !v.members.iter().any(|m| m.id == s.node_id) {
         return (StatusCode::SERVICE_UNAVAILABLE, "not a member of the cluster\n").into_response();
     }
-    let silent = v.leader_id != Some(s.node_id) && s.contact.follower_silence().is_some();
-    if let Some(why) = s.removal.verdict(silent) {
+    if let Some(why) = super::not_a_member(&s) {
         return (StatusCode::SERVICE_UNAVAILABLE, format!("removed: {why}\n")).into_response();
     }
     match v.leader_id {

@@ -148,6 +148,14 @@ pub(crate) fn known_leader(m: &openraft::RaftMetrics<NodeId, openraft::BasicNode
     m.current_leader.filter(|l| *l != me || m.state == openraft::ServerState::Leader)
 }
 
+/// Why this node is not a member of the cluster, when it knows so
+/// ([`crate::raft::removal`]): only while it does not lead and hears from no leader (a node
+/// added back hears from its leader at once).
+pub(crate) fn not_a_member(s: &AppState) -> Option<String> {
+    let leads = known_leader(&s.raft.metrics().borrow(), s.node_id) == Some(s.node_id);
+    s.removal.verdict(!leads && s.contact.follower_silence().is_some())
+}
+
 /// Why this node's Raft core has stopped for good, if it has. openraft reports the fatal error
 /// that ended it (a storage failure; `Stopped` at shutdown) in its last metrics, then drops their
 /// sender; a core that panicked drops the sender without a report. Never restarts in-process.

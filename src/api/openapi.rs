@@ -149,8 +149,8 @@ pub(super) enum ReadErrors {
     /// `internal`: a fault of the node (a storage failure), never of the request.
     #[response(status = 500)]
     Internal(ErrorBody),
-    /// `not_ready`: this node's Raft core has stopped (use another node), or, where the
-    /// operation says so, it cannot answer yet.
+    /// `not_ready`: this node's Raft core has stopped, or it knows it is no longer a member of
+    /// the cluster (use another node), or, where the operation says so, it cannot answer yet.
     #[response(status = 503)]
     Unavailable(ErrorBody),
 }

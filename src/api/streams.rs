@@ -548,6 +548,10 @@ pub(super) async fn read(
     let limit = param(&q, "limit", 1, READ_BATCHES_MAX as i64)?.map_or(READ_BATCHES_DEFAULT, |v| v as usize);
     let wait_ms = param(&q, "wait_ms", 0, READ_WAIT_MS_MAX as i64)?.unwrap_or(0) as u64;
     let min_index = param_u64(&q, "min_index", false)?;
+    // A node that knows it left the cluster would answer from a state that never moves again.
+    if let Some(why) = super::not_a_member(&s) {
+        return Err(ApiError::NotReady(format!("{why}; read from a current member")));
+    }
     if let Some(index) = min_index {
         wait_applied(&s, index).await?;
     }

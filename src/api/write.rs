@@ -205,10 +205,8 @@ where
         };
         // A node removed without being told hears from no leader again: say so at once, so the
         // client tries a current member instead of waiting out LEADER_WAIT_MS here.
-        if leader != Some(s.node_id) {
-            if let Some(why) = s.removal.verdict(s.contact.follower_silence().is_some()) {
-                return Err(ApiError::NoLeader(why));
-            }
+        if let Some(why) = super::not_a_member(s) {
+            return Err(ApiError::NoLeader(why));
         }
         match (leader, leader_addr) {
             (Some(l), _) if l == s.node_id => match op().await {

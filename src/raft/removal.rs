@@ -8,7 +8,10 @@
 //! (or every CLI run) whose node list starts with it paid that wait before trying the next node
 //! (a fresh operator's trial).
 //!
-//! So while this node hears from no leader it asks the other nodes of its membership for theirs
+//! A node whose own membership already leaves it out (it applied its own removal, as a leader
+//! that removed itself does) knows so without asking. Otherwise, while this node hears from no
+//! leader, it asks the other nodes of its membership (of its `--peers` when it has none: an
+//! empty data dir, which may also be a node started to be added and not yet added) for theirs
 //! (`GET /raft/formation`, the probe [`super::formation`] answers, sent without `from` so that
 //! it records nothing). One whose membership is *committed* (it applied the entry, so a majority
 //! accepted it: Raft §5.4) and names this node neither as voter nor as learner, and whose entry
@@ -23,6 +26,7 @@
 //! verdict while a leader is heard from: it lapses at once when one is, since a node added back
 //! hears from its leader.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -77,49 +81,71 @@ pub fn shows_removed(
         return None;
     };
     let named = voters.iter().any(|v| v.contains(&me)) || nodes.iter().any(|n| n.id == me);
+    // A node without a membership of its own may also be one started to be added, not yet added.
+    let how = if mine.is_some() { "it was removed" } else { "it was removed, or is not yet added" };
     (Some(*at) > mine && !nodes.is_empty() && !named).then(|| {
         format!(
-            "this node (n{me}) was removed from the cluster: node {peer}'s committed membership (log index {at}) \
-             has voters {voters:?} and does not name it; send requests to a current member, and stop this node \
-             (docs/cli.md, runnev cluster remove)"
+            "this node (n{me}) is not a member of the cluster: node {peer}'s committed membership (log index {at}) \
+             has voters {voters:?} and does not name it ({how}); send requests to a current member, and stop a \
+             removed node (docs/cli.md, runnev cluster remove)"
         )
     })
 }
 
 /// Probes, every [`REMOVAL_PROBE_MS`] while this node does not lead and `silent()` says it
-/// hears from no leader, the other nodes of its membership, and keeps the verdict in `removal` (module doc). Runs
+/// hears from no leader, the other nodes of its membership (of `peers`, its `--peers`, when it
+/// has none: an empty data dir), unless its own membership already leaves it out, and keeps the verdict in `removal` (module doc). Runs
 /// until aborted.
 pub async fn watch(
     removal: std::sync::Arc<Removal>,
     raft: Raft,
     me: NodeId,
+    peers: BTreeMap<NodeId, String>,
     http: HttpClient,
     silent: impl Fn() -> bool,
 ) {
     loop {
         tokio::time::sleep(Duration::from_millis(REMOVAL_PROBE_MS)).await;
-        let (leads, mine, others): (bool, Option<u64>, Vec<(NodeId, String)>) = {
+        let (leads, mine, outside, others) = {
             let m = raft.metrics();
             let m = m.borrow();
-            let nodes = m.membership_config.membership().nodes();
-            let others = nodes.filter(|(id, _)| **id != me).map(|(id, n)| (*id, n.addr.clone())).collect();
-            (m.current_leader == Some(me), m.membership_config.log_id().map(|l| l.index), others)
+            let membership = m.membership_config.membership();
+            let mine = m.membership_config.log_id().map(|l| l.index);
+            let mut others: BTreeMap<NodeId, String> =
+                membership.nodes().map(|(id, n)| (*id, n.addr.clone())).collect();
+            let outside = match mine {
+                Some(at) if !others.is_empty() && !others.contains_key(&me) => Some(format!(
+                    "this node (n{me}) is not a member of the cluster: its own membership (log index {at}) has voters \
+                     {:?} and does not name it (it was removed); send requests to a current member, and stop this \
+                     node (docs/cli.md, runnev cluster remove)",
+                    membership.get_joint_config()
+                )),
+                _ => None,
+            };
+            if others.is_empty() {
+                // No membership of its own (an empty data dir): ask the nodes of `--peers`.
+                others = peers.clone();
+            }
+            others.remove(&me);
+            (m.state == openraft::ServerState::Leader, mine, outside, others)
         };
         if leads || !silent() {
             removal.set(None);
             continue;
         }
-        let mut why = None;
+        // A node whose own membership leaves it out (it applied its own removal, as a leader
+        // that removed itself does) knows without asking.
+        let mut why = outside;
         for (peer, addr) in others {
+            if why.is_some() {
+                break;
+            }
             if let Some(answer) = formation::probe_answer(&http, &addr, None).await {
                 why = shows_removed(me, mine, peer, &answer);
-                if why.is_some() {
-                    break;
-                }
             }
         }
         if why.is_some() && removal.verdict(true).is_none() {
-            tracing::warn!(reason = why.as_deref().unwrap_or_default(), "this node was removed from the cluster");
+            tracing::warn!(reason = why.as_deref().unwrap_or_default(), "this node is not a member of the cluster");
         }
         removal.set(why);
     }
@@ -149,7 +175,9 @@ mod tests {
     fn only_a_later_committed_membership_that_names_the_node_nowhere_shows_it_removed() {
         let why = shows_removed(3, Some(4), 1, &member(6, &[&[1, 2]], true, &[1, 2])).expect("removed");
         assert!(why.contains("n3") && why.contains("node 1") && why.contains("[{1, 2}]"), "{why}");
-        assert!(shows_removed(3, None, 1, &member(6, &[&[1, 2]], true, &[1, 2])).is_some(), "none of its own");
+        assert!(why.contains("(it was removed)"), "{why}");
+        let why = shows_removed(3, None, 1, &member(6, &[&[1, 2]], true, &[1, 2])).expect("none of its own");
+        assert!(why.contains("(it was removed, or is not yet added)"), "{why}");
         assert_eq!(shows_removed(3, Some(4), 1, &member(6, &[&[1, 2]], false, &[1, 2])), None, "not committed");
         assert_eq!(shows_removed(3, Some(6), 1, &member(6, &[&[1, 2]], true, &[1, 2])), None, "not later");
         assert_eq!(shows_removed(3, Some(8), 1, &member(6, &[&[1, 2]], true, &[1, 2])), None, "an older one");
