@@ -838,7 +838,14 @@ fn members_text(v: &ClusterView) -> String {
         .iter()
         .map(|m| format!("{} ({}, {})", m.id, if m.voter { "voter" } else { "learner" }, m.addr))
         .collect();
-    format!("members {}; leader {}", members.join(", "), v.leader_id.map_or("none".to_string(), |l| l.to_string()))
+    // A leader that removed itself answers the change with its own view, in which it still
+    // names itself: it leads no more.
+    let leader = match v.leader_id {
+        Some(l) if v.members.iter().any(|m| m.id == l) => l.to_string(),
+        Some(l) => format!("none yet (node {l} left)"),
+        None => "none".to_string(),
+    };
+    format!("members {}; leader {leader}", members.join(", "))
 }
 
 fn print_view(output: Output, headline: &str, v: &ClusterView) -> Result<()> {
@@ -1107,5 +1114,31 @@ mod subscribe_tests {
         assert!(note.starts_with("runnev: the cursor 10 is past the last seq of stream orders, 3;"), "{note}");
         assert!(note.contains("set the cursor back to 3"), "{note}");
         assert!(cursor_ahead_note("s", u64::MAX, 0).is_some());
+    }
+}
+
+#[cfg(test)]
+mod view_tests {
+    use super::*;
+
+    #[test]
+    fn a_leader_outside_the_members_is_not_named_the_leader() {
+        let member = |id: u64| {
+            serde_json::json!({"id": id, "addr": format!("h:{id}"), "voter": true, "matched_index": null,
+                "clock_offset_ms": null, "disk_low": null, "lag_entries": null})
+        };
+        let view = |leader: Option<u64>| -> ClusterView {
+            serde_json::from_value(serde_json::json!({"node_id": 3, "leader_id": leader, "state": "Learner", "term": 2,
+                "commit_index": 9, "applied_index": 9, "last_log_index": 9, "snapshot_index": null,
+                "purged_index": null, "raft_stopped": null, "members": [member(1), member(2)],
+                "voter_sets": [[1, 2]], "clock": null, "disk": null}))
+            .expect("a view")
+        };
+        assert_eq!(members_text(&view(Some(2))), "members 1 (voter, h:1), 2 (voter, h:2); leader 2");
+        assert_eq!(
+            members_text(&view(Some(3))),
+            "members 1 (voter, h:1), 2 (voter, h:2); leader none yet (node 3 left)"
+        );
+        assert_eq!(members_text(&view(None)), "members 1 (voter, h:1), 2 (voter, h:2); leader none");
     }
 }
