@@ -18,8 +18,8 @@
 //! is later in the log than the one of this node's own membership, shows that the node was
 //! removed. (Not its term: a removed node stands for election in vain, so its own term climbs
 //! past the cluster's. A peer that was down long enough to hold an older membership than this
-//! node's shows nothing.) The verdict then lets writes and
-//! `/readyz` answer at once with what happened ([`Removal::verdict`]).
+//! node's shows nothing.) The verdict then lets writes, reads and `/readyz` answer at once with
+//! what happened ([`Removal::verdict`], through `api::not_a_member`).
 //!
 //! Owns: that probe and its verdict. Must never: change Raft state, a vote or the node's
 //! candidacy (a removed node added back is caught up by its leader as any follower is); hold a
@@ -35,7 +35,7 @@ use super::{NodeId, Raft};
 use crate::limits::REMOVAL_PROBE_MS;
 use crate::net::HttpClient;
 
-/// The verdict, shared by the probe task, the write path and `/readyz`.
+/// The verdict, shared by the probe task, the write and read paths and `/readyz`.
 #[derive(Debug, Default)]
 pub struct Removal {
     /// Why this node counts as removed (which peer showed it, with its voter sets); `None`:
