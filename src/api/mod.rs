@@ -152,8 +152,10 @@ pub(crate) fn known_leader(m: &openraft::RaftMetrics<NodeId, openraft::BasicNode
 /// ([`crate::raft::removal`]): only while it does not lead and hears from no leader (a node
 /// added back hears from its leader at once).
 pub(crate) fn not_a_member(s: &AppState) -> Option<String> {
-    let leads = known_leader(&s.raft.metrics().borrow(), s.node_id) == Some(s.node_id);
-    s.removal.verdict(!leads && s.contact.follower_silence().is_some())
+    s.removal.verdict(|| {
+        let leads = known_leader(&s.raft.metrics().borrow(), s.node_id) == Some(s.node_id);
+        !leads && s.contact.follower_silence().is_some()
+    })
 }
 
 /// Why this node's Raft core has stopped for good, if it has. openraft reports the fatal error

@@ -203,11 +203,6 @@ where
             let addr = leader.and_then(|l| m.membership_config.membership().get_node(&l).map(|n| n.addr.clone()));
             (leader, addr, leader_view(&m, s.node_id))
         };
-        // A node removed without being told hears from no leader again: say so at once, so the
-        // client tries a current member instead of waiting out LEADER_WAIT_MS here.
-        if let Some(why) = super::not_a_member(s) {
-            return Err(ApiError::NoLeader(why));
-        }
         match (leader, leader_addr) {
             (Some(l), _) if l == s.node_id => match op().await {
                 Ok(v) => return Ok(Led::Here(v)),
@@ -234,6 +229,11 @@ where
             },
             (Some(l), _) => last_problem = format!("leader {l} is not reachable from here"),
             (None, _) => {}
+        }
+        // A node removed without being told hears from no leader again: rather than wait out
+        // LEADER_WAIT_MS, say so at once, so the client tries a current member.
+        if let Some(why) = super::not_a_member(s) {
+            return Err(ApiError::NoLeader(why));
         }
         let now = Instant::now();
         if now >= deadline {

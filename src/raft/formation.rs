@@ -43,13 +43,12 @@ enum Peer {
     Fresh,
     /// Holds Raft state but no membership: not counted.
     Joining,
-    /// Part of a formed cluster, at this term; `voted_for`: whom its vote in that term is for,
-    /// when it said; `formed`: that peer initialised it;
+    /// Part of a formed cluster; `vote`: its durable vote (term, and whom for when it said);
+    /// `formed`: that peer initialised it;
     /// `membership`: its effective membership, when it said ([`FormationAnswer::Member`]);
     /// `nodes`: the addresses of that membership's nodes.
     InCluster {
-        term: u64,
-        voted_for: Option<NodeId>,
+        vote: HeardVote,
         formed: bool,
         membership: Option<ReportedMembership>,
         nodes: BTreeMap<NodeId, String>,
@@ -77,7 +76,7 @@ async fn probe(http: &HttpClient, addr: &str, from: NodeId) -> Peer {
         Some(FormationAnswer::Member { term, voted_for, formed, voters, committed, nodes, .. }) => {
             let membership = voters.map(|voters| ReportedMembership { voters, committed });
             let nodes = nodes.into_iter().map(|n| (n.id, n.addr)).collect();
-            Peer::InCluster { term, voted_for, formed, membership, nodes }
+            Peer::InCluster { vote: HeardVote { term, node: voted_for }, formed, membership, nodes }
         }
         None => Peer::Down,
     }
@@ -294,11 +293,11 @@ pub async fn learn_peer_terms(
         for (id, addr) in round {
             let answer = probe(&http, &addr, self_id).await;
             tracing::debug!(peer = id, ?answer, "formation probe while the vote gate is closed");
-            if let Peer::InCluster { term, voted_for, membership, nodes, .. } = &answer {
+            if let Peer::InCluster { vote, membership, nodes, .. } = &answer {
                 for (n, a) in nodes {
                     targets.entry(*n).or_insert_with(|| a.clone());
                 }
-                gate.heard(id, HeardVote { term: *term, node: *voted_for }, membership.clone());
+                gate.heard(id, *vote, membership.clone());
                 if gate.closed() == Some(super::vote_gate::Closed::Unsure) && proves_new_async(&store, id, answer).await
                 {
                     tracing::info!(peer = id, "the peer that formed the cluster saw this node fresh: voting");
@@ -360,7 +359,7 @@ pub async fn guard_wiped_node(
     while let Some((id, addr)) = targets.iter().find(|(id, _)| !probed.contains(*id)).map(|(i, a)| (*i, a.clone())) {
         probed.insert(id);
         let answer = probe(http, &addr, self_id).await;
-        if let Peer::InCluster { term, voted_for, ref nodes, .. } = answer {
+        if let Peer::InCluster { vote, ref nodes, .. } = answer {
             if proves_new(store, id, &answer)? {
                 // Counted fresh by the peer that formed the cluster, then restarted before it
                 // learned so: a new member, not a wiped one (formation opens its gate).
@@ -371,7 +370,7 @@ pub async fn guard_wiped_node(
                     targets.entry(*n).or_insert_with(|| a.clone());
                 }
             }
-            max_vote = max_vote.max(Some(HeardVote { term, node: voted_for }));
+            max_vote = max_vote.max(Some(vote));
         }
     }
     let Some(HeardVote { term, node }) = max_vote else { return Ok(None) };
@@ -450,8 +449,12 @@ mod tests {
     fn only_the_peer_that_counted_this_node_and_formed_the_cluster_proves_it_new() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let member =
-            |formed| Peer::InCluster { term: 3, voted_for: Some(2), formed, membership: None, nodes: BTreeMap::new() };
+        let member = |formed| Peer::InCluster {
+            vote: HeardVote { term: 3, node: Some(2) },
+            formed,
+            membership: None,
+            nodes: BTreeMap::new(),
+        };
         assert!(!proves_new(&store, 1, &member(true)).unwrap(), "never counted");
         store.mark_counted_fresh_by(1).unwrap();
         assert!(!proves_new(&store, 1, &member(false)).unwrap(), "counted by n1, but n1 did not form it");

@@ -44,14 +44,14 @@ pub struct Removal {
 }
 
 impl Removal {
-    /// Why this node was removed from the cluster, while it hears from no leader (`silent`:
-    /// [`crate::api::contact::LeaderContact::follower_silence`] reports a silence); `None`
-    /// otherwise. The sentence names the peer and its membership, and what to do.
-    pub fn verdict(&self, silent: bool) -> Option<String> {
-        if !silent {
-            return None;
-        }
-        self.removed.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    /// Why this node was removed from the cluster, while it hears from no leader (`silent()`:
+    /// it does not lead and [`crate::api::contact::LeaderContact::follower_silence`] reports a
+    /// silence; asked only when there is a verdict, so a request on a member pays one
+    /// uncontended lock); `None` otherwise. The sentence names the peer and its membership,
+    /// and what to do.
+    pub fn verdict(&self, silent: impl FnOnce() -> bool) -> Option<String> {
+        let why = self.removed.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
+        silent().then_some(why)
     }
 
     fn set(&self, why: Option<String>) {
@@ -64,12 +64,7 @@ impl Removal {
 /// entry is at a later log index, names `me` neither as voter nor as learner. Its `nodes` (every
 /// node of that membership) and `membership_index` are absent from the answers of earlier
 /// builds, which therefore show nothing: a learner is named only in `nodes`.
-pub fn shows_removed(
-    me: NodeId,
-    mine: Option<u64>,
-    peer: NodeId,
-    answer: &crate::wire::FormationAnswer,
-) -> Option<String> {
+fn shows_removed(me: NodeId, mine: Option<u64>, peer: NodeId, answer: &crate::wire::FormationAnswer) -> Option<String> {
     let crate::wire::FormationAnswer::Member {
         voters: Some(voters),
         committed: true,
@@ -94,8 +89,8 @@ pub fn shows_removed(
 
 /// Probes, every [`REMOVAL_PROBE_MS`] while this node does not lead and `silent()` says it
 /// hears from no leader, the other nodes of its membership (of `peers`, its `--peers`, when it
-/// has none: an empty data dir), unless its own membership already leaves it out, and keeps the verdict in `removal` (module doc). Runs
-/// until aborted.
+/// has none: an empty data dir), unless its own membership already leaves it out, and keeps
+/// the verdict in `removal` (module doc). Runs until aborted.
 pub async fn watch(
     removal: std::sync::Arc<Removal>,
     raft: Raft,
@@ -106,9 +101,13 @@ pub async fn watch(
 ) {
     loop {
         tokio::time::sleep(Duration::from_millis(REMOVAL_PROBE_MS)).await;
-        let (leads, mine, outside, others) = {
+        let (mine, outside, others) = {
             let m = raft.metrics();
             let m = m.borrow();
+            if m.state == openraft::ServerState::Leader || !silent() {
+                removal.set(None);
+                continue;
+            }
             let membership = m.membership_config.membership();
             let mine = m.membership_config.log_id().map(|l| l.index);
             let mut others: BTreeMap<NodeId, String> =
@@ -127,12 +126,8 @@ pub async fn watch(
                 others = peers.clone();
             }
             others.remove(&me);
-            (m.state == openraft::ServerState::Leader, mine, outside, others)
+            (mine, outside, others)
         };
-        if leads || !silent() {
-            removal.set(None);
-            continue;
-        }
         // A node whose own membership leaves it out (it applied its own removal, as a leader
         // that removed itself does) knows without asking.
         let mut why = outside;
@@ -144,7 +139,7 @@ pub async fn watch(
                 why = shows_removed(me, mine, peer, &answer);
             }
         }
-        if why.is_some() && removal.verdict(true).is_none() {
+        if why.is_some() && removal.verdict(|| true).is_none() {
             tracing::warn!(reason = why.as_deref().unwrap_or_default(), "this node is not a member of the cluster");
         }
         removal.set(why);
@@ -198,9 +193,9 @@ mod tests {
     #[test]
     fn the_verdict_holds_only_while_no_leader_is_heard() {
         let r = Removal::default();
-        assert_eq!(r.verdict(true), None);
+        assert_eq!(r.verdict(|| true), None);
         r.set(Some("removed".into()));
-        assert_eq!(r.verdict(true).as_deref(), Some("removed"));
-        assert_eq!(r.verdict(false), None, "a leader is heard from: added back");
+        assert_eq!(r.verdict(|| true).as_deref(), Some("removed"));
+        assert_eq!(r.verdict(|| false), None, "a leader is heard from: added back");
     }
 }
